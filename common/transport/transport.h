@@ -1,0 +1,215 @@
+// The fabric interface: what rdkv needs from an RDMA NIC, with one implementation per fabric.
+//
+//   * verbs (common/transport/verbs/): rdma-core, rdma_cm connections, RC queue pairs.
+//   * tcp   (common/transport/tcp/):   a software NIC over TCP for machines without RDMA. A
+//     transport thread serves READs from the registered bytes (checking rkey and bounds like a
+//     NIC) and never calls key-value code.
+//
+// Control path (this file, Fabric/Listener/Connection creation) may allocate and log.
+// Datapath (PostReads, PollReads, Call, Reply) does not log and does not allocate per operation
+// beyond what is stated on each method.
+//
+// Object lifetimes: a Fabric outlives every MemoryRegion, Listener and Connection it created.
+// A MemoryRegion that backs a Listener's advertised regions outlives that Listener.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdkv/status.h"
+
+namespace rdkv::transport {
+
+enum class TransportKind : uint8_t { kTcp, kVerbs };
+std::string_view TransportKindName(TransportKind kind);
+
+// What a server advertises about one registered region in the connection handshake.
+struct RegionDescriptor {
+  uint64_t addr = 0;            // remote virtual address of byte 0 (what READs are addressed by)
+  uint64_t length = 0;          // bytes
+  uint32_t rkey = 0;            // remote key; READs with another rkey fail
+  uint32_t layout_version = 0;  // meaning of the bytes, chosen by the application
+};
+
+enum class RegionAccess : uint8_t {
+  kLocal,       // a client's destination buffer for READs (local write only)
+  kRemoteRead,  // a server region: peers may READ it; it is never remotely writable
+};
+
+// A block of memory registered with the fabric. Huge pages are used when available and the
+// size allows; otherwise normal pages (the fallback is logged once at creation).
+// Thread-safety: the accessors are const and safe from any thread.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual uint8_t* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual uint32_t lkey() const = 0;
+  virtual uint32_t rkey() const = 0;
+  virtual bool huge_pages() const = 0;
+  RegionDescriptor Describe(uint32_t layout_version) const {
+    return {reinterpret_cast<uint64_t>(data()), size(), rkey(), layout_version};
+  }
+};
+
+enum class ReadStatus : uint8_t {
+  kPending = 0,
+  kOk,
+  kRemoteAccessError,  // bad rkey, out of bounds, or access not allowed
+  kConnectionLost,     // the connection broke before the READ completed
+  kLocalError,         // bad local buffer/lkey or another local fault
+};
+
+// One one-sided READ. The caller owns it and must keep it (and the destination bytes) alive
+// and untouched until done() returns true; the transport writes only `status` and the
+// destination. A ReadOp can be reused after it is done (call Reset()).
+struct ReadOp {
+  uint8_t* local = nullptr;   // destination inside a MemoryRegion of this Fabric
+  uint32_t lkey = 0;          // that region's lkey
+  uint64_t remote_addr = 0;   // absolute remote address (RegionDescriptor::addr + offset)
+  uint32_t rkey = 0;
+  uint32_t length = 0;
+  std::atomic<ReadStatus> status{ReadStatus::kPending};
+
+  bool done() const { return status.load(std::memory_order_acquire) != ReadStatus::kPending; }
+  void Reset() { status.store(ReadStatus::kPending, std::memory_order_relaxed); }
+};
+
+// Sizes and timeouts for one connection. Defaults suit a KV client.
+struct ConnectOptions {
+  std::string host;
+  uint16_t port = 0;
+  std::string auth_token;  // must equal the listener's token, or Connect fails kPermissionDenied
+  std::chrono::milliseconds connect_timeout{5000};
+  uint32_t max_outstanding_reads = 1024;   // READs in flight at once on this connection
+  uint32_t max_outstanding_calls = 64;     // two-sided requests in flight at once
+  size_t max_message_size = (1u << 20) + 4096;  // largest request or response payload
+};
+
+// Client side of one connection to a server. One connection per (client process, server) is
+// the intended use: it is fully thread-safe and many threads may post, poll and call at once.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // The server's regions, as returned by the handshake. Never changes for this connection.
+  virtual const std::vector<RegionDescriptor>& regions() const = 0;
+
+  // Posts the READs, as one batch (one doorbell on verbs, one write on tcp). Either all are
+  // posted or none: kBusy when fewer than ops.size() slots are free (poll and retry),
+  // kConnectionLost when the connection is broken, kInvalidArgument for a zero-length or
+  // oversize READ. Completions arrive in any order through PollReads/WaitReads.
+  virtual Status PostReads(std::span<ReadOp* const> ops) = 0;
+
+  // Drives completions without blocking; returns how many READs (from any thread) completed.
+  virtual size_t PollReads() = 0;
+
+  // Posts (retrying on kBusy) and waits until every op is done or the deadline passes.
+  // Returns OK when every op is done (check each op's status), kTimedOut otherwise.
+  // On kTimedOut the ops stay owned by the transport until done() is true or the
+  // Connection is destroyed.
+  virtual Status ReadAndWait(std::span<ReadOp* const> ops,
+                             std::chrono::steady_clock::time_point deadline) = 0;
+
+  // Two-sided request/response: sends `request` and waits for its response (matched by id).
+  // Errors: kTimedOut (the request may have applied), kConnectionLost, kInvalidArgument
+  // (oversize). `response` is resized to the response length (may allocate).
+  virtual Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                      std::chrono::milliseconds timeout) = 0;
+
+  // False once the connection is known broken (peer died, QP in error, socket closed).
+  virtual bool alive() const = 0;
+  // "verbs 192.168.77.1:7400" etc., for logs and errors.
+  virtual std::string peer() const = 0;
+};
+
+// One received request on the server. The payload is valid only during the handler call;
+// the ReplyHandle may be kept and used later from any thread (deferred replies, e.g. group
+// commit), exactly once.
+class ServerSession;
+struct ReplyHandle {
+  std::shared_ptr<ServerSession> session;
+  uint64_t request_id = 0;
+};
+
+class ServerSession {
+ public:
+  virtual ~ServerSession() = default;
+  // Sends the response for `request_id`. Thread-safe. kConnectionLost if the client is gone
+  // (the reply is dropped; the caller has nothing else to do).
+  virtual Status Reply(uint64_t request_id, std::span<const uint8_t> response) = 0;
+  virtual std::string peer() const = 0;
+  virtual uint64_t id() const = 0;
+};
+
+// Called on a worker thread for each complete request. Must not block for long; defer the
+// reply through the handle when the answer needs slow work.
+using RequestHandler = std::function<void(std::span<const uint8_t> payload, ReplyHandle reply)>;
+
+struct ListenOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;  // 0: pick a free port (see Listener::port())
+  std::string auth_token;
+  std::vector<RegionDescriptor> regions;  // advertised to clients after authentication
+  RequestHandler handler;
+  int worker_threads = 2;  // threads that poll receive completions and run the handler
+  size_t max_message_size = (1u << 20) + 4096;
+  uint32_t max_connections = 256;
+};
+
+struct ListenerStats {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_refused = 0;  // bad token, too many, bad handshake
+  uint64_t requests = 0;
+  uint64_t reads_served = 0;         // tcp only: READs served by the transport thread
+  uint64_t reads_refused = 0;        // tcp only: bad rkey / out of bounds
+  uint64_t protocol_errors = 0;      // malformed frames (connection dropped)
+};
+
+class Listener {
+ public:
+  virtual ~Listener() = default;  // stops accepting, disconnects every client, joins threads
+  virtual uint16_t port() const = 0;
+  virtual ListenerStats stats() const = 0;
+  // Test hook: while paused, worker threads run no handler (two-sided requests wait); one-sided
+  // READs are still served, as a NIC would.
+  virtual void PauseWorkers(bool paused) = 0;
+};
+
+struct FabricOptions {
+  TransportKind kind = TransportKind::kTcp;
+  std::string device;  // verbs: device name ("rxe0"); empty = the first active device
+  bool huge_pages = true;
+};
+
+// Owns the device (verbs: context and protection domain). Thread-safe.
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+  static Result<std::unique_ptr<Fabric>> Create(const FabricOptions& options);
+
+  virtual TransportKind kind() const = 0;
+  virtual std::string Describe() const = 0;  // "verbs rxe0 port 1", "tcp (software NIC)"
+
+  virtual Result<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t size,
+                                                               RegionAccess access) = 0;
+  virtual Result<std::unique_ptr<Listener>> Listen(ListenOptions options) = 0;
+  virtual Result<std::unique_ptr<Connection>> Connect(const ConnectOptions& options) = 0;
+};
+
+// Parses --transport=auto|verbs|tcp. auto: verbs when an RDMA device with an active port exists,
+// tcp otherwise; the choice and its reason are logged. Unknown names are kInvalidArgument.
+Result<TransportKind> ChooseTransport(std::string_view flag_value);
+
+// True when libibverbs lists at least one device with an active port; `why` says what was found.
+bool RdmaDeviceAvailable(std::string* why);
+
+}  // namespace rdkv::transport

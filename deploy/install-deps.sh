@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything rdkv needs to build, test and benchmark, from Debian packages.
+# Idempotent: packages already present are left alone; apt runs only when something is missing.
+#   deploy/install-deps.sh            build + test dependencies (what README's commands need)
+#   deploy/install-deps.sh --bench    also the peers kvbench compares against (redis, memcached)
+set -euo pipefail
+
+build_pkgs=(
+  build-essential cmake ninja-build pkg-config git
+  libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest
+  librocksdb-dev libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev
+  libxxhash-dev nlohmann-json3-dev libreadline-dev
+  clang libclang-rt-14-dev
+  iproute2 procps psmisc
+)
+# The Soft-RoCE VM harness (tests/rxe/): qemu under TCG, a busybox initramfs, the Debian kernel.
+vm_pkgs=(qemu-system-x86 busybox-static cpio kmod)
+bench_pkgs=(redis-server memcached libhiredis-dev libmemcached-dev)
+
+want=("${build_pkgs[@]}" "${vm_pkgs[@]}")
+if [[ "${1:-}" == "--bench" ]]; then want+=("${bench_pkgs[@]}"); fi
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#want[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: done"
