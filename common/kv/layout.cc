@@ -1,0 +1,64 @@
+#include "common/kv/layout.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cmath>
+
+namespace rdkv::kv {
+
+uint64_t KeyHash(std::string_view key) { return XXH3_64bits(key.data(), key.size()); }
+
+uint64_t Checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_view value) {
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  // Everything in the header except the checksum itself.
+  XXH3_64bits_update(&st, &h, offsetof(ItemHeader, checksum));
+  XXH3_64bits_update(&st, key.data(), key.size());
+  XXH3_64bits_update(&st, value.data(), value.size());
+  return XXH3_64bits_digest(&st);
+}
+
+uint64_t HeaderChecksum(const RegionHeader& h) {
+  return Checksum(&h, offsetof(RegionHeader, header_checksum));
+}
+
+ItemCheck CheckItem(const uint8_t* bytes, size_t n, std::string_view key, std::string_view* value,
+                    uint64_t* version) {
+  if (n < sizeof(ItemHeader)) return ItemCheck::kTooShort;
+  ItemHeader h;
+  std::memcpy(&h, bytes, sizeof(h));
+  // Lengths first: a torn or reused header may hold anything.
+  if (h.key_bytes != key.size() || h.key_bytes > kMaxKeyBytes) return ItemCheck::kWrongKey;
+  uint64_t need = uint64_t{sizeof(ItemHeader)} + h.key_bytes + h.value_bytes;
+  if (need > n || h.units == 0 || uint64_t{h.units} * kUnit < need) return ItemCheck::kBadLengths;
+  const char* k = reinterpret_cast<const char*>(bytes + sizeof(ItemHeader));
+  if (std::string_view(k, h.key_bytes) != key) return ItemCheck::kWrongKey;
+  std::string_view v(k + h.key_bytes, h.value_bytes);
+  if (ItemChecksum(h, key, v) != h.checksum) return ItemCheck::kBadChecksum;
+  if (h.state != kStateLive) return ItemCheck::kDead;
+  *value = v;
+  *version = h.version;
+  return ItemCheck::kOk;
+}
+
+Geometry ComputeGeometry(uint64_t region_bytes, double index_fraction) {
+  Geometry g;
+  g.index_offset = kHeaderBytes;
+  if (region_bytes < kHeaderBytes + 4 * kBucketBytes + 64 * kUnit) return g;  // too small
+  index_fraction = std::clamp(index_fraction, 0.001, 0.5);
+  uint64_t index_budget = static_cast<uint64_t>(static_cast<double>(region_bytes) * index_fraction);
+  g.bucket_count = std::max<uint64_t>(2, index_budget / kBucketBytes - 1);
+  g.heap_offset = g.index_offset + (g.bucket_count + 1) * kBucketBytes;
+  g.heap_offset = (g.heap_offset + kUnit - 1) / kUnit * kUnit;
+  if (g.heap_offset >= region_bytes) return Geometry{};
+  g.heap_bytes = (region_bytes - g.heap_offset) / kUnit * kUnit;
+  // Offsets are 32 bits of 64-byte units.
+  g.heap_bytes = std::min<uint64_t>(g.heap_bytes, (uint64_t{1} << 32) * kUnit);
+  return g;
+}
+
+}  // namespace rdkv::kv

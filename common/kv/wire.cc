@@ -1,0 +1,130 @@
+#include "common/kv/wire.h"
+
+#include <bit>
+#include <cstring>
+
+namespace rdkv::kv {
+
+std::string_view OpName(Op op) {
+  switch (op) {
+    case Op::kPut: return "put";
+    case Op::kInsert: return "insert";
+    case Op::kDelete: return "delete";
+    case Op::kCas: return "cas";
+    case Op::kStats: return "stats";
+    case Op::kPing: return "ping";
+    case Op::kSnapshot: return "snapshot";
+    case Op::kClusterMap: return "cluster_map";
+  }
+  return "unknown";
+}
+
+namespace {
+// The structs are laid out little-endian on every platform rdkv builds for (x86-64, aarch64
+// little-endian); a static_assert keeps it honest.
+static_assert(std::endian::native == std::endian::little, "rdkv's wire format is little-endian");
+
+bool KnownOp(uint8_t op) { return op >= 1 && op <= 8; }
+}  // namespace
+
+void EncodeRequest(const Request& r, std::vector<uint8_t>* out) {
+  RequestHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.op = static_cast<uint8_t>(r.op);
+  h.key_bytes = static_cast<uint32_t>(r.key.size());
+  h.value_bytes = static_cast<uint32_t>(r.value.size());
+  h.expected_version = r.expected_version;
+  out->resize(sizeof(h) + r.key.size() + r.value.size());
+  std::memcpy(out->data(), &h, sizeof(h));
+  if (!r.key.empty()) std::memcpy(out->data() + sizeof(h), r.key.data(), r.key.size());
+  if (!r.value.empty()) {
+    std::memcpy(out->data() + sizeof(h) + r.key.size(), r.value.data(), r.value.size());
+  }
+}
+
+Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& limits) {
+  RequestHeader h;
+  if (in.size() < sizeof(h)) {
+    return Status::ProtocolError("request of " + std::to_string(in.size()) +
+                                 " bytes is shorter than its 24-byte header");
+  }
+  std::memcpy(&h, in.data(), sizeof(h));
+  if (h.magic != kWireMagic) return Status::ProtocolError("request has a bad magic number");
+  if (h.version != kWireVersion) {
+    return Status::ProtocolError("request has protocol version " + std::to_string(h.version) +
+                                 ", this server speaks " + std::to_string(kWireVersion));
+  }
+  if (!KnownOp(h.op)) return Status::ProtocolError("unknown operation " + std::to_string(h.op));
+  if (h.flags != 0) return Status::ProtocolError("request has reserved flags set");
+  uint64_t total = uint64_t{sizeof(h)} + h.key_bytes + h.value_bytes;
+  if (total != in.size()) {
+    return Status::ProtocolError("request lengths (key " + std::to_string(h.key_bytes) +
+                                 ", value " + std::to_string(h.value_bytes) +
+                                 ") do not match its size " + std::to_string(in.size()));
+  }
+  Request r;
+  r.op = static_cast<Op>(h.op);
+  r.expected_version = h.expected_version;
+  const char* p = reinterpret_cast<const char*>(in.data() + sizeof(h));
+  r.key = std::string_view(p, h.key_bytes);
+  r.value = std::string_view(p + h.key_bytes, h.value_bytes);
+  bool keyed = r.op == Op::kPut || r.op == Op::kInsert || r.op == Op::kDelete || r.op == Op::kCas;
+  if (keyed) {
+    if (r.key.empty()) return Status::InvalidArgument("key is empty (keys are 1..1024 bytes)");
+    if (r.key.size() > limits.max_key_bytes) {
+      return Status::InvalidArgument("key of " + std::to_string(r.key.size()) +
+                                     " bytes is longer than the limit of " +
+                                     std::to_string(limits.max_key_bytes));
+    }
+    if (r.value.size() > limits.max_value_bytes) {
+      return Status::InvalidArgument("value of " + std::to_string(r.value.size()) +
+                                     " bytes is larger than --max_value_size=" +
+                                     std::to_string(limits.max_value_bytes));
+    }
+    if (r.op == Op::kDelete && !r.value.empty()) {
+      return Status::InvalidArgument("delete carries no value");
+    }
+  }
+  return r;
+}
+
+void EncodeResponse(const Status& status, uint64_t version, std::string_view body,
+                    std::vector<uint8_t>* out) {
+  ResponseHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.status = static_cast<uint8_t>(status.code());
+  const std::string& msg = status.message();
+  h.message_bytes = static_cast<uint32_t>(msg.size());
+  h.body_bytes = static_cast<uint32_t>(body.size());
+  h.item_version = version;
+  out->resize(sizeof(h) + msg.size() + body.size());
+  std::memcpy(out->data(), &h, sizeof(h));
+  if (!msg.empty()) std::memcpy(out->data() + sizeof(h), msg.data(), msg.size());
+  if (!body.empty()) std::memcpy(out->data() + sizeof(h) + msg.size(), body.data(), body.size());
+}
+
+Result<Response> DecodeResponse(std::span<const uint8_t> in) {
+  ResponseHeader h;
+  if (in.size() < sizeof(h)) return Status::ProtocolError("response shorter than its header");
+  std::memcpy(&h, in.data(), sizeof(h));
+  if (h.magic != kWireMagic || h.version != kWireVersion) {
+    return Status::ProtocolError("response has a bad magic number or version");
+  }
+  if (h.status > static_cast<uint8_t>(StatusCode::kProtocolError)) {
+    return Status::ProtocolError("response has unknown status " + std::to_string(h.status));
+  }
+  if (uint64_t{sizeof(h)} + h.message_bytes + h.body_bytes != in.size()) {
+    return Status::ProtocolError("response lengths do not match its size");
+  }
+  Response r;
+  const char* p = reinterpret_cast<const char*>(in.data() + sizeof(h));
+  auto code = static_cast<StatusCode>(h.status);
+  if (code != StatusCode::kOk) r.status = Status(code, std::string(p, h.message_bytes));
+  r.version = h.item_version;
+  r.body = std::string_view(p + h.message_bytes, h.body_bytes);
+  return r;
+}
+
+}  // namespace rdkv::kv

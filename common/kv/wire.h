@@ -1,0 +1,86 @@
+// The two-sided request/response messages between clients and kvserver, version 1.
+// docs/design.md ("Wire protocol") is the prose version. All integers little-endian.
+//
+// Request  = RequestHeader (24 B) | key (key_bytes) | value (value_bytes)
+// Response = ResponseHeader (24 B) | message (message_bytes, UTF-8 error text) | body (body_bytes)
+//
+// Decoders validate every length against the buffer and the limits and never read out of
+// bounds; they are fuzzed (tests/fuzz/kv_wire_fuzz.cc).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdkv/status.h"
+
+namespace rdkv::kv {
+
+inline constexpr uint16_t kWireMagic = 0x4b52;  // "RK"
+inline constexpr uint8_t kWireVersion = 1;
+
+enum class Op : uint8_t {
+  kPut = 1,      // upsert
+  kInsert = 2,   // only if absent (kAlreadyExists otherwise)
+  kDelete = 3,   // kNotFound if absent
+  kCas = 4,      // replace only if current version == expected_version (kVersionMismatch)
+  kStats = 5,    // body: JSON object
+  kPing = 6,
+  kSnapshot = 7,    // body of request: snapshot name (in key field); reserved for persistence
+  kClusterMap = 8,  // body: the cluster map; reserved for the cluster
+};
+std::string_view OpName(Op op);
+
+struct RequestHeader {
+  uint16_t magic;
+  uint8_t version;
+  uint8_t op;
+  uint32_t key_bytes;
+  uint32_t value_bytes;
+  uint32_t flags;            // reserved, must be 0
+  uint64_t expected_version; // CAS only
+};
+static_assert(sizeof(RequestHeader) == 24);
+
+struct ResponseHeader {
+  uint16_t magic;
+  uint8_t version;
+  uint8_t status;            // rdkv::StatusCode
+  uint32_t message_bytes;
+  uint32_t body_bytes;
+  uint32_t reserved;
+  uint64_t item_version;     // the key's new version (writes) or current version (kVersionMismatch)
+};
+static_assert(sizeof(ResponseHeader) == 24);
+
+struct Request {
+  Op op = Op::kPing;
+  std::string_view key;
+  std::string_view value;
+  uint64_t expected_version = 0;
+};
+
+struct Response {
+  Status status;
+  uint64_t version = 0;
+  std::string_view body;
+};
+
+// Limits the decoder enforces (a server passes its own --max_value_size).
+struct WireLimits {
+  size_t max_key_bytes = 1024;
+  size_t max_value_bytes = 1u << 20;
+};
+
+void EncodeRequest(const Request& r, std::vector<uint8_t>* out);
+// Views into `in`; valid while `in` is. kProtocolError for malformed input, kInvalidArgument
+// for a well-formed request that breaks a limit (empty/oversize key, oversize value).
+Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& limits);
+
+void EncodeResponse(const Status& status, uint64_t version, std::string_view body,
+                    std::vector<uint8_t>* out);
+Result<Response> DecodeResponse(std::span<const uint8_t> in);
+
+}  // namespace rdkv::kv

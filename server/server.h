@@ -1,0 +1,56 @@
+// kvserver as a library: the region, the store, the request handler and the listener.
+// kvserver's main() is a thin shell around this; tests embed it in-process.
+//
+// Thread-safety: Start/Stop from one thread; stats() and PauseWorkers() from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/transport/transport.h"
+#include "rdkv/status.h"
+
+namespace rdkv::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 7400;               // 0: pick a free port (see Server::port())
+  transport::TransportKind transport = transport::TransportKind::kTcp;
+  std::string device;                 // verbs device name; empty = first active
+  std::string auth_token;
+  uint64_t memory_bytes = 256ull << 20;   // the registered region
+  double index_fraction = 1.0 / 16;       // share of the region for the hash index
+  uint64_t max_value_bytes = 1u << 20;
+  int worker_threads = 2;
+  std::chrono::milliseconds grace{90};    // freed memory is reused no earlier than this
+  bool huge_pages = true;
+};
+
+struct ServerStats {
+  uint64_t items = 0;
+  uint64_t item_bytes = 0;     // bytes of live items (headers + keys + values)
+  uint64_t heap_bytes = 0;
+  uint64_t free_bytes = 0;     // heap not in use by live items nor waiting in limbo
+  uint64_t limbo_bytes = 0;
+  uint64_t puts = 0, inserts = 0, deletes = 0, cas = 0, stats = 0, pings = 0;
+  uint64_t errors = 0;         // requests answered with an error status
+  uint64_t protocol_errors = 0;
+  uint64_t out_of_space = 0;
+};
+
+class Server {
+ public:
+  // Allocates and registers the region, formats it, starts listening.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  virtual ~Server() = default;  // stops listening and frees the region
+
+  virtual uint16_t port() const = 0;
+  virtual ServerStats stats() const = 0;
+  virtual std::string StatsJson() const = 0;
+  // Test hook: worker threads stop running requests; one-sided READs go on.
+  virtual void PauseWorkers(bool paused) = 0;
+};
+
+}  // namespace rdkv::server
