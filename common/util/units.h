@@ -1,0 +1,18 @@
+// Parsing of human-written sizes ("4GiB", "256M", "1048576").
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "rdkv/status.h"
+
+namespace rdkv {
+
+// Accepts a decimal integer with an optional suffix: K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB
+// (all binary: 1K = 1024), case-insensitive. kInvalidArgument with the input quoted otherwise.
+Result<uint64_t> ParseByteSize(std::string_view text);
+
+// Splits "host:port" (port 1..65535). kInvalidArgument otherwise.
+Status ParseHostPort(std::string_view text, std::string* host, uint16_t* port);
+
+}  // namespace rdkv

@@ -1,0 +1,74 @@
+// The item heap's allocator: segregated free lists by size class, a bump pointer, and limbo.
+//
+// Blocks are measured in 64-byte units and addressed by their offset (in units) from the heap
+// start. A block freed after it was published (reachable by READs) goes to limbo and is reused
+// only `grace` later; a block that was never published can be released at once.
+//
+// Thread-safety: all methods are thread-safe (one internal mutex; the write path holds it for
+// a few list operations).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <vector>
+
+#include "rdkv/status.h"
+
+namespace rdkv::server {
+
+struct Block {
+  uint32_t offset_units = 0;
+  uint32_t units = 0;  // the class size actually reserved (>= what was asked)
+};
+
+struct AllocatorStats {
+  uint64_t heap_units = 0;
+  uint64_t used_units = 0;   // handed out and not freed
+  uint64_t limbo_units = 0;  // freed, waiting out the grace period
+  uint64_t free_units = 0;   // on free lists or never carved
+};
+
+class Allocator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Allocator(uint64_t heap_units, std::chrono::milliseconds grace);
+
+  // Size class helpers (public for tests): classes are exact up to 16 units, then 8 per
+  // doubling (each about 12.5% larger than the previous).
+  static uint32_t ClassOf(uint32_t units);
+  static uint32_t ClassUnits(uint32_t cls);
+
+  // A block of at least `units` units. kOutOfSpace when nothing fits, with
+  // *retry_after set when limbo holds blocks that will be free within that time
+  // (zero duration when waiting cannot help).
+  Result<Block> Allocate(uint32_t units, Clock::duration* retry_after = nullptr);
+  // For a block that was published: reused no earlier than now + grace.
+  void Retire(Block b);
+  // For a block that was never published: reused at once.
+  void Release(Block b);
+
+  AllocatorStats stats() const;
+
+ private:
+  void ReclaimLocked(Clock::time_point now);
+  static constexpr uint32_t kClasses = 16 + 8 * 13;  // enough for 2^16 units
+
+  const uint64_t heap_units_;
+  const Clock::duration grace_;
+  mutable std::mutex mu_;
+  uint64_t bump_ = 0;  // units carved so far
+  uint64_t used_ = 0;
+  uint64_t limbo_units_ = 0;
+  uint64_t listed_units_ = 0;
+  std::vector<std::vector<uint32_t>> free_;  // per class: offsets
+  struct Retired {
+    Block block;
+    Clock::time_point reusable_at;
+  };
+  std::deque<Retired> limbo_;  // in retire order, so reusable_at is non-decreasing
+};
+
+}  // namespace rdkv::server

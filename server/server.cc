@@ -1,0 +1,112 @@
+#include "server/server.h"
+
+#include <glog/logging.h>
+
+#include <nlohmann/json.hpp>
+
+#include "common/kv/layout.h"
+#include "server/service.h"
+#include "server/store.h"
+
+namespace rdkv::server {
+namespace {
+
+class ServerImpl final : public Server {
+ public:
+  ServerImpl(std::unique_ptr<transport::Fabric> fabric,
+             std::unique_ptr<transport::MemoryRegion> region, std::unique_ptr<Store> store,
+             const ServerOptions& options)
+      : options_(options),
+        fabric_(std::move(fabric)),
+        region_(std::move(region)),
+        store_(std::move(store)),
+        service_(store_.get(), kv::WireLimits{kv::kMaxKeyBytes, options.max_value_bytes}) {}
+
+  ~ServerImpl() override { listener_.reset(); }  // stop serving before the region goes
+
+  Status Listen() {
+    transport::ListenOptions lo;
+    lo.host = options_.host;
+    lo.port = options_.port;
+    lo.auth_token = options_.auth_token;
+    lo.regions = {region_->Describe(kv::kLayoutVersion)};
+    lo.worker_threads = options_.worker_threads;
+    lo.max_message_size = sizeof(kv::RequestHeader) + kv::kMaxKeyBytes +
+                          options_.max_value_bytes + 1024;
+    lo.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
+      thread_local std::vector<uint8_t> response;
+      service_.Handle(payload, &response);
+      reply.session->Reply(reply.request_id, response).IgnoreError();  // client gone: nothing to do
+    };
+    RDKV_ASSIGN_OR_RETURN(listener_, fabric_->Listen(std::move(lo)));
+    return Status::Ok();
+  }
+
+  uint16_t port() const override { return listener_->port(); }
+
+  ServerStats stats() const override {
+    ServerStats s;
+    StoreCounters sc = store_->counters();
+    AllocatorStats as = store_->allocator_stats();
+    const OpCounters& c = service_.counters();
+    s.items = sc.items;
+    s.item_bytes = sc.item_bytes;
+    s.heap_bytes = as.heap_units * kv::kUnit;
+    s.free_bytes = as.free_units * kv::kUnit;
+    s.limbo_bytes = as.limbo_units * kv::kUnit;
+    s.puts = c.puts.load();
+    s.inserts = c.inserts.load();
+    s.deletes = c.deletes.load();
+    s.cas = c.cas.load();
+    s.stats = c.stats.load();
+    s.pings = c.pings.load();
+    s.errors = c.errors.load();
+    s.protocol_errors = c.protocol_errors.load();
+    s.out_of_space = c.out_of_space.load();
+    return s;
+  }
+
+  std::string StatsJson() const override { return service_.StatsJson(); }
+  void PauseWorkers(bool paused) override { listener_->PauseWorkers(paused); }
+
+ private:
+  const ServerOptions options_;
+  std::unique_ptr<transport::Fabric> fabric_;
+  std::unique_ptr<transport::MemoryRegion> region_;
+  std::unique_ptr<Store> store_;
+  Service service_;
+  std::unique_ptr<transport::Listener> listener_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  if (options.worker_threads < 1 || options.worker_threads > 256) {
+    return Status::InvalidArgument("worker threads must be 1..256");
+  }
+  transport::FabricOptions fo;
+  fo.kind = options.transport;
+  fo.device = options.device;
+  fo.huge_pages = options.huge_pages;
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> fabric, transport::Fabric::Create(fo));
+  RDKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<transport::MemoryRegion> region,
+      fabric->AllocateRegion(options.memory_bytes, transport::RegionAccess::kRemoteRead));
+  StoreOptions so;
+  so.index_fraction = options.index_fraction;
+  so.max_value_bytes = options.max_value_bytes;
+  so.grace = options.grace;
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                        Store::Format(region->data(), region->size(), so));
+  const kv::RegionHeader& h = store->header();
+  LOG(INFO) << "region: " << (region->size() >> 20) << " MiB"
+            << (region->huge_pages() ? " on huge pages" : "") << ", " << h.bucket_count
+            << " index buckets (" << h.bucket_count * kv::kSlotsPerBucket << " slots), heap "
+            << (h.heap_bytes >> 20) << " MiB, fabric " << fabric->Describe();
+  auto server = std::make_unique<ServerImpl>(std::move(fabric), std::move(region),
+                                             std::move(store), options);
+  RDKV_RETURN_IF_ERROR(server->Listen());
+  return std::unique_ptr<Server>(std::move(server));
+}
+
+}  // namespace rdkv::server

@@ -1,0 +1,257 @@
+#include "server/store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace rdkv::server {
+
+using kv::ItemHeader;
+using kv::kUnit;
+
+namespace {
+
+// Stores the region's words with atomic_ref: concurrent READs (DMA, or the tcp transport's
+// copy) see each aligned word either old or new.
+void StoreWord(uint64_t* p, uint64_t v) {
+  std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
+}
+void StoreWord32(uint32_t* p, uint32_t v) {
+  std::atomic_ref<uint32_t>(*p).store(v, std::memory_order_release);
+}
+uint64_t LoadWord(uint64_t* p) {
+  return std::atomic_ref<uint64_t>(*p).load(std::memory_order_acquire);
+}
+
+}  // namespace
+
+// Locks the stripes of a key's two buckets, in order, once each.
+struct Store::WindowLock {
+  WindowLock(const Store& s, uint64_t hash) {
+    uint64_t b = kv::BucketOf(hash, s.header_->bucket_count);
+    size_t a = b % kStripes, c = (b + 1) % kStripes;
+    first = &s.stripes_[std::min(a, c)];
+    second = a == c ? nullptr : &s.stripes_[std::max(a, c)];
+    first->lock();
+    if (second) second->lock();
+  }
+  ~WindowLock() {
+    if (second) second->unlock();
+    first->unlock();
+  }
+  std::mutex* first;
+  std::mutex* second;
+};
+
+Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_bytes,
+                                             const StoreOptions& options) {
+  kv::Geometry g = kv::ComputeGeometry(region_bytes, options.index_fraction);
+  if (g.bucket_count == 0 || g.heap_bytes < 64 * kUnit) {
+    return Status::InvalidArgument("a region of " + std::to_string(region_bytes) +
+                                   " bytes is too small for a header, an index and a heap");
+  }
+  if (options.max_value_bytes > (1u << 20)) {
+    return Status::InvalidArgument("max value size above 1 MiB is not supported");
+  }
+  std::memset(region + g.index_offset, 0, (g.bucket_count + 1) * kv::kBucketBytes);
+  auto* h = reinterpret_cast<kv::RegionHeader*>(region);
+  std::memset(region, 0, kv::kHeaderBytes);
+  h->magic = kv::kRegionMagic;
+  h->layout_version = kv::kLayoutVersion;
+  h->header_bytes = kv::kHeaderBytes;
+  h->region_bytes = region_bytes;
+  h->index_offset = g.index_offset;
+  h->bucket_count = g.bucket_count;
+  h->heap_offset = g.heap_offset;
+  h->heap_bytes = g.heap_bytes;
+  h->incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
+  h->max_value_bytes = options.max_value_bytes;
+  h->map_epoch = options.map_epoch;
+  h->header_checksum = kv::HeaderChecksum(*h);
+  std::atomic_thread_fence(std::memory_order_release);
+  return std::unique_ptr<Store>(new Store(region, h, options));
+}
+
+Store::Store(uint8_t* region, const kv::RegionHeader* header, const StoreOptions& options)
+    : region_(region),
+      header_(header),
+      heap_(region + header->heap_offset),
+      options_(options),
+      allocator_(header->heap_bytes / kUnit, options.grace) {}
+
+uint64_t* Store::Window(uint64_t hash) const {
+  uint64_t b = kv::BucketOf(hash, header_->bucket_count);
+  return reinterpret_cast<uint64_t*>(region_ + header_->index_offset + b * kv::kBucketBytes);
+}
+
+ItemHeader* Store::ItemAt(uint32_t offset_units) const {
+  return reinterpret_cast<ItemHeader*>(heap_ + uint64_t{offset_units} * kUnit);
+}
+
+uint64_t* Store::FindSlot(uint64_t hash, std::string_view key) const {
+  uint16_t fp = kv::FingerprintOf(hash);
+  uint64_t* w = Window(hash);
+  for (size_t i = 0; i < kv::kSlotsPerBucket * kv::kWindowBuckets; ++i) {
+    uint64_t word = w[i];  // only writers of this window change it, and we hold its locks
+    if (word == 0) continue;
+    kv::SlotFields s = kv::UnpackSlot(word);
+    if (s.fingerprint != fp) continue;
+    const ItemHeader* it = ItemAt(s.offset_units);
+    if (it->key_bytes != key.size()) continue;
+    if (std::memcmp(reinterpret_cast<const uint8_t*>(it) + sizeof(ItemHeader), key.data(),
+                    key.size()) == 0) {
+      return &w[i];
+    }
+  }
+  return nullptr;
+}
+
+void Store::RetireItem(uint64_t slot_word) {
+  kv::SlotFields s = kv::UnpackSlot(slot_word);
+  ItemHeader* it = ItemAt(s.offset_units);
+  // State first, then the checksum that covers it: a READ between the two stores sees a
+  // mismatch and retries; after both, a READ sees a consistent DEAD item.
+  ItemHeader copy = *it;
+  copy.state = kv::kStateDead;
+  const char* kp = reinterpret_cast<const char*>(it) + sizeof(ItemHeader);
+  uint64_t sum = kv::ItemChecksum(copy, std::string_view(kp, it->key_bytes),
+                                  std::string_view(kp + it->key_bytes, it->value_bytes));
+  StoreWord32(&it->state, kv::kStateDead);
+  StoreWord(&it->checksum, sum);
+  items_.fetch_sub(1, std::memory_order_relaxed);
+  item_bytes_.fetch_sub(kv::ItemBytes(it->key_bytes, it->value_bytes), std::memory_order_relaxed);
+  allocator_.Retire(Block{s.offset_units, it->units});
+}
+
+Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view value,
+                              uint64_t expected, uint64_t* current_version) {
+  if (key.empty() || key.size() > kv::kMaxKeyBytes) {
+    return Status::InvalidArgument("key of " + std::to_string(key.size()) +
+                                   " bytes: keys are 1..1024 bytes");
+  }
+  if (value.size() > options_.max_value_bytes) {
+    return Status::InvalidArgument("value of " + std::to_string(value.size()) +
+                                   " bytes is larger than the maximum of " +
+                                   std::to_string(options_.max_value_bytes));
+  }
+  size_t bytes = kv::ItemBytes(key.size(), value.size());
+  uint32_t units = kv::UnitsFor(bytes);
+
+  // Allocate before locking; if the heap is full only because of limbo, wait it out once.
+  Allocator::Clock::duration retry_after{};
+  Result<Block> block = allocator_.Allocate(units, &retry_after);
+  if (!block.ok() && retry_after > Allocator::Clock::duration::zero() &&
+      retry_after <= options_.grace + std::chrono::milliseconds(10)) {
+    std::this_thread::sleep_for(retry_after);
+    block = allocator_.Allocate(units);
+  }
+  if (!block.ok()) return block.status();
+  Block b = *block;
+
+  // Write the complete item into the (unpublished) block.
+  ItemHeader* it = ItemAt(b.offset_units);
+  uint8_t* body = reinterpret_cast<uint8_t*>(it) + sizeof(ItemHeader);
+  ItemHeader h{};
+  h.state = kv::kStateLive;
+  h.key_bytes = static_cast<uint32_t>(key.size());
+  h.value_bytes = static_cast<uint32_t>(value.size());
+  h.units = b.units;
+
+  uint64_t hash = kv::KeyHash(key);
+  WindowLock lock(*this, hash);
+  uint64_t* slot = FindSlot(hash, key);
+  if (slot != nullptr) {
+    const ItemHeader* cur = ItemAt(kv::UnpackSlot(*slot).offset_units);
+    if (current_version) *current_version = cur->version;
+    if (mode == Mode::kInsert) {
+      allocator_.Release(b);
+      return Status::AlreadyExists("key exists (version " + std::to_string(cur->version) + ")");
+    }
+    if (mode == Mode::kCas && cur->version != expected) {
+      allocator_.Release(b);
+      return Status::VersionMismatch("current version is " + std::to_string(cur->version) +
+                                     ", not " + std::to_string(expected));
+    }
+  } else {
+    if (mode == Mode::kCas) {
+      allocator_.Release(b);
+      return Status::NotFound("key not found");
+    }
+    uint64_t* w = Window(hash);
+    for (size_t i = 0; i < kv::kSlotsPerBucket * kv::kWindowBuckets && slot == nullptr; ++i) {
+      if (w[i] == 0) slot = &w[i];
+    }
+    if (slot == nullptr) {
+      allocator_.Release(b);
+      return Status::OutOfSpace("the key's index window (16 slots) is full: give the index a "
+                                "larger share of the region (--index_fraction) or more memory");
+    }
+  }
+  h.version = version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::memcpy(body, key.data(), key.size());
+  if (!value.empty()) std::memcpy(body + key.size(), value.data(), value.size());
+  h.checksum = kv::ItemChecksum(h, key, value);
+  std::memcpy(it, &h, sizeof(h));
+
+  uint64_t old = LoadWord(slot);
+  // Publish: the item's bytes happen-before the slot store (release).
+  StoreWord(slot, kv::PackSlot({kv::FingerprintOf(hash), static_cast<uint16_t>(units),
+                                b.offset_units}));
+  items_.fetch_add(1, std::memory_order_relaxed);
+  item_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  if (old != 0) RetireItem(old);
+  return h.version;
+}
+
+Result<uint64_t> Store::Put(std::string_view key, std::string_view value) {
+  return Write(Mode::kUpsert, key, value, 0, nullptr);
+}
+
+Result<uint64_t> Store::Insert(std::string_view key, std::string_view value,
+                               uint64_t* current_version) {
+  return Write(Mode::kInsert, key, value, 0, current_version);
+}
+
+Result<uint64_t> Store::Cas(std::string_view key, uint64_t expected, std::string_view value,
+                            uint64_t* current_version) {
+  return Write(Mode::kCas, key, value, expected, current_version);
+}
+
+Status Store::Delete(std::string_view key) {
+  if (key.empty() || key.size() > kv::kMaxKeyBytes) {
+    return Status::InvalidArgument("key of " + std::to_string(key.size()) +
+                                   " bytes: keys are 1..1024 bytes");
+  }
+  uint64_t hash = kv::KeyHash(key);
+  WindowLock lock(*this, hash);
+  uint64_t* slot = FindSlot(hash, key);
+  if (slot == nullptr) return Status::NotFound("key not found");
+  uint64_t old = LoadWord(slot);
+  StoreWord(slot, 0);
+  RetireItem(old);
+  return Status::Ok();
+}
+
+Result<std::string> Store::Get(std::string_view key, uint64_t* version) const {
+  uint64_t hash = kv::KeyHash(key);
+  WindowLock lock(*this, hash);
+  uint64_t* slot = FindSlot(hash, key);
+  if (slot == nullptr) return Status::NotFound("key not found");
+  const ItemHeader* it = ItemAt(kv::UnpackSlot(*slot).offset_units);
+  if (version) *version = it->version;
+  const char* v = reinterpret_cast<const char*>(it) + sizeof(ItemHeader) + it->key_bytes;
+  return std::string(v, it->value_bytes);
+}
+
+void Store::EnsureVersionAbove(uint64_t v) {
+  uint64_t cur = version_counter_.load();
+  while (cur < v && !version_counter_.compare_exchange_weak(cur, v)) {
+  }
+}
+
+StoreCounters Store::counters() const {
+  return {items_.load(std::memory_order_relaxed), item_bytes_.load(std::memory_order_relaxed)};
+}
+
+}  // namespace rdkv::server

@@ -1,0 +1,94 @@
+// The registered hash table: formats the region and applies writes to it.
+//
+// The Store owns no memory: it works on a region that outlives it (the registered
+// MemoryRegion). Clients read the same bytes one-sidedly at any moment, so every change follows
+// the publication rules of docs/design.md ("Server"): items are complete before their slot is
+// stored, slots change with one aligned 8-byte store, retired items are marked DEAD before the
+// write that retired them returns, and their blocks wait out the grace period in limbo.
+//
+// Thread-safety: all methods are thread-safe. Writers of keys in the same index window
+// serialize on striped locks; others run in parallel.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "common/kv/layout.h"
+#include "rdkv/status.h"
+#include "server/allocator.h"
+
+namespace rdkv::server {
+
+struct StoreOptions {
+  double index_fraction = 1.0 / 16;
+  uint64_t max_value_bytes = 1u << 20;
+  std::chrono::milliseconds grace{90};
+  uint64_t map_epoch = 0;
+};
+
+struct StoreCounters {
+  uint64_t items = 0;
+  uint64_t item_bytes = 0;
+};
+
+class Store {
+ public:
+  // Formats `region` (zeroes the index, writes the header). kInvalidArgument when the region
+  // is too small for a header, an index and a heap.
+  static Result<std::unique_ptr<Store>> Format(uint8_t* region, uint64_t region_bytes,
+                                               const StoreOptions& options);
+
+  // Upsert. Returns the new version.
+  Result<uint64_t> Put(std::string_view key, std::string_view value);
+  // Only if absent: kAlreadyExists (with *current_version set) otherwise.
+  Result<uint64_t> Insert(std::string_view key, std::string_view value,
+                          uint64_t* current_version = nullptr);
+  // Only if the current version equals `expected`: kVersionMismatch (with *current_version
+  // set) otherwise; kNotFound when absent.
+  Result<uint64_t> Cas(std::string_view key, uint64_t expected, std::string_view value,
+                       uint64_t* current_version = nullptr);
+  // kNotFound when absent.
+  Status Delete(std::string_view key);
+
+  // Server-side lookup (tests, recovery checks). Not used by clients' GETs.
+  Result<std::string> Get(std::string_view key, uint64_t* version = nullptr) const;
+
+  // Raises the version counter so the next write gets a version above `v` (recovery).
+  void EnsureVersionAbove(uint64_t v);
+
+  const kv::RegionHeader& header() const { return *header_; }
+  StoreCounters counters() const;
+  AllocatorStats allocator_stats() const { return allocator_.stats(); }
+
+ private:
+  enum class Mode { kUpsert, kInsert, kCas };
+  Store(uint8_t* region, const kv::RegionHeader* header, const StoreOptions& options);
+  Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value,
+                         uint64_t expected, uint64_t* current_version);
+
+  struct WindowLock;
+  // Finds the slot holding `key` in its window; nullptr when absent.
+  uint64_t* FindSlot(uint64_t hash, std::string_view key) const;
+  uint64_t* Window(uint64_t hash) const;
+  kv::ItemHeader* ItemAt(uint32_t offset_units) const;
+  void RetireItem(uint64_t slot_word);
+
+  uint8_t* const region_;
+  const kv::RegionHeader* const header_;
+  uint8_t* const heap_;
+  const StoreOptions options_;
+  mutable Allocator allocator_;
+  static constexpr size_t kStripes = 4096;
+  mutable std::array<std::mutex, kStripes> stripes_;
+  std::atomic<uint64_t> version_counter_{0};
+  std::atomic<uint64_t> items_{0};
+  std::atomic<uint64_t> item_bytes_{0};
+};
+
+}  // namespace rdkv::server
