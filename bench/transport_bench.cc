@@ -1,0 +1,149 @@
+// transport_bench: one-sided READ latency and rate over a transport, server and client in one
+// process (as perftest's ib_read_lat runs both ends on one device).
+//
+//   transport_bench --transport=tcp --size=64
+//   transport_bench --transport=verbs --host=$RDKV_RXE_ADDR --size=64 --json=out.json
+//
+// Prints: READ latency at queue depth 1 (p50/p99/avg, microseconds) and READ rate at
+// --qd outstanding READs, as "key=value" lines and optionally JSON.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "common/transport/transport.h"
+
+DEFINE_string(transport, "tcp", "tcp or verbs");
+DEFINE_string(host, "127.0.0.1", "Address to listen on and connect to (verbs: the rxe address)");
+DEFINE_int32(size, 64, "Bytes per READ");
+DEFINE_int32(iters, 20000, "READs for the latency run");
+DEFINE_int32(qd, 16, "Outstanding READs for the rate run");
+DEFINE_double(seconds, 3.0, "Duration of the rate run");
+DEFINE_string(json, "", "Also write the figures as JSON to this file");
+
+using namespace rdkv;
+using Clock = std::chrono::steady_clock;
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  auto die = [](const Status& s, const char* what) {
+    std::fprintf(stderr, "transport_bench: %s: %s\n", what, s.ToString().c_str());
+    std::exit(2);
+  };
+  Result<transport::TransportKind> kind = transport::ChooseTransport(FLAGS_transport);
+  if (!kind.ok()) die(kind.status(), "--transport");
+  transport::FabricOptions fo;
+  fo.kind = *kind;
+  auto fabric = transport::Fabric::Create(fo);
+  if (!fabric.ok()) die(fabric.status(), "fabric");
+  const size_t region_bytes = 64u << 20;
+  auto region = (*fabric)->AllocateRegion(region_bytes, transport::RegionAccess::kRemoteRead);
+  if (!region.ok()) die(region.status(), "server region");
+  for (size_t i = 0; i < region_bytes; ++i) (*region)->data()[i] = static_cast<uint8_t>(i * 7);
+
+  transport::ListenOptions lo;
+  lo.host = FLAGS_host;
+  lo.port = 0;
+  lo.auth_token = "bench";
+  lo.regions = {(*region)->Describe(1)};
+  lo.handler = [](std::span<const uint8_t> p, transport::ReplyHandle r) {
+    r.session->Reply(r.request_id, p).IgnoreError();
+  };
+  auto listener = (*fabric)->Listen(std::move(lo));
+  if (!listener.ok()) die(listener.status(), "listen");
+
+  transport::ConnectOptions co;
+  co.host = FLAGS_host;
+  co.port = (*listener)->port();
+  co.auth_token = "bench";
+  co.max_outstanding_reads = std::max(FLAGS_qd, 1);
+  auto conn = (*fabric)->Connect(co);
+  if (!conn.ok()) die(conn.status(), "connect");
+  const transport::RegionDescriptor rd = (*conn)->regions().at(0);
+
+  const size_t size = static_cast<size_t>(FLAGS_size);
+  const int qd = std::max(FLAGS_qd, 1);
+  auto local = (*fabric)->AllocateRegion(size * qd + 4096, transport::RegionAccess::kLocal);
+  if (!local.ok()) die(local.status(), "local buffer");
+  std::vector<transport::ReadOp> ops(qd);
+  auto prepare = [&](transport::ReadOp& op, int slot, uint64_t n) {
+    op.Reset();
+    op.local = (*local)->data() + slot * size;
+    op.lkey = (*local)->lkey();
+    op.rkey = rd.rkey;
+    op.length = static_cast<uint32_t>(size);
+    op.remote_addr = rd.addr + (n * 4096) % (region_bytes - size);
+  };
+
+  // Latency, queue depth 1.
+  std::vector<double> lat;
+  lat.reserve(FLAGS_iters);
+  for (int i = 0; i < FLAGS_iters + 100; ++i) {
+    prepare(ops[0], 0, i);
+    transport::ReadOp* p = &ops[0];
+    auto t0 = Clock::now();
+    Status s = (*conn)->ReadAndWait({&p, 1}, t0 + std::chrono::seconds(5));
+    auto t1 = Clock::now();
+    if (!s.ok() || ops[0].status.load() != transport::ReadStatus::kOk) {
+      die(s.ok() ? Status::RemoteAccessError("READ failed") : s, "latency READ");
+    }
+    if (i >= 100) lat.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(lat.begin(), lat.end());
+  auto pct = [&](double q) { return lat[std::min(lat.size() - 1, size_t(q * lat.size()))]; };
+  double avg = std::accumulate(lat.begin(), lat.end(), 0.0) / lat.size();
+
+  // Rate: keep qd READs outstanding.
+  uint64_t done = 0, posted = 0;
+  auto end = Clock::now() + std::chrono::duration<double>(FLAGS_seconds);
+  auto r0 = Clock::now();
+  std::vector<bool> busy(qd, false);
+  while (Clock::now() < end) {
+    std::vector<transport::ReadOp*> batch;
+    for (int i = 0; i < qd; ++i) {
+      if (busy[i] && ops[i].done()) {
+        if (ops[i].status.load() != transport::ReadStatus::kOk) die(Status::Internal("READ failed"), "rate READ");
+        busy[i] = false;
+        ++done;
+      }
+      if (!busy[i]) {
+        prepare(ops[i], i, posted++);
+        batch.push_back(&ops[i]);
+        busy[i] = true;
+      }
+    }
+    if (!batch.empty()) {
+      Status s = (*conn)->PostReads(batch);
+      if (!s.ok()) die(s, "post");
+    }
+    (*conn)->PollReads();
+  }
+  // Drain.
+  std::vector<transport::ReadOp*> pending;
+  for (int i = 0; i < qd; ++i) if (busy[i]) pending.push_back(&ops[i]);
+  for (auto* p : pending) {
+    while (!p->done()) (*conn)->PollReads();
+    ++done;
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - r0).count();
+  double rate = done / secs;
+
+  std::printf("rdkv transport_bench transport=%s size=%d read_lat_qd1 p50_us=%.2f p99_us=%.2f avg_us=%.2f n=%zu\n",
+              FLAGS_transport.c_str(), FLAGS_size, pct(0.50), pct(0.99), avg, lat.size());
+  std::printf("rdkv transport_bench transport=%s size=%d read_rate qd=%d reads_per_s=%.0f\n",
+              FLAGS_transport.c_str(), FLAGS_size, qd, rate);
+  if (!FLAGS_json.empty()) {
+    std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport << "\",\"size\":" << FLAGS_size
+                              << ",\"p50_us\":" << pct(0.5) << ",\"p99_us\":" << pct(0.99)
+                              << ",\"avg_us\":" << avg << ",\"qd\":" << qd
+                              << ",\"reads_per_s\":" << rate << "}\n";
+  }
+  return 0;
+}
