@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The Soft-RoCE baseline for one-sided READs, measured with perftest inside the rdkv VM:
+# ib_read_lat -R and ib_read_bw -R, server in the background + client in the same guest, both
+# against $RDKV_RXE_ADDR on $RDKV_RXE_DEVICE. Prints one machine-readable line per test:
+#   perftest ib_read_lat size=64 p50_us=... p99_us=... avg_us=... (then p999_us min_us max_us stdev_us iters)
+#   perftest ib_read_bw size=64 reads_per_s=... (then bw_avg_MBps bw_peak_MBps iters)
+# p50_us is perftest's t_typical (the median). MB is perftest's MB (2^20 bytes).
+#
+# Usage (from the host):
+#   tests/rxe/vm.sh --out OUTDIR -- tests/rxe/perftest.sh [-s SIZE] [--lat-iters N] [--bw-iters N]
+#                                                         [--json OUTDIR/perftest.json] [--verbose]
+# Defaults: -s 64, --lat-iters 5000, --bw-iters 20000. --json writes the same figures as JSON
+# (inside the VM only an --out directory, /tmp and /run are writable; /tmp and /run vanish).
+# Exit: 0 ok, 1 a tool failed or printed no result row, 2 bad usage or outside the VM.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/rxe/lib.sh
+. "$here/lib.sh"
+
+size=64
+lat_iters=5000
+bw_iters=20000
+json=""
+verbose=0
+usage() {
+  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+while (($# > 0)); do
+  case $1 in
+    -s | --size) size=${2:?}; shift 2 ;;
+    --lat-iters) lat_iters=${2:?}; shift 2 ;;
+    --bw-iters) bw_iters=${2:?}; shift 2 ;;
+    --json) json=${2:?}; shift 2 ;;
+    -v | --verbose) verbose=1; shift ;;
+    -h | --help) usage ;;
+    *) echo "perftest.sh: unknown argument $1" >&2; usage ;;
+  esac
+done
+for n in "$size" "$lat_iters" "$bw_iters"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "perftest.sh: not a positive integer: $n" >&2; exit 2; }
+done
+rxe_require_vm perftest.sh
+rxe_port_active || { echo "perftest.sh: $RXE_DEV is not PORT_ACTIVE" >&2; exit 1; }
+
+work=$(mktemp -d)
+servers=()
+trap 'rxe_stop "${servers[@]}"; rm -rf "$work"' EXIT
+
+fail() {
+  echo "perftest.sh: FAIL: $*" >&2
+  local f
+  for f in "$work"/*.log; do
+    [[ -s $f ]] || continue
+    echo "---- $(basename "$f")" >&2
+    tail -n 30 "$f" >&2
+  done
+  exit 1
+}
+
+# run_pair NAME PORT ARGS...: server in the background, client against $RXE_ADDR; the client's
+# output ends up in $work/NAME-client.log.
+run_pair() {
+  local name=$1 port=$2
+  shift 2
+  local cmd=("$name" -R -d "$RXE_DEV" -p "$port" "$@")
+  timeout 600 "${cmd[@]}" >"$work/$name-server.log" 2>&1 &
+  servers+=($!)
+  rxe_wait_listen "${servers[-1]}" "$port" || fail "$name server did not start listening on port $port"
+  timeout 600 "${cmd[@]}" "$RXE_ADDR" >"$work/$name-client.log" 2>&1 || fail "$name client failed (exit $?)"
+  wait "${servers[-1]}" || fail "$name server failed (exit $?)"
+  if ((verbose)); then cat "$work/$name-client.log" >&2; fi
+}
+
+# numeric NAME VALUE...: every VALUE must be a plain decimal number (they go into JSON as is).
+numeric() {
+  local name=$1 v
+  shift
+  for v in "$@"; do
+    [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || fail "$name: unexpected value '$v' in the result row"
+  done
+}
+
+# ib_read_lat: #bytes #iterations t_min t_max t_typical t_avg t_stdev 99% 99.9%   (usec)
+run_pair ib_read_lat 18515 -F -s "$size" -n "$lat_iters"
+row=$(awk -v s="$size" -v n="$lat_iters" '$1 == s && $2 == n && NF >= 9' "$work/ib_read_lat-client.log")
+[[ -n $row ]] || fail "ib_read_lat printed no result row for size $size"
+read -r _ _ l_min l_max l_typ l_avg l_stdev l_p99 l_p999 _ <<<"$row"
+numeric ib_read_lat "$l_min" "$l_max" "$l_typ" "$l_avg" "$l_stdev" "$l_p99" "$l_p999"
+echo "perftest ib_read_lat size=$size p50_us=$l_typ p99_us=$l_p99 avg_us=$l_avg p999_us=$l_p999 min_us=$l_min max_us=$l_max stdev_us=$l_stdev iters=$lat_iters"
+
+# ib_read_bw: #bytes #iterations BW_peak BW_average MsgRate   (MB/sec, Mpps)
+run_pair ib_read_bw 18516 -s "$size" -n "$bw_iters"
+row=$(awk -v s="$size" -v n="$bw_iters" '$1 == s && $2 == n && NF >= 5' "$work/ib_read_bw-client.log")
+[[ -n $row ]] || fail "ib_read_bw printed no result row for size $size"
+read -r _ _ b_peak b_avg b_mpps _ <<<"$row"
+numeric ib_read_bw "$b_peak" "$b_avg" "$b_mpps"
+reads=$(awk -v m="$b_mpps" 'BEGIN { printf "%.0f", m * 1000000 }')
+echo "perftest ib_read_bw size=$size reads_per_s=$reads bw_avg_MBps=$b_avg bw_peak_MBps=$b_peak iters=$bw_iters"
+
+if [[ -n $json ]]; then
+  mkdir -p "$(dirname "$json")"
+  cat >"$json.tmp" <<EOF
+{
+  "device": "$RXE_DEV",
+  "addr": "$RXE_ADDR",
+  "size": $size,
+  "ib_read_lat": {"iters": $lat_iters, "p50_us": $l_typ, "p99_us": $l_p99, "p999_us": $l_p999, "avg_us": $l_avg, "min_us": $l_min, "max_us": $l_max, "stdev_us": $l_stdev},
+  "ib_read_bw": {"iters": $bw_iters, "reads_per_s": $reads, "bw_avg_MBps": $b_avg, "bw_peak_MBps": $b_peak}
+}
+EOF
+  mv "$json.tmp" "$json"
+  echo "perftest json=$json"
+fi
