@@ -51,6 +51,9 @@ Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_by
     return Status::InvalidArgument("a region of " + std::to_string(region_bytes) +
                                    " bytes is too small for a header, an index and a heap");
   }
+  if (options.shard_count == 0 || options.shard_count > kv::kMaxShards) {
+    return Status::InvalidArgument("shard count must be 1.." + std::to_string(kv::kMaxShards));
+  }
   if (options.max_value_bytes > (1u << 20)) {
     return Status::InvalidArgument("max value size above 1 MiB is not supported");
   }
@@ -67,8 +70,15 @@ Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_by
   h->heap_bytes = g.heap_bytes;
   h->incarnation = std::random_device{}() | (uint64_t{std::random_device{}()} << 32);
   h->max_value_bytes = options.max_value_bytes;
-  h->map_epoch = options.map_epoch;
+  h->shard_count = options.shard_count;
+  h->server_id = options.server_id;
   h->header_checksum = kv::HeaderChecksum(*h);
+  h->map_epoch = options.map_epoch;
+  if (options.owned_shards.empty()) {
+    h->owned_shards[0] = 1;  // standalone: the one shard
+  } else {
+    for (uint32_t s : options.owned_shards) h->owned_shards[s / 64] |= uint64_t{1} << (s % 64);
+  }
   std::atomic_thread_fence(std::memory_order_release);
   return std::unique_ptr<Store>(new Store(region, h, options));
 }

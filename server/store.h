@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/kv/layout.h"
 #include "rdkv/status.h"
@@ -29,7 +30,12 @@ struct StoreOptions {
   double index_fraction = 1.0 / 16;
   uint64_t max_value_bytes = 1u << 20;
   std::chrono::milliseconds grace{90};
+  // Cluster: the map epoch, shard count and the shards this server owns at start
+  // (empty: standalone, shard_count 1, shard 0 owned).
   uint64_t map_epoch = 0;
+  uint32_t shard_count = 1;
+  uint32_t server_id = 0;
+  std::vector<uint32_t> owned_shards;
 };
 
 struct StoreCounters {

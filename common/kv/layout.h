@@ -44,8 +44,13 @@ inline constexpr uint32_t kMaxItemUnits = 0xffff;  // 4 MiB - 64 B
 inline constexpr uint32_t kStateLive = 0x4556494c;  // "LIVE"
 inline constexpr uint32_t kStateDead = 0x44414544;  // "DEAD"
 
-// The first page of the region. Written once before the region is served, except
-// `map_epoch`/shard fields (cluster) which change with one aligned store each.
+// Shards a cluster may have (common/cluster/cluster_map.h keeps the same bound).
+inline constexpr uint32_t kMaxShards = 4096;
+
+// The first page of the region. The static part is written once before the region is served
+// and covered by header_checksum. The ownership part changes while serving (cluster map
+// changes), each 8-byte word with one aligned store; clients re-read it under a lease
+// (docs/design.md "Cluster").
 struct RegionHeader {
   uint64_t magic;
   uint32_t layout_version;
@@ -57,9 +62,20 @@ struct RegionHeader {
   uint64_t heap_bytes;
   uint64_t incarnation;    // random per server start: a new table, old cached locations are void
   uint64_t max_value_bytes;
-  uint64_t map_epoch;      // cluster map epoch this server serves (0 = standalone)
+  uint32_t shard_count;    // 1 for a standalone server
+  uint32_t server_id;      // this server's id in the cluster map (0 standalone)
   uint64_t header_checksum;  // Checksum over the bytes before this field
+
+  // --- ownership: one READ of kOwnershipBytes at offsetof(RegionHeader, map_epoch) ---
+  uint64_t map_epoch;                       // cluster map epoch served (0 = standalone)
+  uint64_t owned_shards[kMaxShards / 64];   // bit s of word s/64: this server serves shard s
 };
+inline constexpr size_t kOwnershipOffset = 88;
+inline constexpr size_t kOwnershipBytes = 8 + kMaxShards / 8;
+static_assert(offsetof(RegionHeader, map_epoch) == kOwnershipOffset);
+inline bool OwnsShard(const uint64_t* owned_words, uint32_t shard) {
+  return (owned_words[shard / 64] >> (shard % 64)) & 1;
+}
 static_assert(sizeof(RegionHeader) <= kHeaderBytes);
 
 struct ItemHeader {
