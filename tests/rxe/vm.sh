@@ -337,13 +337,13 @@ fi
 # ---------------------------------------------------------------------------------------------
 # The run: a script in $CACHE/runs/ (the guest sees it through the read-only 9p share).
 # ---------------------------------------------------------------------------------------------
-[[ -d $CWD ]] || fail "--cwd $CWD is not a directory"
-CWD=$(realpath "$CWD")
 if [[ -n $OUT ]]; then
   mkdir -p "$OUT" || fail "cannot create --out $OUT"
   OUT=$(realpath "$OUT")
   [[ $OUT != / ]] || fail "--out / is not allowed"
 fi
+[[ -d $CWD ]] || fail "--cwd $CWD is not a directory"
+CWD=$(realpath "$CWD")
 if hidden_in_guest "$CWD"; then
   fail "--cwd $CWD is under /tmp or /run, which the guest replaces with an empty tmpfs (use --out for it, or another directory)"
 fi
@@ -436,9 +436,11 @@ console_filter() {
         : >"$RUNDIR/started"
         continue
         ;;
-      "RDKV_VM_EXIT="*" $NONCE")
+      *"RDKV_VM_EXIT="*" $NONCE")
+        # The command's last line may lack its newline: keep what precedes the marker.
+        if [[ $phase == cmd && $line != RDKV_VM_EXIT=* ]]; then printf '%s\n' "${line%RDKV_VM_EXIT=*}"; fi
         phase=finished
-        line=${line#RDKV_VM_EXIT=}
+        line=${line##*RDKV_VM_EXIT=}
         printf '%s\n' "${line%% *}" >"$RUNDIR/exit"
         continue
         ;;
@@ -466,7 +468,7 @@ show_failure_context() {
   fi
   if [[ -s $LOG ]]; then
     note "last console lines:"
-    tail -n 30 "$LOG" | sed 's/^/  console: /' >&2
+    tail -n 30 "$LOG" | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g; s/\x1bc//g; s/^/  console: /' >&2
   fi
   note "full console log: $LOG"
 }
