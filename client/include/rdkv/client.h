@@ -8,15 +8,23 @@
 //   auto put = (*client)->Put("user:1", "alice");        // Result<uint64_t>: the new version
 //   auto got = (*client)->Get("user:1");                 // Result<GetResult>, kNotFound if absent
 //
+// CMake:  find_package(rdkv REQUIRED)  +  target_link_libraries(app PRIVATE rdkv::client)
+//
 // GETs are resolved by the client itself with one-sided READs of the server's registered
 // region (the server's CPU does nothing for them). Every item read is checked (key, version,
 // checksum, liveness); a torn or reused read is retried and never returned.
 // Writes (Put/Insert/Delete/Cas) are requests to the server that owns the key.
 //
+// Ownership: Connect returns the only owner of the Client; destroying it closes its
+// connections and frees its registered buffers. It must not be destroyed while another
+// thread is inside one of its calls. Every result owns its data (no views into the client).
 // Thread-safety: a Client is thread-safe; share one per process (it shares one connection per
-// server between threads). Results own their data.
+// server between threads, and keeps a small pool of registered READ buffers, about one per
+// concurrently calling thread).
 // Errors: every call returns a Status or Result; see rdkv/status.h for the codes. kTimedOut
 // and kConnectionLost on a write mean the outcome is unknown (it may have applied).
+// A broken connection is replaced by the next call (which re-reads the server's region
+// header); if the server cannot be reached that call fails with kUnavailable naming it.
 #pragma once
 
 #include <chrono>
@@ -32,22 +40,29 @@
 namespace rdkv {
 
 struct ClientOptions {
-  // A server to contact first, "host:port". Required.
+  // A server to contact first, "host:port" (IPv6: "[::1]:7400"). Required.
   std::string seed;
   // "auto" (verbs when an RDMA device is active, else tcp), "verbs" or "tcp".
   std::string transport = "auto";
+  // verbs only: the RDMA device to use ("mlx5_0", "rxe0"); empty = the first active one.
+  std::string device;
   // Must match the servers' --auth_token.
   std::string auth_token;
   std::chrono::milliseconds connect_timeout{5000};
   // Deadline for one write request, and for one GET including its retries.
   std::chrono::milliseconds op_timeout{2000};
   // A one-sided GET attempt slower than this restarts from the index (the server does not
-  // reuse freed memory for at least twice this long; see docs/design.md).
+  // reuse freed memory for at least twice this long; see docs/design.md). Must be below the
+  // servers' grace period / 2.
   std::chrono::milliseconds read_deadline{40};
   // Attempts for one GET before giving up with kCorruption (never a wrong value).
   int max_get_attempts = 16;
   // Remembers item locations so a repeated GET can take one READ. 0 disables.
   size_t location_cache_entries = 65536;
+  // Most READs one call posts at once (MultiGet batches; never above the connection's limit).
+  uint32_t max_batch_reads = 256;
+  // READs in flight at once on one connection, shared by all threads.
+  uint32_t max_outstanding_reads = 1024;
 };
 
 struct GetResult {
@@ -57,35 +72,45 @@ struct GetResult {
 
 // Counters for benchmarks and monitoring; totals since Connect.
 struct ClientStats {
-  uint64_t gets = 0;
+  uint64_t gets = 0;               // keys looked up (a MultiGet of n keys counts n)
   uint64_t get_reads = 0;          // one-sided READs posted by GETs (reads per GET = get_reads/gets)
-  uint64_t get_retries = 0;        // attempts that failed a check and were retried
+  uint64_t get_retries = 0;        // attempts that failed a check or the deadline and were retried
   uint64_t cache_hits = 0;         // GETs answered by one READ from the location cache
   uint64_t torn_reads = 0;         // items that failed their checksum
   uint64_t writes = 0;
-  uint64_t errors = 0;
+  uint64_t errors = 0;             // calls that returned an error other than kNotFound
+  uint64_t cache_misses = 0;       // cached locations that no longer held the key (fell back)
+  uint64_t slow_reads = 0;         // attempts restarted because they exceeded read_deadline
+  uint64_t reconnects = 0;         // connections replaced after a failure
 };
 
 class Client {
  public:
   // Connects to the seed (and, in a cluster, lazily to the other servers).
-  // kInvalidArgument for bad options, kUnavailable / kPermissionDenied / kTimedOut otherwise.
+  // kInvalidArgument for bad options (e.g. a malformed seed), kUnavailable /
+  // kPermissionDenied / kTimedOut when the server cannot be used, kProtocolError when its
+  // region header is not one this library understands.
   static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
   virtual ~Client() = default;
 
-  // kNotFound when absent.
+  // kNotFound when absent. kInvalidArgument for an empty or oversize key. kCorruption after
+  // max_get_attempts failed attempts (a value is never returned unchecked); kTimedOut when
+  // op_timeout passed; kRemoteAccessError / kConnectionLost when a READ failed (the next
+  // call reconnects).
   virtual Result<GetResult> Get(std::string_view key) = 0;
-  // One result per key, in order. READs of all keys are posted in batches.
+  // One result per key, in order (same errors as Get, per key). READs of all keys are posted
+  // in batches of up to max_batch_reads.
   virtual std::vector<Result<GetResult>> MultiGet(std::span<const std::string_view> keys) = 0;
 
-  // Upsert. Returns the key's new version.
+  // Upsert. Returns the key's new version. Keys are 1..1024 bytes; values at most the
+  // server's max_value_bytes (kInvalidArgument otherwise, checked before sending).
   virtual Result<uint64_t> Put(std::string_view key, std::string_view value) = 0;
   // kAlreadyExists when present. Returns the new version.
   virtual Result<uint64_t> Insert(std::string_view key, std::string_view value) = 0;
   // kNotFound when absent.
   virtual Status Delete(std::string_view key) = 0;
-  // Replaces only when the current version equals expected_version: kVersionMismatch otherwise,
-  // kNotFound when absent. Returns the new version.
+  // Replaces only when the current version equals expected_version: kVersionMismatch otherwise
+  // (its message names the current version), kNotFound when absent. Returns the new version.
   virtual Result<uint64_t> Cas(std::string_view key, uint64_t expected_version,
                                std::string_view value) = 0;
 
@@ -95,6 +120,8 @@ class Client {
   virtual Status Ping() = 0;
 
   virtual ClientStats stats() const = 0;
+  // The largest value the connected server accepts (from its region header).
+  virtual uint64_t max_value_bytes() const = 0;
 };
 
 }  // namespace rdkv

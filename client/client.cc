@@ -1,0 +1,751 @@
+// The rdkv client: GET by one-sided READs as docs/design.md ("GET: resolution and why it is
+// linearizable") describes, writes by two-sided requests.
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "client/client_internal.h"
+#include "client/location_cache.h"
+#include "client/read_buffers.h"
+#include "client/seed.h"
+#include "client/session.h"
+#include "common/kv/layout.h"
+#include "common/kv/wire.h"
+#include "rdkv/client.h"
+
+namespace rdkv::client {
+
+using Clock = std::chrono::steady_clock;
+
+std::string DescribeKey(std::string_view key) {
+  static constexpr size_t kShown = 64;
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "key '";
+  for (size_t i = 0; i < key.size() && i < kShown; ++i) {
+    auto c = static_cast<unsigned char>(key[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  if (key.size() > kShown) out += "...(" + std::to_string(key.size()) + " bytes)";
+  out += "'";
+  return out;
+}
+
+namespace {
+
+// True when `bytes` hold a complete, intact item (its own checksum matches) whatever its key
+// and state: then the slot that pointed here belonged to that item's key.
+bool IntactItem(const uint8_t* bytes, size_t n) {
+  if (n < sizeof(kv::ItemHeader)) return false;
+  kv::ItemHeader h;
+  std::memcpy(&h, bytes, sizeof(h));
+  if (h.key_bytes == 0 || h.key_bytes > kv::kMaxKeyBytes) return false;
+  uint64_t need = uint64_t{sizeof(h)} + h.key_bytes + h.value_bytes;
+  if (need > n || h.units == 0 || uint64_t{h.units} * kv::kUnit < need) return false;
+  const char* k = reinterpret_cast<const char*>(bytes + sizeof(h));
+  return kv::ItemChecksum(h, std::string_view(k, h.key_bytes),
+                          std::string_view(k + h.key_bytes, h.value_bytes)) == h.checksum;
+}
+
+}  // namespace
+
+Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::string_view* value,
+                     uint64_t* version, bool* torn) {
+  *torn = false;
+  switch (kv::CheckItem(bytes, n, key, value, version)) {
+    case kv::ItemCheck::kOk:
+      return Verdict::kAccept;
+    case kv::ItemCheck::kDead:
+      return Verdict::kRetry;  // the key's item, retired: the key was replaced or deleted
+    case kv::ItemCheck::kBadChecksum:
+      *torn = true;
+      return Verdict::kRetry;
+    case kv::ItemCheck::kWrongKey:
+    case kv::ItemCheck::kBadLengths:
+    case kv::ItemCheck::kTooShort:
+      // Another key's intact item (a fingerprint collision), or bytes that are no item at all
+      // (torn or reused): only the former proves this slot is not ours.
+      if (IntactItem(bytes, n)) return Verdict::kForeign;
+      *torn = true;
+      return Verdict::kRetry;
+  }
+  return Verdict::kRetry;
+}
+
+namespace {
+
+constexpr size_t kMaxCandidates = kv::kSlotsPerBucket * kv::kWindowBuckets;
+
+struct Counters {
+  std::atomic<uint64_t> gets{0}, get_reads{0}, get_retries{0}, cache_hits{0}, torn_reads{0},
+      writes{0}, errors{0}, cache_misses{0}, slow_reads{0}, reconnects{0};
+};
+
+void Add(std::atomic<uint64_t>& c, uint64_t n = 1) {
+  if (n != 0) c.fetch_add(n, std::memory_order_relaxed);
+}
+
+enum class Problem : uint8_t { kNone, kSlow, kTorn, kRetired, kBadSlot };
+
+const char* ProblemText(Problem p) {
+  switch (p) {
+    case Problem::kNone: return "unknown";
+    case Problem::kSlow: return "READs slower than read_deadline";
+    case Problem::kTorn: return "item failed its checksum";
+    case Problem::kRetired: return "item retired while being read";
+    case Problem::kBadSlot: return "slot points outside the heap or past the largest item";
+  }
+  return "unknown";
+}
+
+// One key being looked up by Get or MultiGet.
+struct KeyJob {
+  std::string_view key;
+  uint64_t hash = 0;
+  uint64_t window_offset = 0;   // region offset of the key's 128-byte window
+  uint16_t fingerprint = 0;
+  std::optional<Result<GetResult>>* out = nullptr;
+  bool done = false;
+  int attempts = 0;             // index attempts (window READs) so far
+  Clock::time_point deadline;   // op_timeout from the start of the call
+  std::optional<CachedLocation> cached;
+  // The current index attempt.
+  Clock::time_point t0;
+  uint8_t ncand = 0;            // candidates found in the window
+  uint8_t unresolved = 0;       // candidates not yet read and judged
+  bool retry = false;           // a candidate said "changed under us"
+  bool slow = false;            // the attempt exceeded read_deadline
+  int slow_attempts = 0;        // attempts that exceeded read_deadline
+  Problem problem = Problem::kNone;  // the last reason for a retry, for the final error
+  kv::SlotFields cand[kMaxCandidates];
+};
+
+class ClientImpl final : public Client {
+ public:
+  ClientImpl(const ClientOptions& options, ServerAddress address,
+             std::unique_ptr<transport::Fabric> fabric)
+      : options_(options),
+        address_(std::move(address)),
+        fabric_(std::move(fabric)),
+        pool_(fabric_.get()),
+        cache_(options.location_cache_entries),
+        batch_limit_(std::max<uint32_t>(
+            1, std::min(options.max_batch_reads, options.max_outstanding_reads))) {}
+
+  ~ClientImpl() override {
+    // Sessions (connections) go before the pool and the fabric: see member order.
+    std::lock_guard<std::mutex> l(session_mu_);
+    session_.reset();
+  }
+
+  Status Init() {
+    auto s = CurrentSession();
+    return s.status();
+  }
+
+  Result<GetResult> Get(std::string_view key) override {
+    Status bad = CheckKey(key);
+    if (!bad.ok()) return Fail(bad);
+    std::optional<Result<GetResult>> out;
+    KeyJob job;
+    job.key = key;
+    job.out = &out;
+    Status s = RunJobs(std::span<KeyJob>(&job, 1));
+    if (!s.ok()) return Fail(s);
+    if (!out.has_value()) return Fail(Status::Internal("GET of " + DescribeKey(key) + " unresolved"));
+    if (!out->ok() && !out->status().Is(StatusCode::kNotFound)) Add(stats_.errors);
+    return std::move(*out);
+  }
+
+  std::vector<Result<GetResult>> MultiGet(std::span<const std::string_view> keys) override {
+    std::vector<std::optional<Result<GetResult>>> outs(keys.size());
+    std::vector<KeyJob> jobs;
+    jobs.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Status bad = CheckKey(keys[i]);
+      if (!bad.ok()) {
+        outs[i] = bad;
+        continue;
+      }
+      KeyJob& job = jobs.emplace_back();
+      job.key = keys[i];
+      job.out = &outs[i];
+    }
+    Status s = jobs.empty() ? Status::Ok() : RunJobs(jobs);
+    std::vector<Result<GetResult>> results;
+    results.reserve(keys.size());
+    for (auto& o : outs) {
+      if (!o.has_value()) o = s.ok() ? Status::Internal("GET unresolved") : s;
+      if (!o->ok() && !o->status().Is(StatusCode::kNotFound)) Add(stats_.errors);
+      results.push_back(std::move(*o));
+    }
+    return results;
+  }
+
+  Result<uint64_t> Put(std::string_view key, std::string_view value) override {
+    return Write(kv::Op::kPut, key, value, 0);
+  }
+  Result<uint64_t> Insert(std::string_view key, std::string_view value) override {
+    return Write(kv::Op::kInsert, key, value, 0);
+  }
+  Status Delete(std::string_view key) override {
+    return Write(kv::Op::kDelete, key, {}, 0).status();
+  }
+  Result<uint64_t> Cas(std::string_view key, uint64_t expected_version,
+                       std::string_view value) override {
+    return Write(kv::Op::kCas, key, value, expected_version);
+  }
+
+  Result<std::string> Stats() override {
+    std::string body;
+    Status s = Call(kv::Op::kStats, {}, {}, 0, nullptr, &body);
+    if (!s.ok()) return s;
+    return body;
+  }
+
+  Status Ping() override { return Call(kv::Op::kPing, {}, {}, 0, nullptr, nullptr); }
+
+  ClientStats stats() const override {
+    ClientStats s;
+    s.gets = stats_.gets.load(std::memory_order_relaxed);
+    s.get_reads = stats_.get_reads.load(std::memory_order_relaxed);
+    s.get_retries = stats_.get_retries.load(std::memory_order_relaxed);
+    s.cache_hits = stats_.cache_hits.load(std::memory_order_relaxed);
+    s.torn_reads = stats_.torn_reads.load(std::memory_order_relaxed);
+    s.writes = stats_.writes.load(std::memory_order_relaxed);
+    s.errors = stats_.errors.load(std::memory_order_relaxed);
+    s.cache_misses = stats_.cache_misses.load(std::memory_order_relaxed);
+    s.slow_reads = stats_.slow_reads.load(std::memory_order_relaxed);
+    s.reconnects = stats_.reconnects.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  uint64_t max_value_bytes() const override {
+    std::lock_guard<std::mutex> l(session_mu_);
+    return max_value_bytes_;
+  }
+
+ private:
+  template <typename T>
+  T Fail(T error) {
+    Add(stats_.errors);
+    return error;
+  }
+
+  static Status CheckKey(std::string_view key) {
+    if (key.empty()) return Status::InvalidArgument("key is empty (keys are 1..1024 bytes)");
+    if (key.size() > kv::kMaxKeyBytes) {
+      return Status::InvalidArgument("key of " + std::to_string(key.size()) +
+                                     " bytes is longer than the limit of 1024 bytes");
+    }
+    return Status::Ok();
+  }
+
+  // The live session, reconnecting when the current one is broken.
+  Result<std::shared_ptr<Session>> CurrentSession() {
+    std::lock_guard<std::mutex> l(session_mu_);
+    if (session_ != nullptr && session_->usable()) return session_;
+    bool reconnect = connected_once_;
+    session_.reset();  // the old connection closes once its last user is done
+    auto opened = OpenSession(fabric_.get(), address_, options_, &pool_);
+    if (!opened.ok()) {
+      Status s = opened.status();
+      // The server's own refusals keep their code; anything about reaching it is kUnavailable.
+      bool keep = s.Is(StatusCode::kPermissionDenied) || s.Is(StatusCode::kProtocolError) ||
+                  s.Is(StatusCode::kInvalidArgument) || s.Is(StatusCode::kNotSupported);
+      std::string msg = s.message();
+      if (msg.find(address_.ToString()) == std::string::npos) {
+        msg = "server " + address_.ToString() + ": " + msg;
+      }
+      if (reconnect) msg = "reconnecting: " + msg;
+      return Status(keep ? s.code() : StatusCode::kUnavailable,
+                    std::move(msg) + (keep ? "" : " (" + std::string(StatusCodeName(s.code())) + ")"));
+    }
+    std::shared_ptr<Session> session = std::move(opened).value();
+    const kv::RegionHeader& h = session->header();
+    connected_once_ = true;
+    if (reconnect) {
+      Add(stats_.reconnects);
+      LOG(INFO) << "rdkv client: reconnected to " << session->conn().peer()
+                << (h.incarnation != incarnation_ ? " (new server incarnation)" : "");
+    }
+    if (h.incarnation != incarnation_) {
+      cache_.Clear();  // every cached offset belongs to the old table
+      incarnation_ = h.incarnation;
+    }
+    max_value_bytes_ = h.max_value_bytes;
+    ScratchShape shape;
+    shape.window_capacity = batch_limit_;
+    size_t max_item = kv::UnitsFor(kv::ItemBytes(kv::kMaxKeyBytes, h.max_value_bytes)) * kv::kUnit;
+    shape.item_capacity = max_item + (64u << 10);
+    shape.op_capacity = std::max<size_t>(batch_limit_, kMaxCandidates + 1);
+    pool_.SetShape(shape);
+    session_ = session;
+    return session;
+  }
+
+  // Posts scratch->batch and waits. OK when every READ completed OK; otherwise the error for
+  // the call (the session is marked for reconnect).
+  Status RunReads(Session& session, ScratchLease& scratch) {
+    Add(stats_.get_reads, scratch->batch.size());
+    Status s = session.conn().ReadAndWait(scratch->batch, Clock::now() + options_.op_timeout);
+    if (!s.ok()) {
+      session.MarkBroken();
+      if (!scratch->Idle()) session.Quarantine(scratch.Take());  // the transport still owns it
+      if (s.Is(StatusCode::kTimedOut)) {
+        return Status::TimedOut("READ from " + session.conn().peer() + " did not complete within " +
+                                std::to_string(options_.op_timeout.count()) + " ms");
+      }
+      return Status(s.code(), "READ from " + session.conn().peer() + ": " + s.message());
+    }
+    for (transport::ReadOp* op : scratch->batch) {
+      transport::ReadStatus rs = op->status.load(std::memory_order_acquire);
+      if (rs == transport::ReadStatus::kOk) continue;
+      session.MarkBroken();
+      switch (rs) {
+        case transport::ReadStatus::kRemoteAccessError:
+          return Status::RemoteAccessError("server " + session.conn().peer() +
+                                           " refused a READ of its region (restarted?)");
+        case transport::ReadStatus::kConnectionLost:
+          return Status::ConnectionLost("connection to " + session.conn().peer() +
+                                        " broke during a READ");
+        default:
+          return Status::Internal("READ from " + session.conn().peer() + " failed locally");
+      }
+    }
+    return Status::Ok();
+  }
+
+  static void AddRead(Session& session, ReadScratch& x, uint8_t* dest, uint64_t region_offset,
+                      uint32_t length, uint64_t tag) {
+    transport::ReadOp& op = x.ops[x.batch.size()];
+    op.Reset();
+    op.local = dest;
+    op.lkey = x.lkey();
+    op.remote_addr = session.RemoteAddr(region_offset);
+    op.rkey = session.region().rkey;
+    op.length = length;
+    x.batch.push_back(&op);
+    x.tags.push_back(tag);
+  }
+
+  // Where an item of `units` at `offset_units` lies, or nullopt when it is outside the heap.
+  static std::optional<uint64_t> ItemOffset(const kv::RegionHeader& h, uint32_t offset_units,
+                                            uint32_t units) {
+    uint64_t start = uint64_t{offset_units} * kv::kUnit;
+    uint64_t len = uint64_t{units} * kv::kUnit;
+    if (units == 0 || start > h.heap_bytes || len > h.heap_bytes - start) return std::nullopt;
+    return h.heap_offset + start;
+  }
+
+  // The job's final error (constructed in place).
+  static void Finish(KeyJob& job, Status error) {
+    job.done = true;
+    job.out->emplace(std::move(error));
+  }
+
+  static void Accept(KeyJob& job, std::string_view value, uint64_t version) {
+    job.done = true;
+    job.out->emplace(GetResult{std::string(value), version});
+  }
+
+  // Ends an attempt that did not resolve the key: the next round retries it, or it fails.
+  void Retry(KeyJob& job, bool* any_retry) {
+    if (job.attempts >= options_.max_get_attempts) {
+      bool slow = job.slow_attempts == job.attempts;
+      std::string what = "GET of " + DescribeKey(job.key) + " from " + address_.ToString() +
+                         " failed " + std::to_string(job.attempts) + " attempts";
+      if (slow) {
+        Finish(job, Status::TimedOut(what + ": every attempt took longer than read_deadline (" +
+                                     std::to_string(options_.read_deadline.count()) +
+                                     " ms); no value was returned"));
+      } else {
+        Finish(job, Status::Corruption(what + " (last: " +
+                                       ProblemText(job.problem) +
+                                       "); no value was returned"));
+      }
+      return;
+    }
+    Add(stats_.get_retries);
+    *any_retry = true;
+  }
+
+  // Resolves every job (each ends done, with its result in *out) or returns the error that
+  // stopped them all (a READ failure, no connection).
+  Status RunJobs(std::span<KeyJob> jobs) {
+    RDKV_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, CurrentSession());
+    RDKV_ASSIGN_OR_RETURN(std::unique_ptr<ReadScratch> raw, pool_.Acquire());
+    ScratchLease scratch(&pool_, std::move(raw));
+    const kv::RegionHeader& h = session->header();
+    Clock::time_point start = Clock::now();
+    for (KeyJob& job : jobs) {
+      job.hash = kv::KeyHash(job.key);
+      job.window_offset = h.index_offset + kv::BucketOf(job.hash, h.bucket_count) * kv::kBucketBytes;
+      job.fingerprint = kv::FingerprintOf(job.hash);
+      job.deadline = start + options_.op_timeout;
+    }
+    Add(stats_.gets, jobs.size());
+    if (cache_.entries() > 0) RDKV_RETURN_IF_ERROR(CachePass(*session, scratch, jobs));
+    for (int round = 0;; ++round) {
+      bool any_retry = false;
+      bool any_work = false;
+      for (size_t i = 0; i < jobs.size();) {
+        size_t end = i;
+        RDKV_RETURN_IF_ERROR(IndexChunk(*session, scratch, jobs, i, &end, &any_work, &any_retry));
+        i = end;
+      }
+      if (!any_work) break;
+      if (any_retry) Backoff(round);
+    }
+    return Status::Ok();
+  }
+
+  static void Backoff(int round) {
+    if (round == 0) {
+      std::this_thread::yield();  // a torn read usually clears within microseconds
+      return;
+    }
+    int shift = std::min(round - 1, 8);
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(10 << shift, 2000)));
+  }
+
+  // One READ per job with a cached location, in batches. Accepted jobs are done; the rest
+  // forget the stale location and go through the index.
+  Status CachePass(Session& session, ScratchLease& x, std::span<KeyJob> jobs) {
+    const kv::RegionHeader& h = session.header();
+    const size_t max_ops = std::min(x->op_capacity, batch_limit_);
+    for (size_t i = 0; i < jobs.size();) {
+      x->batch.clear();
+      x->tags.clear();
+      size_t bytes = 0;
+      size_t j = i;
+      for (; j < jobs.size(); ++j) {
+        KeyJob& job = jobs[j];
+        job.cached = cache_.Lookup(job.hash);
+        if (!job.cached.has_value()) continue;
+        uint32_t len = uint32_t{job.cached->units} * kv::kUnit;
+        auto off = ItemOffset(h, job.cached->offset_units, job.cached->units);
+        if (!off.has_value() || len > x->item_capacity) {
+          cache_.Erase(job.hash, job.cached);
+          job.cached.reset();
+          continue;
+        }
+        if (x->batch.size() == max_ops || bytes + len > x->item_capacity) break;
+        AddRead(session, *x, x->items + bytes, *off, len, (uint64_t{j} << 32) | bytes);
+        bytes += len;
+      }
+      if (!x->batch.empty()) {
+        RDKV_RETURN_IF_ERROR(RunReads(session, x));
+        for (size_t k = 0; k < x->batch.size(); ++k) {
+          KeyJob& job = jobs[x->tags[k] >> 32];
+          const uint8_t* item = x->items + static_cast<uint32_t>(x->tags[k]);
+          std::string_view value;
+          uint64_t version = 0;
+          bool torn = false;
+          Verdict v = ClassifyItem(item, x->batch[k]->length, job.key, &value, &version, &torn);
+          if (torn) Add(stats_.torn_reads);
+          if (v == Verdict::kAccept) {
+            Add(stats_.cache_hits);
+            Accept(job, value, version);
+          } else {
+            Add(stats_.cache_misses);
+            cache_.Erase(job.hash, job.cached);
+          }
+        }
+      }
+      i = j;
+    }
+    return Status::Ok();
+  }
+
+  // One index attempt for up to batch_limit_ unresolved jobs from jobs[i...]: their windows
+  // in one batch, then their candidates in as few batches as the scratch allows.
+  Status IndexChunk(Session& session, ScratchLease& x, std::span<KeyJob> jobs, size_t i,
+                    size_t* end, bool* any_work, bool* any_retry) {
+    const kv::RegionHeader& h = session.header();
+    const size_t max_windows = std::min({x->window_capacity, x->op_capacity, batch_limit_});
+    x->batch.clear();
+    x->tags.clear();
+    Clock::time_point t0 = Clock::now();
+    size_t j = i;
+    for (; j < jobs.size() && x->batch.size() < max_windows; ++j) {
+      KeyJob& job = jobs[j];
+      if (job.done) continue;
+      if (job.attempts > 0 && t0 > job.deadline) {
+        Finish(job, Status::TimedOut("GET of " + DescribeKey(job.key) + " from " +
+                                     address_.ToString() + " did not succeed within " +
+                                     std::to_string(options_.op_timeout.count()) + " ms (" +
+                                     std::to_string(job.attempts) + " attempts)"));
+        continue;
+      }
+      size_t slot = x->batch.size();
+      AddRead(session, *x, x->windows + slot * kv::kWindowBytes, job.window_offset,
+              kv::kWindowBytes, j);
+      job.t0 = t0;
+      ++job.attempts;
+    }
+    *end = j;
+    if (x->batch.empty()) return Status::Ok();
+    *any_work = true;
+    RDKV_RETURN_IF_ERROR(RunReads(session, x));
+
+    // Candidates: the slots whose fingerprint matches.
+    size_t nwindows = x->batch.size();
+    for (size_t k = 0; k < nwindows; ++k) {
+      KeyJob& job = jobs[x->tags[k]];
+      const uint8_t* w = x->windows + k * kv::kWindowBytes;
+      job.ncand = 0;
+      job.retry = false;
+      job.slow = false;
+      for (size_t s = 0; s < kMaxCandidates; ++s) {
+        uint64_t word;
+        std::memcpy(&word, w + s * 8, 8);
+        if (word == 0) continue;
+        kv::SlotFields f = kv::UnpackSlot(word);
+        if (f.fingerprint == job.fingerprint) job.cand[job.ncand++] = f;
+      }
+      job.unresolved = job.ncand;
+      if (job.ncand == 0) {
+        // No slot of the window held the key's fingerprint when it was read: absent then.
+        cache_.Erase(job.hash);
+        Finish(job, Status::NotFound("key not found"));  // short: no allocation
+      }
+    }
+
+    // Candidate items, streamed through the item buffer in job order.
+    const size_t max_ops = std::min(x->op_capacity, batch_limit_);
+    x->batch.clear();
+    x->tags.clear();
+    size_t bytes = 0;
+    for (size_t k = i; k < j; ++k) {
+      KeyJob& job = jobs[k];
+      if (job.done || job.t0 != t0 || job.unresolved == 0) continue;
+      for (uint8_t c = 0; c < job.ncand; ++c) {
+        const kv::SlotFields& f = job.cand[c];
+        uint32_t len = uint32_t{f.units} * kv::kUnit;
+        auto off = ItemOffset(h, f.offset_units, f.units);
+        if (!off.has_value() || len > x->item_capacity) {
+          // Not a readable item: the server broke the layout contract. Never trust it.
+          job.problem = Problem::kBadSlot;
+          job.retry = true;
+          --job.unresolved;
+          continue;
+        }
+        if (x->batch.size() == max_ops || bytes + len > x->item_capacity) {
+          RDKV_RETURN_IF_ERROR(JudgeCandidates(session, x, jobs, any_retry));
+          x->batch.clear();
+          x->tags.clear();
+          bytes = 0;
+          if (job.done) break;
+        }
+        AddRead(session, *x, x->items + bytes, *off, len,
+                (uint64_t{k} << 40) | (uint64_t{c} << 32) | bytes);
+        bytes += len;
+      }
+      if (!job.done && job.unresolved == 0) EndAttempt(job, any_retry);  // all unreadable
+    }
+    if (!x->batch.empty()) RDKV_RETURN_IF_ERROR(JudgeCandidates(session, x, jobs, any_retry));
+    return Status::Ok();
+  }
+
+  // Nothing accepted and no candidate left: NotFound if every candidate was another key's,
+  // else retry.
+  void EndAttempt(KeyJob& job, bool* any_retry) {
+    if (job.retry) {
+      Retry(job, any_retry);
+    } else {
+      cache_.Erase(job.hash);
+      Finish(job, Status::NotFound("key not found"));
+    }
+  }
+
+  // READs the batched candidates and judges them, in slot order per job.
+  Status JudgeCandidates(Session& session, ScratchLease& x, std::span<KeyJob> jobs,
+                         bool* any_retry) {
+    RDKV_RETURN_IF_ERROR(RunReads(session, x));
+    Clock::time_point now = Clock::now();
+    for (size_t n = 0; n < x->batch.size(); ++n) {
+      uint64_t tag = x->tags[n];
+      KeyJob& job = jobs[tag >> 40];
+      if (job.done) continue;  // an earlier candidate was accepted
+      uint8_t c = static_cast<uint8_t>(tag >> 32);
+      const uint8_t* item = x->items + static_cast<uint32_t>(tag);
+      --job.unresolved;
+      if (now - job.t0 > options_.read_deadline) {
+        // Too slow: the block may have been reused since the window was read.
+        if (!job.slow) {
+          Add(stats_.slow_reads);
+          ++job.slow_attempts;
+        }
+        job.slow = true;
+        job.problem = Problem::kSlow;
+        job.retry = true;
+      } else {
+        std::string_view value;
+        uint64_t version = 0;
+        bool torn = false;
+        Verdict v = ClassifyItem(item, x->batch[n]->length, job.key, &value, &version, &torn);
+        if (torn) {
+          Add(stats_.torn_reads);
+          job.problem = Problem::kTorn;
+        }
+        if (v == Verdict::kAccept) {
+          const kv::SlotFields& f = job.cand[c];
+          cache_.Store(job.hash, CachedLocation{f.offset_units, f.units});
+          Accept(job, value, version);
+          continue;
+        }
+        if (v == Verdict::kRetry) {
+          if (!torn) job.problem = Problem::kRetired;
+          job.retry = true;
+        }
+      }
+      if (job.unresolved == 0) EndAttempt(job, any_retry);
+    }
+    return Status::Ok();
+  }
+
+  // --- writes and control ---
+
+  Result<uint64_t> Write(kv::Op op, std::string_view key, std::string_view value,
+                         uint64_t expected) {
+    Status bad = CheckKey(key);
+    if (!bad.ok()) return Fail(bad);
+    uint64_t version = 0;
+    Status s = Call(op, key, value, expected, &version, nullptr);
+    if (!s.ok()) return s;
+    return version;
+  }
+
+  // One request/response. Counts errors (not kNotFound / kAlreadyExists / kVersionMismatch,
+  // which are answers).
+  Status Call(kv::Op op, std::string_view key, std::string_view value, uint64_t expected,
+              uint64_t* version, std::string* body) {
+    auto session_or = CurrentSession();
+    if (!session_or.ok()) return Fail(session_or.status());
+    std::shared_ptr<Session> session = std::move(session_or).value();
+    bool keyed = !key.empty();
+    if (keyed && value.size() > session->header().max_value_bytes) {
+      return Fail(Status::InvalidArgument(
+          "value of " + std::to_string(value.size()) + " bytes is larger than the server's limit of " +
+          std::to_string(session->header().max_value_bytes) + " bytes"));
+    }
+    kv::Request req;
+    req.op = op;
+    req.key = key;
+    req.value = value;
+    req.expected_version = expected;
+    std::vector<uint8_t> request, response;
+    kv::EncodeRequest(req, &request);
+    if (keyed) Add(stats_.writes);
+    Status s = session->conn().Call(request, &response, options_.op_timeout);
+    if (keyed) {
+      // This client's cached location of the key is (or is about to be) stale.
+      cache_.Erase(kv::KeyHash(key));
+    }
+    auto what = [&] {
+      return std::string(kv::OpName(op)) + (keyed ? " of " + DescribeKey(key) : "") + " to " +
+             session->conn().peer();
+    };
+    if (!s.ok()) {
+      if (s.Is(StatusCode::kConnectionLost)) session->MarkBroken();
+      return Fail(Status(s.code(), what() + ": " + s.message()));
+    }
+    auto decoded = kv::DecodeResponse(response);
+    if (!decoded.ok()) {
+      return Fail(Status(decoded.status().code(), what() + ": " + decoded.status().message()));
+    }
+    const kv::Response& r = decoded.value();
+    if (!r.status.ok()) {
+      std::string msg = r.status.message();
+      if (msg.empty()) msg = what() + ": " + std::string(StatusCodeName(r.status.code()));
+      if (r.status.Is(StatusCode::kVersionMismatch) &&
+          msg.find(std::to_string(r.version)) == std::string::npos) {
+        msg += " (current version " + std::to_string(r.version) + ")";
+      }
+      Status out(r.status.code(), std::move(msg));
+      bool answer = out.Is(StatusCode::kNotFound) || out.Is(StatusCode::kAlreadyExists) ||
+                    out.Is(StatusCode::kVersionMismatch);
+      return answer ? out : Fail(out);
+    }
+    if (version != nullptr) *version = r.version;
+    if (body != nullptr) body->assign(r.body.data(), r.body.size());
+    return Status::Ok();
+  }
+
+  // Members are destroyed bottom-up: the session (connection) first, the fabric last.
+  const ClientOptions options_;
+  const ServerAddress address_;
+  std::unique_ptr<transport::Fabric> fabric_;
+  ScratchPool pool_;
+  LocationCache cache_;
+  const size_t batch_limit_;
+  Counters stats_;
+  mutable std::mutex session_mu_;
+  bool connected_once_ = false;   // guarded by session_mu_
+  uint64_t incarnation_ = 0;      // guarded by session_mu_
+  uint64_t max_value_bytes_ = 0;  // guarded by session_mu_
+  std::shared_ptr<Session> session_;  // guarded by session_mu_
+};
+
+Status ValidateOptions(const ClientOptions& o) {
+  if (o.op_timeout.count() <= 0) return Status::InvalidArgument("op_timeout must be positive");
+  if (o.connect_timeout.count() <= 0) {
+    return Status::InvalidArgument("connect_timeout must be positive");
+  }
+  if (o.read_deadline.count() <= 0) return Status::InvalidArgument("read_deadline must be positive");
+  if (o.max_get_attempts < 1) return Status::InvalidArgument("max_get_attempts must be at least 1");
+  if (o.max_batch_reads < 1) return Status::InvalidArgument("max_batch_reads must be at least 1");
+  if (o.max_outstanding_reads < kMaxCandidates + 1) {
+    return Status::InvalidArgument("max_outstanding_reads must be at least " +
+                                   std::to_string(kMaxCandidates + 1));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Client>> ConnectWithFabric(const ClientOptions& options,
+                                                  std::unique_ptr<transport::Fabric> fabric) {
+  RDKV_RETURN_IF_ERROR(ValidateOptions(options));
+  RDKV_ASSIGN_OR_RETURN(ServerAddress address, ParseServerAddress(options.seed));
+  auto client = std::make_unique<ClientImpl>(options, std::move(address), std::move(fabric));
+  RDKV_RETURN_IF_ERROR(client->Init());
+  return std::unique_ptr<Client>(std::move(client));
+}
+
+}  // namespace rdkv::client
+
+namespace rdkv {
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  RDKV_RETURN_IF_ERROR(client::ValidateOptions(options));
+  if (options.seed.empty()) {
+    return Status::InvalidArgument("ClientOptions.seed is empty: give a server as host:port");
+  }
+  RDKV_RETURN_IF_ERROR(client::ParseServerAddress(options.seed).status());
+  RDKV_ASSIGN_OR_RETURN(transport::TransportKind kind, transport::ChooseTransport(options.transport));
+  transport::FabricOptions fo;
+  fo.kind = kind;
+  fo.device = options.device;
+  auto fabric = transport::Fabric::Create(fo);
+  if (!fabric.ok()) {
+    return Status(fabric.status().code(), "cannot open the " +
+                                              std::string(transport::TransportKindName(kind)) +
+                                              " transport: " + fabric.status().message());
+  }
+  return client::ConnectWithFabric(options, std::move(fabric).value());
+}
+
+}  // namespace rdkv

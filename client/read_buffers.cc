@@ -1,0 +1,85 @@
+#include "client/read_buffers.h"
+
+#include <algorithm>
+#include <functional>
+#include <thread>
+
+#include "common/kv/layout.h"
+
+namespace rdkv::client {
+
+namespace {
+size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
+}  // namespace
+
+bool ReadScratch::Idle() const {
+  for (size_t i = 0; i < op_capacity; ++i) {
+    if (!ops[i].done()) return false;
+  }
+  return true;
+}
+
+void ScratchPool::SetShape(const ScratchShape& shape) {
+  std::lock_guard<std::mutex> l(shape_mu_);
+  shape_ = shape;
+}
+
+ScratchShape ScratchPool::shape() const {
+  std::lock_guard<std::mutex> l(shape_mu_);
+  return shape_;
+}
+
+size_t ScratchPool::MyShard() const {
+  return std::hash<std::thread::id>{}(std::this_thread::get_id()) % kShards;
+}
+
+Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
+  ScratchShape want = shape();
+  size_t first = MyShard();
+  for (size_t i = 0; i < kShards; ++i) {
+    Shard& sh = shards_[(first + i) % kShards];
+    std::lock_guard<std::mutex> l(sh.mu);
+    while (!sh.free.empty()) {
+      std::unique_ptr<ReadScratch> s = std::move(sh.free.back());
+      sh.free.pop_back();
+      if (s->window_capacity >= want.window_capacity && s->item_capacity >= want.item_capacity &&
+          s->op_capacity >= want.op_capacity) {
+        return s;
+      }
+      // An old shape: drop it (deregisters its memory).
+    }
+  }
+  return AllocateUnpooled(want);
+}
+
+void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
+  ScratchShape want = shape();
+  if (s->window_capacity < want.window_capacity || s->item_capacity < want.item_capacity ||
+      s->op_capacity < want.op_capacity) {
+    return;  // stale shape
+  }
+  Shard& sh = shards_[MyShard()];
+  std::lock_guard<std::mutex> l(sh.mu);
+  sh.free.push_back(std::move(s));
+}
+
+Result<std::unique_ptr<ReadScratch>> ScratchPool::AllocateUnpooled(const ScratchShape& shape) {
+  auto s = std::make_unique<ReadScratch>();
+  s->window_capacity = std::max<size_t>(shape.window_capacity, 1);
+  s->item_capacity = RoundUp(std::max<size_t>(shape.item_capacity, kv::kUnit), kv::kUnit);
+  s->op_capacity = std::max<size_t>(shape.op_capacity, 1);
+  size_t window_bytes = RoundUp(s->window_capacity * kv::kWindowBytes, kv::kUnit);
+  RDKV_ASSIGN_OR_RETURN(s->region, fabric_->AllocateRegion(window_bytes + s->item_capacity,
+                                                           transport::RegionAccess::kLocal));
+  s->windows = s->region->data();
+  s->items = s->region->data() + window_bytes;
+  s->ops = std::make_unique<transport::ReadOp[]>(s->op_capacity);
+  for (size_t i = 0; i < s->op_capacity; ++i) {
+    s->ops[i].status.store(transport::ReadStatus::kOk, std::memory_order_relaxed);  // idle
+  }
+  s->batch.reserve(s->op_capacity);
+  s->tags.reserve(s->op_capacity);
+  return s;
+}
+
+}  // namespace rdkv::client

@@ -1,0 +1,97 @@
+// Registered destination memory for one-sided READs, pooled so that the GET fast path
+// allocates nothing.
+//
+// A ReadScratch is what one thread needs for one GET or one MultiGet batch: a registered
+// block holding `window_capacity` index windows (128 B each) followed by `item_capacity`
+// bytes for items, and `op_capacity` ReadOps. It is borrowed from the ScratchPool for the
+// duration of one call (about one per concurrently calling thread) and given back after.
+//
+// Thread-safety: ScratchPool is thread-safe. A ReadScratch is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/transport/transport.h"
+#include "rdkv/status.h"
+
+namespace rdkv::client {
+
+struct ReadScratch {
+  std::unique_ptr<transport::MemoryRegion> region;
+  uint8_t* windows = nullptr;  // window_capacity * kv::kWindowBytes
+  size_t window_capacity = 0;
+  uint8_t* items = nullptr;    // item_capacity bytes, 64-byte aligned
+  size_t item_capacity = 0;
+  std::unique_ptr<transport::ReadOp[]> ops;
+  size_t op_capacity = 0;
+  std::vector<transport::ReadOp*> batch;  // reserved to op_capacity: pointers posted together
+  std::vector<uint64_t> tags;             // reserved to op_capacity: what each op in batch is for
+
+  uint32_t lkey() const { return region->lkey(); }
+  // True when no op is still owned by the transport (after a timed-out wait some may be).
+  bool Idle() const;
+};
+
+struct ScratchShape {
+  size_t window_capacity = 1;
+  size_t item_capacity = 0;
+  size_t op_capacity = 1;
+};
+
+class ScratchPool {
+ public:
+  explicit ScratchPool(transport::Fabric* fabric) : fabric_(fabric) {}
+
+  // The shape new scratches get. Scratches of another shape are dropped when given back
+  // (a reconnect to a server with larger items).
+  void SetShape(const ScratchShape& shape);
+  ScratchShape shape() const;
+
+  // A free scratch of the current shape, or a newly registered one (control path: the first
+  // call of each concurrently calling thread). kIoError / fabric errors when registration fails.
+  Result<std::unique_ptr<ReadScratch>> Acquire();
+  // Gives a scratch back. Precondition: scratch->Idle().
+  void Release(std::unique_ptr<ReadScratch> scratch);
+
+  // Registers a one-off scratch of an explicit shape (slow path for unusually large items).
+  Result<std::unique_ptr<ReadScratch>> AllocateUnpooled(const ScratchShape& shape);
+
+ private:
+  static constexpr size_t kShards = 8;
+  struct alignas(64) Shard {
+    std::mutex mu;
+    std::vector<std::unique_ptr<ReadScratch>> free;
+  };
+  size_t MyShard() const;
+
+  transport::Fabric* fabric_;
+  mutable std::mutex shape_mu_;
+  ScratchShape shape_;
+  Shard shards_[kShards];
+};
+
+// Returns a scratch to its pool when it goes out of scope.
+class ScratchLease {
+ public:
+  ScratchLease(ScratchPool* pool, std::unique_ptr<ReadScratch> s) : pool_(pool), s_(std::move(s)) {}
+  ~ScratchLease() {
+    if (s_ != nullptr && pool_ != nullptr) pool_->Release(std::move(s_));
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  ReadScratch* operator->() const { return s_.get(); }
+  ReadScratch& operator*() const { return *s_; }
+  ReadScratch* get() const { return s_.get(); }
+  // Takes the scratch away from the lease (e.g. to quarantine it while READs are in flight).
+  std::unique_ptr<ReadScratch> Take() { return std::move(s_); }
+
+ private:
+  ScratchPool* pool_;
+  std::unique_ptr<ReadScratch> s_;
+};
+
+}  // namespace rdkv::client

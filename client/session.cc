@@ -1,0 +1,155 @@
+#include "client/session.h"
+
+#include <cstring>
+
+namespace rdkv::client {
+
+Session::Session(std::unique_ptr<transport::Connection> conn, const kv::RegionHeader& header,
+                 const transport::RegionDescriptor& region, ScratchPool* pool)
+    : conn_(std::move(conn)), header_(header), region_(region), pool_(pool) {}
+
+Session::~Session() {
+  conn_.reset();  // every READ it owned is now void: its destination may be reused
+  for (auto& s : quarantine_) {
+    for (size_t i = 0; i < s->op_capacity; ++i) {
+      if (!s->ops[i].done()) s->ops[i].status.store(transport::ReadStatus::kConnectionLost);
+    }
+    pool_->Release(std::move(s));
+  }
+}
+
+void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
+  std::vector<std::unique_ptr<ReadScratch>> ready;
+  {
+    std::lock_guard<std::mutex> l(quarantine_mu_);
+    quarantine_.push_back(std::move(scratch));
+    for (size_t i = 0; i < quarantine_.size();) {
+      if (quarantine_[i]->Idle()) {
+        ready.push_back(std::move(quarantine_[i]));
+        quarantine_[i] = std::move(quarantine_.back());
+        quarantine_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (auto& s : ready) pool_->Release(std::move(s));
+}
+
+Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDescriptor& region) {
+  auto bad = [](const std::string& why) {
+    return Status::ProtocolError("server region header: " + why);
+  };
+  if (h.magic != kv::kRegionMagic) return bad("bad magic (not an rdkv region)");
+  if (h.layout_version != kv::kLayoutVersion) {
+    return bad("layout version " + std::to_string(h.layout_version) + ", this client reads " +
+               std::to_string(kv::kLayoutVersion));
+  }
+  if (h.header_checksum != kv::HeaderChecksum(h)) return bad("checksum mismatch");
+  if (h.header_bytes < sizeof(kv::RegionHeader) || h.header_bytes > kv::kHeaderBytes) {
+    return bad("header size " + std::to_string(h.header_bytes) + " is invalid");
+  }
+  if (h.region_bytes > region.length) {
+    return bad("region of " + std::to_string(h.region_bytes) + " bytes is larger than the " +
+               std::to_string(region.length) + " bytes registered");
+  }
+  if (h.region_bytes < kv::kHeaderBytes) return bad("region size is smaller than the header");
+  if (h.index_offset < kv::kHeaderBytes || h.index_offset % kv::kBucketBytes != 0 ||
+      h.index_offset >= h.region_bytes || h.bucket_count == 0 ||
+      h.bucket_count + 1 > (h.region_bytes - h.index_offset) / kv::kBucketBytes ||
+      h.index_offset + (h.bucket_count + 1) * kv::kBucketBytes > h.heap_offset) {
+    return bad("index geometry is invalid");
+  }
+  if (h.heap_offset % kv::kUnit != 0 || h.heap_offset > h.region_bytes ||
+      h.heap_bytes > h.region_bytes - h.heap_offset) {
+    return bad("heap geometry is invalid");
+  }
+  if (h.max_value_bytes == 0 ||
+      kv::UnitsFor(kv::ItemBytes(kv::kMaxKeyBytes, h.max_value_bytes)) > kv::kMaxItemUnits) {
+    return bad("max_value_bytes " + std::to_string(h.max_value_bytes) + " is out of range");
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+Status WithAddress(const Status& s, const ServerAddress& address) {
+  return Status(s.code(), "server " + address.ToString() + ": " + s.message());
+}
+
+Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fabric,
+                                                           const ServerAddress& address,
+                                                           const ClientOptions& options,
+                                                           size_t max_message_size) {
+  transport::ConnectOptions co;
+  co.host = address.host;
+  co.port = address.port;
+  co.auth_token = options.auth_token;
+  co.connect_timeout = options.connect_timeout;
+  co.max_outstanding_reads = options.max_outstanding_reads;
+  co.max_message_size = max_message_size;
+  auto conn = fabric->Connect(co);
+  if (!conn.ok()) return WithAddress(conn.status(), address);
+  return std::move(conn).value();
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const ServerAddress& address,
+                                             const ClientOptions& options, ScratchPool* pool) {
+  size_t max_message = transport::ConnectOptions{}.max_message_size;
+  for (int round = 0; round < 2; ++round) {
+    RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Connection> conn,
+                          ConnectOnce(fabric, address, options, max_message));
+    const auto& regions = conn->regions();
+    if (regions.empty()) {
+      return WithAddress(Status::ProtocolError("advertised no region"), address);
+    }
+    const transport::RegionDescriptor region = regions[0];
+    if (region.layout_version != kv::kLayoutVersion) {
+      return WithAddress(Status::ProtocolError("region has layout version " +
+                                               std::to_string(region.layout_version) +
+                                               ", this client reads " +
+                                               std::to_string(kv::kLayoutVersion)),
+                         address);
+    }
+    if (region.length < kv::kHeaderBytes) {
+      return WithAddress(Status::ProtocolError("region is smaller than its header"), address);
+    }
+    RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::MemoryRegion> buf,
+                          fabric->AllocateRegion(kv::kHeaderBytes, transport::RegionAccess::kLocal));
+    transport::ReadOp op;
+    op.local = buf->data();
+    op.lkey = buf->lkey();
+    op.remote_addr = region.addr;
+    op.rkey = region.rkey;
+    op.length = kv::kHeaderBytes;
+    transport::ReadOp* ops[] = {&op};
+    Status s = conn->ReadAndWait(ops, std::chrono::steady_clock::now() + options.connect_timeout);
+    if (!s.ok()) {
+      // On a timeout the READ still owns `buf`: close the connection before freeing it.
+      conn.reset();
+      return WithAddress(Status(s.code(), "reading the region header: " + s.message()), address);
+    }
+    if (op.status.load() != transport::ReadStatus::kOk) {
+      return WithAddress(Status::Unavailable("reading the region header failed (READ status " +
+                                             std::to_string(static_cast<int>(op.status.load())) +
+                                             ")"),
+                         address);
+    }
+    kv::RegionHeader header;
+    std::memcpy(&header, buf->data(), sizeof(header));
+    Status valid = ValidateRegionHeader(header, region);
+    if (!valid.ok()) return WithAddress(valid, address);
+    // Requests carry up to a full key and value: make sure the connection can send them.
+    size_t need = 24 + kv::kMaxKeyBytes + header.max_value_bytes + 4096;
+    if (need > max_message && round == 0) {
+      max_message = need;
+      continue;  // reconnect with room for the server's largest value
+    }
+    return std::make_shared<Session>(std::move(conn), header, region, pool);
+  }
+  return WithAddress(Status::Internal("could not size the connection's messages"), address);
+}
+
+}  // namespace rdkv::client

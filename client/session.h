@@ -1,0 +1,66 @@
+// One live connection to one server, with what the client learned from its region header.
+//
+// A Session is immutable after OpenSession except for `broken` and the quarantine. Threads
+// hold it through a shared_ptr for the duration of one call; a reconnect replaces it in the
+// ServerLink and the old one is destroyed (closing its Connection) when its last user is done.
+//
+// Thread-safety: every method is safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "client/read_buffers.h"
+#include "client/seed.h"
+#include "common/kv/layout.h"
+#include "common/transport/transport.h"
+#include "rdkv/client.h"
+
+namespace rdkv::client {
+
+class Session {
+ public:
+  Session(std::unique_ptr<transport::Connection> conn, const kv::RegionHeader& header,
+          const transport::RegionDescriptor& region, ScratchPool* pool);
+  // Closes the connection first, then gives quarantined scratches back to the pool.
+  ~Session();
+
+  transport::Connection& conn() const { return *conn_; }
+  const kv::RegionHeader& header() const { return header_; }
+  const transport::RegionDescriptor& region() const { return region_; }
+  // Absolute remote address of a region offset.
+  uint64_t RemoteAddr(uint64_t offset) const { return region_.addr + offset; }
+
+  bool usable() const { return !broken_.load(std::memory_order_acquire) && conn_->alive(); }
+  // The next call replaces this session.
+  void MarkBroken() { broken_.store(true, std::memory_order_release); }
+
+  // Keeps a scratch whose READs are still owned by the transport (a timed-out wait) until
+  // they complete or the connection is closed; then it goes back to the pool.
+  void Quarantine(std::unique_ptr<ReadScratch> scratch);
+
+ private:
+  std::unique_ptr<transport::Connection> conn_;
+  const kv::RegionHeader header_;
+  const transport::RegionDescriptor region_;
+  ScratchPool* pool_;
+  std::atomic<bool> broken_{false};
+  std::mutex quarantine_mu_;
+  std::vector<std::unique_ptr<ReadScratch>> quarantine_;
+};
+
+// Validates a region header READ from a server (magic, layout version, checksum, geometry
+// against the advertised region). kProtocolError naming the first problem found.
+Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDescriptor& region);
+
+// Connects to `address` over `fabric`, READs and validates the region header.
+// Errors: kUnavailable / kTimedOut / kPermissionDenied from the transport (with the address),
+// kProtocolError for a region this client cannot read.
+Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const ServerAddress& address,
+                                             const ClientOptions& options, ScratchPool* pool);
+
+}  // namespace rdkv::client

@@ -1,0 +1,620 @@
+// Unit tests of the client library's pure parts and of its GET algorithm against an in-process
+// fake fabric (tests/client/fake_fabric.h): torn, retired, foreign and slow items, READ
+// errors, reconnects and header validation, without a real transport or server.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "client/client_internal.h"
+#include "client/location_cache.h"
+#include "client/seed.h"
+#include "client/session.h"
+#include "tests/client/fake_fabric.h"
+
+namespace rdkv {
+namespace {
+
+using client::ParseServerAddress;
+using testing::FakeFabric;
+using testing::FakeServer;
+
+// --- server addresses ---
+
+TEST(ServerAddressTest, Parses) {
+  auto a = ParseServerAddress("127.0.0.1:7400");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->host, "127.0.0.1");
+  EXPECT_EQ(a->port, 7400);
+  EXPECT_EQ(a->ToString(), "127.0.0.1:7400");
+  auto b = ParseServerAddress("kv-3.example.com:1");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->host, "kv-3.example.com");
+  auto c = ParseServerAddress("[::1]:65535");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->host, "::1");
+  EXPECT_EQ(c->port, 65535);
+  EXPECT_EQ(c->ToString(), "[::1]:65535");
+}
+
+TEST(ServerAddressTest, RejectsWithClearMessages) {
+  struct Case {
+    const char* text;
+    const char* why;
+  } cases[] = {
+      {"", "is empty"},
+      {"localhost", "has no ':port'"},
+      {":7400", "empty host"},
+      {"host:", "empty port"},
+      {"host:74x0", "not a number"},
+      {"host:-1", "not a number"},
+      {"host:+80", "not a number"},
+      {"host:0", "outside 1..65535"},
+      {"host:65536", "outside 1..65535"},
+      {"host:99999999999999999999", "not a number"},
+      {"::1:7400", "more than one ':'"},
+      {"[::1:7400", "unclosed '['"},
+      {"[::1]7400", "no ':port' after"},
+      {"ho st:1", "invalid character"},
+  };
+  for (const Case& c : cases) {
+    auto r = ParseServerAddress(c.text);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << c.text;
+    EXPECT_NE(r.status().message().find(c.why), std::string::npos)
+        << c.text << " -> " << r.status().message();
+    EXPECT_NE(r.status().message().find("host:port"), std::string::npos);
+  }
+}
+
+// --- location cache ---
+
+TEST(LocationCacheTest, StoreLookupErase) {
+  client::LocationCache cache(1024);
+  EXPECT_EQ(cache.entries(), 1024u);
+  uint64_t h = kv::KeyHash("a");
+  EXPECT_FALSE(cache.Lookup(h).has_value());
+  cache.Store(h, {123, 4});
+  auto loc = cache.Lookup(h);
+  ASSERT_TRUE(loc.has_value());
+  EXPECT_EQ(loc->offset_units, 123u);
+  EXPECT_EQ(loc->units, 4);
+  // Erase of another location leaves it; erase of this one removes it.
+  cache.Erase(h, client::CachedLocation{124, 4});
+  EXPECT_TRUE(cache.Lookup(h).has_value());
+  cache.Erase(h, client::CachedLocation{123, 4});
+  EXPECT_FALSE(cache.Lookup(h).has_value());
+  cache.Store(h, {1, 1});
+  cache.Erase(h);
+  EXPECT_FALSE(cache.Lookup(h).has_value());
+}
+
+TEST(LocationCacheTest, BoundedAndClear) {
+  client::LocationCache cache(64);
+  int stored = 0;
+  for (int i = 0; i < 10000; ++i) {
+    cache.Store(kv::KeyHash("k" + std::to_string(i)), {static_cast<uint32_t>(i), 1});
+    ++stored;
+  }
+  int present = 0;
+  for (int i = 0; i < 10000; ++i) {
+    auto loc = cache.Lookup(kv::KeyHash("k" + std::to_string(i)));
+    if (loc.has_value()) {
+      ++present;
+      // A hit for key i is key i's location unless a tag alias occurred (1 in 65536).
+      EXPECT_EQ(loc->offset_units, static_cast<uint32_t>(i));
+    }
+  }
+  EXPECT_LE(present, 64);
+  EXPECT_GT(present, 0);
+  cache.Clear();
+  for (int i = 0; i < 10000; ++i) {
+    EXPECT_FALSE(cache.Lookup(kv::KeyHash("k" + std::to_string(i))).has_value());
+  }
+}
+
+TEST(LocationCacheTest, DisabledCacheIsEmpty) {
+  client::LocationCache cache(0);
+  cache.Store(1, {1, 1});
+  EXPECT_FALSE(cache.Lookup(1).has_value());
+  cache.Clear();
+}
+
+TEST(DescribeKeyTest, EscapesAndShortens) {
+  EXPECT_EQ(client::DescribeKey("abc"), "key 'abc'");
+  EXPECT_EQ(client::DescribeKey(std::string("a\0b'", 4)), "key 'a\\x00b\\x27'");
+  std::string long_key(300, 'x');
+  std::string d = client::DescribeKey(long_key);
+  EXPECT_LT(d.size(), 100u);
+  EXPECT_NE(d.find("300 bytes"), std::string::npos);
+}
+
+// --- item verdicts ---
+
+std::vector<uint8_t> MakeItem(std::string_view key, std::string_view value, uint64_t version,
+                              uint32_t state = kv::kStateLive) {
+  kv::ItemHeader h{};
+  h.state = state;
+  h.key_bytes = static_cast<uint32_t>(key.size());
+  h.value_bytes = static_cast<uint32_t>(value.size());
+  h.units = kv::UnitsFor(kv::ItemBytes(key.size(), value.size()));
+  h.version = version;
+  h.checksum = kv::ItemChecksum(h, key, value);
+  std::vector<uint8_t> b(h.units * kv::kUnit);
+  std::memcpy(b.data(), &h, sizeof(h));
+  std::memcpy(b.data() + sizeof(h), key.data(), key.size());
+  std::memcpy(b.data() + sizeof(h) + key.size(), value.data(), value.size());
+  return b;
+}
+
+TEST(ClassifyItemTest, Verdicts) {
+  std::string_view v;
+  uint64_t ver = 0;
+  bool torn = false;
+  auto live = MakeItem("k", "value", 7);
+  EXPECT_EQ(client::ClassifyItem(live.data(), live.size(), "k", &v, &ver, &torn),
+            client::Verdict::kAccept);
+  EXPECT_EQ(v, "value");
+  EXPECT_EQ(ver, 7u);
+  auto dead = MakeItem("k", "value", 7, kv::kStateDead);
+  EXPECT_EQ(client::ClassifyItem(dead.data(), dead.size(), "k", &v, &ver, &torn),
+            client::Verdict::kRetry);
+  EXPECT_FALSE(torn);
+  auto bad = live;
+  bad[sizeof(kv::ItemHeader) + 2] ^= 1;  // a value byte
+  EXPECT_EQ(client::ClassifyItem(bad.data(), bad.size(), "k", &v, &ver, &torn),
+            client::Verdict::kRetry);
+  EXPECT_TRUE(torn);
+  auto other = MakeItem("another-key", "x", 3);
+  EXPECT_EQ(client::ClassifyItem(other.data(), other.size(), "k", &v, &ver, &torn),
+            client::Verdict::kForeign);
+  auto other_dead = MakeItem("kk", "x", 3, kv::kStateDead);
+  EXPECT_EQ(client::ClassifyItem(other_dead.data(), other_dead.size(), "k", &v, &ver, &torn),
+            client::Verdict::kForeign);
+  // Garbage claiming another key: not proof of anything.
+  auto garbage = other;
+  garbage[sizeof(kv::ItemHeader)] ^= 1;
+  EXPECT_EQ(client::ClassifyItem(garbage.data(), garbage.size(), "k", &v, &ver, &torn),
+            client::Verdict::kRetry);
+  std::vector<uint8_t> zeros(64, 0);
+  EXPECT_EQ(client::ClassifyItem(zeros.data(), zeros.size(), "k", &v, &ver, &torn),
+            client::Verdict::kRetry);
+  EXPECT_EQ(client::ClassifyItem(live.data(), 16, "k", &v, &ver, &torn), client::Verdict::kRetry);
+}
+
+// --- the client against the fake fabric ---
+
+class FakeClientTest : public ::testing::Test {
+ protected:
+  Result<std::unique_ptr<Client>> Connect(ClientOptions o = {}) {
+    if (o.seed.empty()) o.seed = "127.0.0.1:1";
+    auto f = std::make_unique<FakeFabric>(&server_);
+    fabric_ = f.get();
+    return client::ConnectWithFabric(o, std::move(f));
+  }
+  std::unique_ptr<Client> MustConnect(ClientOptions o = {}) {
+    auto c = Connect(std::move(o));
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+  kv::RegionHeader header() { return server_.header(); }
+  bool IsItemRead(uint64_t offset) { return offset >= header().heap_offset; }
+
+  FakeServer server_;
+  FakeFabric* fabric_ = nullptr;
+};
+
+TEST_F(FakeClientTest, PutGetAndReadsPerGet) {
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  auto v1 = c->Put("user:1", "alice");
+  ASSERT_TRUE(v1.ok()) << v1.status().ToString();
+  auto g = c->Get("user:1");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "alice");
+  EXPECT_EQ(g->version, *v1);
+  ClientStats s = c->stats();
+  EXPECT_EQ(s.gets, 1u);
+  EXPECT_EQ(s.get_reads, 2u);  // window + item
+  EXPECT_EQ(s.cache_hits, 0u);
+  g = c->Get("user:1");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->value, "alice");
+  s = c->stats();
+  EXPECT_EQ(s.get_reads, 3u);  // the cached location: one READ
+  EXPECT_EQ(s.cache_hits, 1u);
+  // Registered memory is allocated once (header + one scratch), not per GET.
+  int allocations = fabric_->allocations.load();
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(c->Get("user:1").ok());
+  EXPECT_EQ(fabric_->allocations.load(), allocations);
+  EXPECT_TRUE(c->Get("nobody").status().Is(StatusCode::kNotFound));
+  EXPECT_EQ(c->stats().errors, 0u);
+}
+
+TEST_F(FakeClientTest, CacheDisabledAlwaysTwoReads) {
+  ClientOptions o;
+  o.location_cache_entries = 0;
+  auto c = MustConnect(o);
+  ASSERT_TRUE(c->Put("k", "v").ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->Get("k").ok());
+  EXPECT_EQ(c->stats().get_reads, 10u);
+  EXPECT_EQ(c->stats().cache_hits, 0u);
+}
+
+TEST_F(FakeClientTest, StaleCacheFallsBackToIndex) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("k", "v1").ok());
+  ASSERT_TRUE(c->Get("k").ok());  // caches v1's location
+  // Another client replaces the value (this client's cache still points at v1, now DEAD).
+  uint64_t ver = 0;
+  ASSERT_TRUE(server_.Apply(kv::Op::kPut, "k", "v2", 0, &ver).ok());
+  auto g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "v2");
+  EXPECT_EQ(g->version, ver);
+  EXPECT_EQ(c->stats().cache_misses, 1u);
+  EXPECT_EQ(c->stats().get_reads, 2u + 3u);  // cache READ failed, window + item
+  // The block of v1 reused by another key: the cache READ sees a foreign item.
+  kv::SlotFields v2loc = kv::UnpackSlot(*server_.FindSlot("k"));
+  ASSERT_TRUE(c->Get("k").ok());
+  ASSERT_TRUE(server_.Apply(kv::Op::kDelete, "k", "", 0, &ver).ok());
+  server_.ReuseNext(v2loc.offset_units);
+  ASSERT_TRUE(server_.Apply(kv::Op::kPut, "x", "other", 0, &ver).ok());
+  EXPECT_TRUE(c->Get("k").status().Is(StatusCode::kNotFound));
+  EXPECT_EQ(c->stats().cache_misses, 2u);
+}
+
+TEST_F(FakeClientTest, WritesInvalidateOwnCacheEntry) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("k", "v1").ok());
+  ASSERT_TRUE(c->Get("k").ok());
+  ASSERT_TRUE(c->Put("k", "v2").ok());
+  uint64_t reads = c->stats().get_reads;
+  auto g = c->Get("k");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->value, "v2");
+  EXPECT_EQ(c->stats().get_reads - reads, 2u);  // straight to the index, no wasted READ
+  EXPECT_EQ(c->stats().cache_misses, 0u);
+}
+
+TEST_F(FakeClientTest, FingerprintCollisionWithAbsentKeyIsNotFound) {
+  auto c = MustConnect();
+  // An intact item of another key sits in "wanted"'s window under "wanted"'s fingerprint.
+  uint64_t word = server_.WriteItem("impostor", "value", 1);
+  kv::SlotFields f = kv::UnpackSlot(word);
+  f.fingerprint = kv::FingerprintOf(kv::KeyHash("wanted"));
+  server_.Window(kv::KeyHash("wanted"))[3] = kv::PackSlot(f);
+  auto g = c->Get("wanted");
+  EXPECT_TRUE(g.status().Is(StatusCode::kNotFound)) << g.status().ToString();
+  EXPECT_EQ(c->stats().get_retries, 0u);
+  // With the key present too (in a later slot), the right one is returned.
+  uint64_t ver = 0;
+  ASSERT_TRUE(server_.Apply(kv::Op::kPut, "wanted", "mine", 0, &ver).ok());
+  g = c->Get("wanted");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "mine");
+  EXPECT_EQ(c->stats().get_reads, 2u + 3u);  // window + both candidates in one batch
+}
+
+TEST_F(FakeClientTest, TornReadsAreRetriedNeverReturned) {
+  ClientOptions o;
+  o.location_cache_entries = 0;
+  auto c = MustConnect(o);
+  ASSERT_TRUE(c->Put("k", std::string(500, 'a')).ok());
+  int tear = 3;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && tear > 0) {
+      --tear;
+      op.local[100] ^= 0x55;  // a value byte from "another write"
+    }
+    return transport::ReadStatus::kOk;
+  };
+  auto g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, std::string(500, 'a'));
+  ClientStats s = c->stats();
+  EXPECT_EQ(s.torn_reads, 3u);
+  EXPECT_EQ(s.get_retries, 3u);
+  EXPECT_EQ(s.get_reads, 8u);
+}
+
+TEST_F(FakeClientTest, PersistentCorruptionIsAnErrorNotAValue) {
+  ClientOptions o;
+  o.max_get_attempts = 5;
+  auto c = MustConnect(o);
+  ASSERT_TRUE(c->Put("k", "value").ok());
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 1;
+    return transport::ReadStatus::kOk;
+  };
+  auto g = c->Get("k");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("5 attempts"), std::string::npos) << g.status().message();
+  EXPECT_NE(g.status().message().find("checksum"), std::string::npos) << g.status().message();
+  EXPECT_EQ(c->stats().errors, 1u);
+}
+
+TEST_F(FakeClientTest, RetiredItemIsRetriedUntilTheNewOneIsLinked) {
+  ClientOptions o;
+  o.location_cache_entries = 0;
+  auto c = MustConnect(o);
+  ASSERT_TRUE(c->Put("k", "old").ok());
+  // The first item READ races with an update: the item it reads has just been retired.
+  bool raced = false;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && !raced) {
+      raced = true;
+      uint64_t ver = 0;
+      EXPECT_TRUE(server_.Apply(kv::Op::kPut, "k", "new", 0, &ver).ok());
+      std::memcpy(op.local, reinterpret_cast<const void*>(op.remote_addr), op.length);
+    }
+    return transport::ReadStatus::kOk;
+  };
+  auto g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(c->stats().get_retries, 1u);
+  EXPECT_EQ(c->stats().torn_reads, 0u);
+}
+
+TEST_F(FakeClientTest, SlowAttemptIsRestartedFromTheIndex) {
+  ClientOptions o;
+  o.location_cache_entries = 0;
+  o.read_deadline = std::chrono::milliseconds(5);
+  auto c = MustConnect(o);
+  ASSERT_TRUE(c->Put("k", "v").ok());
+  int slow = 1;
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    if (IsItemRead(offset) && slow-- > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return transport::ReadStatus::kOk;
+  };
+  auto g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(c->stats().slow_reads, 1u);
+  EXPECT_EQ(c->stats().get_retries, 1u);
+  EXPECT_EQ(c->stats().get_reads, 4u);
+  // Always slow: no value is returned after the attempts (kTimedOut: nothing was wrong but time).
+  slow = 1000;
+  o.max_get_attempts = 3;
+  auto c2 = MustConnect(o);
+  g = c2->Get("k");
+  EXPECT_EQ(g.status().code(), StatusCode::kTimedOut) << g.status().ToString();
+}
+
+TEST_F(FakeClientTest, RemoteAccessErrorFailsTheGetAndReconnects) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("k", "v").ok());
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    return IsItemRead(offset) ? transport::ReadStatus::kRemoteAccessError
+                              : transport::ReadStatus::kOk;
+  };
+  auto g = c->Get("k");
+  EXPECT_EQ(g.status().code(), StatusCode::kRemoteAccessError) << g.status().ToString();
+  server_.on_read = nullptr;
+  g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(c->stats().reconnects, 1u);
+}
+
+TEST_F(FakeClientTest, ReconnectsAfterRestartAndDropsCache) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("k", "v").ok());
+  ASSERT_TRUE(c->Get("k").ok());
+  // The server restarts: every connection dies, the region is a new incarnation.
+  server_.down = true;
+  auto g = c->Get("k");
+  EXPECT_EQ(g.status().code(), StatusCode::kUnavailable) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("127.0.0.1:1"), std::string::npos) << g.status().message();
+  auto p = c->Put("k", "v");
+  EXPECT_EQ(p.status().code(), StatusCode::kUnavailable);
+  server_.Format();
+  server_.down = false;
+  uint64_t ver = 0;
+  ASSERT_TRUE(server_.Apply(kv::Op::kPut, "k", "after", 0, &ver).ok());
+  uint64_t reads = c->stats().get_reads;
+  g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "after");
+  EXPECT_EQ(c->stats().get_reads - reads, 2u);  // cache dropped: window + item
+  EXPECT_EQ(c->stats().reconnects, 1u);
+  // A connection that merely broke (same incarnation) keeps the cache.
+  ++server_.generation;
+  reads = c->stats().get_reads;
+  ASSERT_TRUE(c->Get("k").ok());
+  EXPECT_EQ(c->stats().get_reads - reads, 1u);
+  EXPECT_EQ(c->stats().reconnects, 2u);
+}
+
+TEST_F(FakeClientTest, ConnectionLostDuringReadIsAnError) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("k", "v").ok());
+  server_.on_read = [&](transport::ReadOp&, uint64_t) {
+    return transport::ReadStatus::kConnectionLost;
+  };
+  EXPECT_EQ(c->Get("k").status().code(), StatusCode::kConnectionLost);
+  server_.on_read = nullptr;
+  EXPECT_TRUE(c->Get("k").ok());
+}
+
+TEST_F(FakeClientTest, ConnectErrors) {
+  ClientOptions o;
+  o.seed = "nonsense";
+  auto c = Connect(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  o.seed = "127.0.0.1:1";
+  o.auth_token = "wrong";
+  c = Connect(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status().ToString();
+  o.auth_token = "";
+  o.max_get_attempts = 0;
+  EXPECT_EQ(Connect(o).status().code(), StatusCode::kInvalidArgument);
+  o.max_get_attempts = 16;
+  server_.down = true;
+  c = Connect(o);
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("127.0.0.1:1"), std::string::npos);
+  // The public entry point checks the seed before touching any transport.
+  ClientOptions pub;
+  EXPECT_EQ(Client::Connect(pub).status().code(), StatusCode::kInvalidArgument);
+  pub.seed = "x:y";
+  EXPECT_EQ(Client::Connect(pub).status().code(), StatusCode::kInvalidArgument);
+  pub.seed = "127.0.0.1:7400";
+  pub.transport = "carrier-pigeon";
+  EXPECT_EQ(Client::Connect(pub).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(FakeClientTest, RefusesBadRegionHeaders) {
+  kv::RegionHeader good = header();
+  auto expect_refused = [&](kv::RegionHeader h, const char* why) {
+    server_.SetHeader(h);
+    auto c = Connect();
+    ASSERT_FALSE(c.ok()) << why;
+    EXPECT_EQ(c.status().code(), StatusCode::kProtocolError) << why;
+    EXPECT_NE(c.status().message().find(why), std::string::npos) << c.status().message();
+  };
+  kv::RegionHeader h = good;
+  h.magic ^= 1;
+  expect_refused(h, "magic");
+  h = good;
+  h.layout_version = 2;
+  h.header_checksum = kv::HeaderChecksum(h);
+  expect_refused(h, "layout version 2");
+  h = good;
+  h.max_value_bytes += 1;  // not re-checksummed
+  expect_refused(h, "checksum");
+  h = good;
+  h.region_bytes = good.region_bytes * 2;
+  h.header_checksum = kv::HeaderChecksum(h);
+  expect_refused(h, "larger than");
+  h = good;
+  h.heap_offset = good.index_offset;
+  h.header_checksum = kv::HeaderChecksum(h);
+  expect_refused(h, "geometry");
+  server_.SetHeader(good);
+  EXPECT_TRUE(Connect().ok());
+}
+
+TEST_F(FakeClientTest, WriteErrorsAndValidation) {
+  auto c = MustConnect();
+  EXPECT_EQ(c->max_value_bytes(), 64u << 10);
+  uint64_t calls = server_.calls;
+  EXPECT_EQ(c->Put("", "v").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Get("").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Put(std::string(1025, 'k'), "v").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->Get(std::string(1025, 'k')).status().code(), StatusCode::kInvalidArgument);
+  auto big = c->Put("k", std::string((64 << 10) + 1, 'v'));
+  EXPECT_EQ(big.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(big.status().message().find("65536"), std::string::npos) << big.status().message();
+  EXPECT_EQ(server_.calls, calls);  // none of these reached the server
+  EXPECT_TRUE(c->Put(std::string(1024, 'k'), std::string(64 << 10, 'v')).ok());
+
+  auto v1 = c->Insert("k", "a");
+  ASSERT_TRUE(v1.ok());
+  auto again = c->Insert("k", "b");
+  EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(again.status().message(), "key exists");  // the server's text
+  auto cas = c->Cas("k", *v1 + 100, "c");
+  EXPECT_EQ(cas.status().code(), StatusCode::kVersionMismatch);
+  EXPECT_NE(cas.status().message().find(std::to_string(*v1)), std::string::npos);
+  auto v2 = c->Cas("k", *v1, "c");
+  ASSERT_TRUE(v2.ok());
+  EXPECT_GT(*v2, *v1);
+  EXPECT_TRUE(c->Delete("k").ok());
+  EXPECT_EQ(c->Delete("k").code(), StatusCode::kNotFound);
+  EXPECT_EQ(c->Cas("k", *v2, "d").status().code(), StatusCode::kNotFound);
+  auto v3 = c->Insert("k", "again");
+  ASSERT_TRUE(v3.ok());
+  EXPECT_GT(*v3, *v2);  // versions grow across delete and re-insert
+
+  EXPECT_TRUE(c->Ping().ok());
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(*stats, R"({"items":1})");
+  EXPECT_EQ(c->stats().errors, 5u);  // the invalid arguments above; answers are not errors
+
+  server_.calls_time_out = true;
+  EXPECT_EQ(c->Put("k", "v").status().code(), StatusCode::kTimedOut);
+  server_.calls_time_out = false;
+  EXPECT_TRUE(c->Put("k", "v").ok());  // a timeout does not drop the connection
+  EXPECT_EQ(c->stats().reconnects, 0u);
+}
+
+TEST_F(FakeClientTest, MultiGetBatchesAndMissingKeys) {
+  ClientOptions o;
+  o.max_batch_reads = 7;  // several window batches, candidate batches split by op count
+  auto c = MustConnect(o);
+  std::vector<std::string> names;
+  for (int i = 0; i < 50; ++i) {
+    names.push_back("key-" + std::to_string(i));
+    if (i % 3 != 0) {
+      ASSERT_TRUE(c->Put(names.back(), "value-" + std::to_string(i)).ok());
+    }
+  }
+  names.push_back("");  // invalid
+  std::vector<std::string_view> keys(names.begin(), names.end());
+  auto results = c->MultiGet(keys);
+  ASSERT_EQ(results.size(), keys.size());
+  for (int i = 0; i < 50; ++i) {
+    if (i % 3 == 0) {
+      EXPECT_TRUE(results[i].status().Is(StatusCode::kNotFound)) << i;
+    } else {
+      ASSERT_TRUE(results[i].ok()) << i << " " << results[i].status().ToString();
+      EXPECT_EQ(results[i]->value, "value-" + std::to_string(i));
+    }
+  }
+  EXPECT_EQ(results[50].status().code(), StatusCode::kInvalidArgument);
+  ClientStats s = c->stats();
+  EXPECT_EQ(s.gets, 50u);
+  EXPECT_EQ(s.get_reads, 50u + 33u);
+  // Again: the 33 present keys come from the cache with one READ each.
+  results = c->MultiGet(keys);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(results[i].ok(), i % 3 != 0);
+  s = c->stats();
+  EXPECT_EQ(s.cache_hits, 33u);
+  EXPECT_EQ(s.get_reads, 83u + 33u + 17u);
+  EXPECT_TRUE(c->MultiGet({}).empty());
+}
+
+TEST_F(FakeClientTest, MultiGetLargeItemsSplitAcrossBuffer) {
+  // Items of 40 KiB: the scratch's item area (max item + 64 KiB) holds three at a time.
+  ClientOptions o;
+  o.location_cache_entries = 0;
+  auto c = MustConnect(o);
+  std::vector<std::string> names;
+  for (int i = 0; i < 12; ++i) {
+    names.push_back("big-" + std::to_string(i));
+    ASSERT_TRUE(c->Put(names.back(), std::string(40 << 10, static_cast<char>('a' + i))).ok());
+  }
+  int tear = 2;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && tear-- > 0) op.local[1000] ^= 1;
+    return transport::ReadStatus::kOk;
+  };
+  std::vector<std::string_view> keys(names.begin(), names.end());
+  auto results = c->MultiGet(keys);
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status().ToString();
+    EXPECT_EQ(results[i]->value, std::string(40 << 10, static_cast<char>('a' + i)));
+  }
+  EXPECT_EQ(c->stats().torn_reads, 2u);
+  EXPECT_EQ(c->stats().get_retries, 2u);
+}
+
+TEST_F(FakeClientTest, MultiGetReadErrorFailsUnresolvedKeys) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("a", "1").ok());
+  ASSERT_TRUE(c->Put("b", "2").ok());
+  ASSERT_TRUE(c->Get("a").ok());  // cached
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    return offset < header().heap_offset ? transport::ReadStatus::kConnectionLost
+                                         : transport::ReadStatus::kOk;
+  };
+  std::string_view keys[] = {"a", "b"};
+  auto results = c->MultiGet(keys);
+  EXPECT_TRUE(results[0].ok());  // answered by the cache READ before the failure
+  EXPECT_EQ(results[1].status().code(), StatusCode::kConnectionLost);
+}
+
+}  // namespace
+}  // namespace rdkv
