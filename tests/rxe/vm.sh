@@ -174,6 +174,7 @@ die() {
   poweroff -f
   sleep 10
 }
+echo
 echo "RDKV_VM_INIT"
 
 stage modules
@@ -417,7 +418,7 @@ virtfs_path() { printf '%s' "${1//,/,,}"; } # qemu option values double their co
 QEMU=(qemu-system-x86_64 -accel "tcg,thread=multi" -cpu max -smp "$VM_SMP" -m "$VM_MEM"
   -nic none -nographic -no-reboot
   -kernel "$VMLINUZ" -initrd "$INITRD"
-  -append "console=ttyS0 loglevel=4 panic=-1 rdkv.rundir=$RUNDIR"
+  -append "console=ttyS0 loglevel=4 edd=off panic=-1 rdkv.rundir=$RUNDIR"
   -virtfs "local,path=/,mount_tag=host,security_model=none,readonly=on,multidevs=remap")
 if [[ -n $OUT ]]; then
   QEMU+=(-virtfs "local,path=$(virtfs_path "$OUT"),mount_tag=out,security_model=none,multidevs=remap")
@@ -449,9 +450,9 @@ console_filter() {
         printf '%s\n' "${line% "$NONCE"}" >"$RUNDIR/error"
         continue
         ;;
-      RDKV_VM_STAGE=*) printf '%s\n' "${line#RDKV_VM_STAGE=}" >"$RUNDIR/stage" ;;
-      RDKV_VM_INIT) : >"$RUNDIR/init" ;;
-      RDKV_VM_READY) : >"$RUNDIR/ready" ;;
+      *RDKV_VM_STAGE=*) printf '%s\n' "${line##*RDKV_VM_STAGE=}" >"$RUNDIR/stage" ;;
+      *RDKV_VM_INIT) : >"$RUNDIR/init" ;;
+      *RDKV_VM_READY) : >"$RUNDIR/ready" ;;
     esac
     if [[ $phase == cmd ]]; then
       printf '%s\n' "$line"
