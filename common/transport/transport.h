@@ -106,7 +106,9 @@ class Connection {
   // Posts the READs, as one batch (one doorbell on verbs, one write on tcp). Either all are
   // posted or none: kBusy when fewer than ops.size() slots are free (poll and retry),
   // kConnectionLost when the connection is broken, kInvalidArgument for a zero-length or
-  // oversize READ. Completions arrive in any order through PollReads/WaitReads.
+  // oversize READ (longer than max_message_size) or a batch larger than max_outstanding_reads
+  // (it could never be posted whole; ReadAndWait takes any number). Completions arrive in any
+  // order; see done(), PollReads and ReadAndWait.
   virtual Status PostReads(std::span<ReadOp* const> ops) = 0;
 
   // Drives completions without blocking; returns how many READs (from any thread) completed.
@@ -115,13 +117,15 @@ class Connection {
   // Posts (retrying on kBusy) and waits until every op is done or the deadline passes.
   // Returns OK when every op is done (check each op's status), kTimedOut otherwise.
   // On kTimedOut the ops stay owned by the transport until done() is true or the
-  // Connection is destroyed.
+  // Connection is destroyed. Ops that could not even be posted before the deadline (every
+  // slot stayed busy) are completed with kLocalError, so each op is done or owned, never lost.
   virtual Status ReadAndWait(std::span<ReadOp* const> ops,
                              std::chrono::steady_clock::time_point deadline) = 0;
 
   // Two-sided request/response: sends `request` and waits for its response (matched by id).
   // Errors: kTimedOut (the request may have applied), kConnectionLost, kInvalidArgument
-  // (oversize). `response` is resized to the response length (may allocate).
+  // (oversize), kBusy (max_outstanding_calls requests stayed in flight for the whole timeout;
+  // nothing was sent). `response` is resized to the response length (may allocate).
   virtual Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
                       std::chrono::milliseconds timeout) = 0;
 
