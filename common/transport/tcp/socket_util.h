@@ -1,0 +1,46 @@
+// Socket helpers shared by the tcp listener and connection (control path unless noted).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "rdkv/status.h"
+
+namespace rdkv::transport::tcp {
+
+using Clock = std::chrono::steady_clock;
+
+// TCP_NODELAY, SO_KEEPALIVE with short probes (idle 2 s, interval 1 s, 3 probes) and a
+// TCP_USER_TIMEOUT, so a peer that vanishes without FIN/RST is detected within seconds.
+void ConfigureStreamSocket(int fd);
+
+Status SetNonBlocking(int fd, bool nonblocking);
+
+// Resolves host:port and connects (non-blocking connect + poll) before `deadline`.
+// Returns a connected, blocking socket. kUnavailable (refused, unreachable) or kTimedOut.
+Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point deadline);
+
+// Binds and listens on host:port (SO_REUSEADDR, so a restarted server gets its port back).
+Result<int> ListenOn(const std::string& host, uint16_t port, int backlog);
+uint16_t LocalPort(int fd);
+std::string PeerName(int fd);  // "10.0.0.1:51234" or "?"
+
+// Writes every byte of `iov` (blocking socket; MSG_NOSIGNAL). Datapath: no allocation. Returns
+// false when the socket broke (errno tells why).
+bool SendAll(int fd, struct iovec* iov, int iovcnt);
+
+// Writes all of `bytes` to a non-blocking socket, polling until `deadline` (control path).
+Status SendAllBefore(int fd, std::span<const uint8_t> bytes, Clock::time_point deadline);
+// Reads exactly `out.size()` bytes, polling until `deadline` (control path).
+// kConnectionLost on EOF, kTimedOut on the deadline.
+Status RecvExactBefore(int fd, std::span<uint8_t> out, Clock::time_point deadline);
+
+// Compares in time that depends only on the lengths, never on where the first difference is.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace rdkv::transport::tcp
