@@ -269,8 +269,10 @@ class ClientImpl final : public Client {
         msg = "server " + address_.ToString() + ": " + msg;
       }
       if (reconnect) msg = "reconnecting: " + msg;
-      return Status(keep ? s.code() : StatusCode::kUnavailable,
-                    std::move(msg) + (keep ? "" : " (" + std::string(StatusCodeName(s.code())) + ")"));
+      if (!keep && !s.Is(StatusCode::kUnavailable)) {
+        msg += " (" + std::string(StatusCodeName(s.code())) + ")";
+      }
+      return Status(keep ? s.code() : StatusCode::kUnavailable, std::move(msg));
     }
     std::shared_ptr<Session> session = std::move(opened).value();
     const kv::RegionHeader& h = session->header();

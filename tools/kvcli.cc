@@ -1,0 +1,557 @@
+// kvcli: the rdkv command-line client. One command per invocation, or an interactive shell
+// (GNU readline: line editing, history) when no command is given. `kvcli --help` says it all.
+//
+// Exit status: 0 success (GET: found), 1 not found or condition failed (key exists on insert,
+// version mismatch on cas, some key missing in mget), 2 error (usage, connection, server).
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <readline/history.h>
+#include <readline/readline.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdkv/client.h"
+
+DEFINE_string(server, "127.0.0.1:7400", "The kvserver to talk to, as host:port.");
+DEFINE_string(transport, "auto",
+              "auto (verbs when an RDMA device with an active port exists, else tcp), verbs, "
+              "or tcp. Must match what the server uses.");
+DEFINE_string(auth_token, "", "Token to present to the server (its --auth_token).");
+DEFINE_bool(json, false,
+            "Print results as JSON on stdout (one object per command; errors too, as "
+            "{\"ok\":false,\"code\":...,\"message\":...}).");
+DEFINE_string(value_file, "",
+              "Read the value of put/insert/cas from this file (the VALUE argument is then "
+              "left out).");
+DEFINE_bool(newline, true,
+            "Text mode: end a GET's value with a newline. --nonewline prints the exact bytes.");
+DEFINE_int32(timeout_ms, 2000, "Deadline of one operation, in milliseconds.");
+DEFINE_int32(connect_timeout_ms, 5000, "Deadline of connecting to the server, in milliseconds.");
+DEFINE_bool(verbose, false, "Log the client library's progress (transport choice, reconnects).");
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitNo = 1;
+constexpr int kExitError = 2;
+
+constexpr const char* kCommandsHelp = R"(Commands:
+  get KEY                      Print KEY's value (exit 1 if absent).
+  put KEY VALUE                Store VALUE under KEY (create or replace); prints the new version.
+  insert KEY VALUE             Store only if KEY is absent (exit 1 if it exists).
+  del KEY                      Delete KEY (exit 1 if absent).
+  cas KEY EXPECTED_VERSION VALUE
+                               Replace only if KEY's version is EXPECTED_VERSION (exit 1 on a
+                               mismatch; the current version is printed).
+  mget KEY...                  Print several keys, one "KEY<TAB>VALUE" line each (exit 1 if any
+                               is absent).
+  stats                        The server's statistics (JSON).
+  ping                         Round trip to the server.
+  help                         This text (interactive mode).
+  quit, exit                   Leave interactive mode (also Ctrl-D).
+
+VALUE is taken literally, or read from a file as @FILE, or from stdin as '-' (not in
+interactive mode), or from --value_file. Write a literal value starting with '@' as @@...
+Put "--" before arguments that start with '-'.
+Without a command, kvcli starts an interactive shell (history in ~/.kvcli_history); arguments
+there may be quoted with '...' or "..." (backslash escapes inside "...").
+
+Exit status: 0 success / found; 1 not found or condition failed (insert of an existing key, cas
+version mismatch, mget with a missing key); 2 error (bad usage, server unreachable, server
+error), with a message on stderr.
+
+JSON output (--json): get -> {"ok":true,"key":K,"found":true,"version":N,"value":V}
+(or "value_base64" when the value is not UTF-8); writes -> {"ok":true,"op":...,"key":K,
+"version":N}; mget -> {"ok":true,"results":[...]}; stats -> the server's object; errors ->
+{"ok":false,"code":"NotFound","message":...}.
+)";
+
+void PrintHelp(std::ostream& out) {
+  out << "kvcli: command-line client of the rdkv key-value store.\n\n"
+         "Usage: kvcli [FLAGS] COMMAND [ARGS...]\n"
+         "       kvcli [FLAGS]              (interactive shell)\n\n"
+      << kCommandsHelp << "\nFlags:\n";
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const auto& f : flags) {
+    if (f.filename != __FILE__) continue;
+    std::string head = "  --" + f.name;
+    if (f.type != "bool") head += "=" + std::string(f.type == "string" ? "STRING" : "N");
+    out << head << "\n      " << f.description << "\n      (default: "
+        << (f.type == "string" ? "\"" + f.default_value + "\"" : f.default_value) << ")\n";
+  }
+  out << "  --help\n      This text.\n\nExamples:\n"
+         "  kvcli put user:1 alice\n"
+         "  kvcli --json get user:1\n"
+         "  kvcli cas user:1 42 bob\n"
+         "  kvcli put photo @photo.jpg\n"
+         "  echo -n hello | kvcli put greeting -\n";
+}
+
+// --- output ---
+
+std::string Base64(std::string_view in) {
+  static constexpr char kTable[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  size_t i = 0;
+  for (; i + 2 < in.size(); i += 3) {
+    uint32_t v = (uint32_t(uint8_t(in[i])) << 16) | (uint32_t(uint8_t(in[i + 1])) << 8) |
+                 uint8_t(in[i + 2]);
+    out += kTable[v >> 18];
+    out += kTable[(v >> 12) & 63];
+    out += kTable[(v >> 6) & 63];
+    out += kTable[v & 63];
+  }
+  if (i < in.size()) {
+    uint32_t v = uint32_t(uint8_t(in[i])) << 16;
+    if (i + 1 < in.size()) v |= uint32_t(uint8_t(in[i + 1])) << 8;
+    out += kTable[v >> 18];
+    out += kTable[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kTable[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+// "value" when the bytes are UTF-8 (JSON strings must be), else "value_base64".
+void PutValue(json* j, std::string_view value) {
+  try {
+    json probe = std::string(value);
+    (void)probe.dump();  // throws type_error 316 on invalid UTF-8
+    (*j)["value"] = std::move(probe);
+  } catch (const json::type_error&) {
+    (*j)["value_base64"] = Base64(value);
+  }
+}
+
+void EmitJson(const json& j) {
+  // Keys and messages are UTF-8 in practice; never throw over a stray byte.
+  std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n" << std::flush;
+}
+
+// Reports a failed operation; returns its exit code.
+int Report(const rdkv::Status& s, const std::string& context) {
+  bool condition = s.Is(rdkv::StatusCode::kNotFound) || s.Is(rdkv::StatusCode::kAlreadyExists) ||
+                   s.Is(rdkv::StatusCode::kVersionMismatch);
+  if (FLAGS_json) {
+    EmitJson({{"ok", false},
+              {"code", std::string(rdkv::StatusCodeName(s.code()))},
+              {"message", s.message()}});
+  }
+  if (s.Is(rdkv::StatusCode::kNotFound) && !FLAGS_json) {
+    std::cerr << "kvcli: " << context << ": not found\n";
+  } else if (!FLAGS_json || !condition) {
+    std::cerr << "kvcli: " << context << ": " << s.ToString() << "\n";
+  }
+  return condition ? kExitNo : kExitError;
+}
+
+// --- values ---
+
+bool ReadFile(const std::string& path, std::string* out, std::string* error) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    *error = "cannot open '" + path + "'";
+    return false;
+  }
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  if (f.bad()) {
+    *error = "cannot read '" + path + "'";
+    return false;
+  }
+  return true;
+}
+
+// The value argument: literal, @FILE, @@literal, or '-' (stdin).
+bool ResolveValue(const std::string& arg, bool interactive, std::string* value, std::string* error) {
+  if (arg == "-") {
+    if (interactive) {
+      *error = "'-' (stdin) is not available in interactive mode";
+      return false;
+    }
+    value->assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    return true;
+  }
+  if (arg.rfind("@@", 0) == 0) {
+    *value = arg.substr(1);
+    return true;
+  }
+  if (arg.size() > 1 && arg[0] == '@') return ReadFile(arg.substr(1), value, error);
+  *value = arg;
+  return true;
+}
+
+// --- the session ---
+
+class Cli {
+ public:
+  explicit Cli(bool interactive) : interactive_(interactive) {}
+
+  // Runs one command; returns the exit code.
+  int Run(const std::vector<std::string>& args) {
+    if (args.empty()) return kExitOk;
+    const std::string& cmd = args[0];
+    size_t n = args.size() - 1;
+    auto usage = [&](const char* form) {
+      std::cerr << "kvcli: usage: " << form << " (see kvcli --help)\n";
+      if (FLAGS_json) {
+        EmitJson({{"ok", false},
+                  {"code", "InvalidArgument"},
+                  {"message", std::string("usage: ") + form}});
+      }
+      return kExitError;
+    };
+    bool from_file = !FLAGS_value_file.empty() && !interactive_;
+    if (cmd == "get") {
+      if (n != 1) return usage("get KEY");
+      return Get(args[1]);
+    }
+    if (cmd == "put" || cmd == "insert") {
+      if (n != (from_file ? 1u : 2u)) {
+        return usage(cmd == "put" ? "put KEY VALUE (or put KEY with --value_file)"
+                                  : "insert KEY VALUE (or insert KEY with --value_file)");
+      }
+      std::string value;
+      if (!Value(from_file ? "" : args[2], &value)) return kExitError;
+      return Write(cmd, args[1], value, 0);
+    }
+    if (cmd == "cas") {
+      if (n != (from_file ? 2u : 3u)) {
+        return usage("cas KEY EXPECTED_VERSION VALUE (or without VALUE with --value_file)");
+      }
+      uint64_t expected = 0;
+      try {
+        size_t used = 0;
+        expected = std::stoull(args[2], &used);
+        if (used != args[2].size() || args[2][0] == '-') throw std::invalid_argument("");
+      } catch (const std::exception&) {
+        return usage("cas KEY EXPECTED_VERSION VALUE, EXPECTED_VERSION a number");
+      }
+      std::string value;
+      if (!Value(from_file ? "" : args[3], &value)) return kExitError;
+      return Write(cmd, args[1], value, expected);
+    }
+    if (cmd == "del" || cmd == "delete") {
+      if (n != 1) return usage("del KEY");
+      return Write("del", args[1], "", 0);
+    }
+    if (cmd == "mget") {
+      if (n < 1) return usage("mget KEY...");
+      return MultiGet(std::vector<std::string>(args.begin() + 1, args.end()));
+    }
+    if (cmd == "stats") {
+      if (n != 0) return usage("stats");
+      return Stats();
+    }
+    if (cmd == "ping") {
+      if (n != 0) return usage("ping");
+      return Ping();
+    }
+    if (cmd == "help") {
+      if (interactive_) {
+        std::cout << kCommandsHelp;
+      } else {
+        PrintHelp(std::cout);
+      }
+      return kExitOk;
+    }
+    std::cerr << "kvcli: unknown command '" << cmd << "' (see kvcli --help)\n";
+    if (FLAGS_json) {
+      EmitJson({{"ok", false}, {"code", "InvalidArgument"}, {"message", "unknown command " + cmd}});
+    }
+    return kExitError;
+  }
+
+ private:
+  bool Value(const std::string& arg, std::string* value) {
+    std::string error;
+    bool ok = (FLAGS_value_file.empty() || interactive_)
+                  ? ResolveValue(arg, interactive_, value, &error)
+                  : ReadFile(FLAGS_value_file, value, &error);
+    if (!ok) {
+      std::cerr << "kvcli: value: " << error << "\n";
+      if (FLAGS_json) EmitJson({{"ok", false}, {"code", "InvalidArgument"}, {"message", error}});
+    }
+    return ok;
+  }
+
+  // Connects on first use (so usage errors and `help` need no server).
+  rdkv::Client* client(int* code) {
+    if (client_ != nullptr) return client_.get();
+    rdkv::ClientOptions o;
+    o.seed = FLAGS_server;
+    o.transport = FLAGS_transport;
+    o.auth_token = FLAGS_auth_token;
+    o.op_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+    o.connect_timeout = std::chrono::milliseconds(FLAGS_connect_timeout_ms);
+    auto c = rdkv::Client::Connect(o);
+    if (!c.ok()) {
+      *code = Report(c.status(), "connect to " + FLAGS_server);
+      return nullptr;
+    }
+    client_ = std::move(c).value();
+    return client_.get();
+  }
+
+  int Get(const std::string& key) {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    auto r = c->Get(key);
+    if (!r.ok()) {
+      if (r.status().Is(rdkv::StatusCode::kNotFound) && FLAGS_json) {
+        EmitJson({{"ok", true}, {"key", key}, {"found", false}});
+        return kExitNo;
+      }
+      return Report(r.status(), "get " + key);
+    }
+    if (FLAGS_json) {
+      json j = {{"ok", true}, {"key", key}, {"found", true}, {"version", r->version}};
+      PutValue(&j, r->value);
+      EmitJson(j);
+    } else {
+      std::cout.write(r->value.data(), static_cast<std::streamsize>(r->value.size()));
+      if (FLAGS_newline || interactive_) std::cout << "\n";
+      std::cout << std::flush;
+    }
+    return kExitOk;
+  }
+
+  int Write(const std::string& op, const std::string& key, const std::string& value,
+            uint64_t expected) {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    rdkv::Result<uint64_t> r = rdkv::Status::Internal("unreached");
+    if (op == "put") {
+      r = c->Put(key, value);
+    } else if (op == "insert") {
+      r = c->Insert(key, value);
+    } else if (op == "cas") {
+      r = c->Cas(key, expected, value);
+    } else {
+      rdkv::Status s = c->Delete(key);
+      if (s.ok()) {
+        r = uint64_t{0};
+      } else {
+        r = s;
+      }
+    }
+    if (!r.ok()) return Report(r.status(), op + " " + key);
+    if (FLAGS_json) {
+      json j = {{"ok", true}, {"op", op}, {"key", key}};
+      if (op != "del") j["version"] = *r;
+      EmitJson(j);
+    } else if (op == "del") {
+      std::cout << "OK\n";
+    } else {
+      std::cout << "OK version " << *r << "\n";
+    }
+    return kExitOk;
+  }
+
+  int MultiGet(const std::vector<std::string>& keys) {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    std::vector<std::string_view> views(keys.begin(), keys.end());
+    auto results = c->MultiGet(views);
+    int worst = kExitOk;
+    json arr = json::array();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const auto& r = results[i];
+      if (r.ok()) {
+        if (FLAGS_json) {
+          json j = {{"key", keys[i]}, {"found", true}, {"version", r->version}};
+          PutValue(&j, r->value);
+          arr.push_back(j);
+        } else {
+          std::cout << keys[i] << "\t" << r->value << "\n";
+        }
+      } else if (r.status().Is(rdkv::StatusCode::kNotFound)) {
+        worst = std::max(worst, kExitNo);
+        if (FLAGS_json) {
+          arr.push_back({{"key", keys[i]}, {"found", false}});
+        } else {
+          std::cout << keys[i] << "\t(not found)\n";
+        }
+      } else {
+        worst = kExitError;
+        std::cerr << "kvcli: get " << keys[i] << ": " << r.status().ToString() << "\n";
+        if (FLAGS_json) {
+          arr.push_back({{"key", keys[i]},
+                         {"error", {{"code", std::string(rdkv::StatusCodeName(r.status().code()))},
+                                    {"message", r.status().message()}}}});
+        } else {
+          std::cout << keys[i] << "\t(error)\n";
+        }
+      }
+    }
+    if (FLAGS_json) EmitJson({{"ok", worst != kExitError}, {"results", arr}});
+    std::cout << std::flush;
+    return worst;
+  }
+
+  int Stats() {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    auto r = c->Stats();
+    if (!r.ok()) return Report(r.status(), "stats");
+    json j = json::parse(*r, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      return Report(rdkv::Status::ProtocolError("the server's stats are not JSON"), "stats");
+    }
+    std::cout << j.dump(FLAGS_json ? -1 : 2, ' ', false, json::error_handler_t::replace) << "\n"
+              << std::flush;
+    return kExitOk;
+  }
+
+  int Ping() {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    auto t0 = std::chrono::steady_clock::now();
+    rdkv::Status s = c->Ping();
+    auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                  std::chrono::steady_clock::now() - t0)
+                  .count();
+    if (!s.ok()) return Report(s, "ping");
+    if (FLAGS_json) {
+      EmitJson({{"ok", true}, {"server", FLAGS_server}, {"rtt_us", us}});
+    } else {
+      std::cout << "PONG from " << FLAGS_server << " in " << us / 1000.0 << " ms\n" << std::flush;
+    }
+    return kExitOk;
+  }
+
+  bool interactive_;
+  std::unique_ptr<rdkv::Client> client_;
+};
+
+// Splits an interactive line like a shell would (quotes, backslash escapes). False on an
+// unterminated quote.
+bool Tokenize(const std::string& line, std::vector<std::string>* out) {
+  out->clear();
+  std::string cur;
+  bool in_token = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    char c = line[i];
+    if (c == ' ' || c == '\t') {
+      if (in_token) out->push_back(std::move(cur));
+      cur.clear();
+      in_token = false;
+    } else if (c == '\'') {
+      size_t end = line.find('\'', i + 1);
+      if (end == std::string::npos) return false;
+      cur += line.substr(i + 1, end - i - 1);
+      i = end;
+      in_token = true;
+    } else if (c == '"') {
+      in_token = true;
+      for (++i;; ++i) {
+        if (i >= line.size()) return false;
+        if (line[i] == '"') break;
+        if (line[i] == '\\' && i + 1 < line.size()) {
+          char e = line[++i];
+          cur += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+        } else {
+          cur += line[i];
+        }
+      }
+    } else if (c == '\\' && i + 1 < line.size()) {
+      cur += line[++i];
+      in_token = true;
+    } else {
+      cur += c;
+      in_token = true;
+    }
+  }
+  if (in_token) out->push_back(std::move(cur));
+  return true;
+}
+
+int Interactive() {
+  Cli cli(/*interactive=*/true);
+  bool tty = isatty(STDIN_FILENO) != 0;
+  std::string history_path;
+  if (const char* home = std::getenv("HOME"); home != nullptr && tty) {
+    history_path = std::string(home) + "/.kvcli_history";
+    read_history(history_path.c_str());
+  }
+  std::string prompt = "rdkv " + FLAGS_server + "> ";
+  if (tty) std::cout << "kvcli: connected lazily to " << FLAGS_server << "; type help or quit\n";
+  int last = kExitOk;
+  for (;;) {
+    std::string line;
+    if (tty) {
+      char* raw = readline(prompt.c_str());
+      if (raw == nullptr) {
+        std::cout << "\n";
+        break;
+      }
+      line = raw;
+      std::free(raw);
+      if (!line.empty()) {
+        add_history(line.c_str());
+        if (!history_path.empty()) append_history(1, history_path.c_str());
+      }
+    } else if (!std::getline(std::cin, line)) {
+      break;
+    }
+    std::vector<std::string> args;
+    if (!Tokenize(line, &args)) {
+      std::cerr << "kvcli: unterminated quote\n";
+      last = kExitError;
+      continue;
+    }
+    if (args.empty()) continue;
+    if (args[0] == "quit" || args[0] == "exit") break;
+    last = cli.Run(args);
+  }
+  if (!history_path.empty()) history_truncate_file(history_path.c_str(), 1000);
+  return tty ? kExitOk : last;  // scripted input: the status of the last command
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-h" || a == "-help" || a == "--helpfull") {
+      PrintHelp(std::cout);
+      return kExitOk;
+    }
+  }
+  gflags::SetUsageMessage("command-line client of the rdkv key-value store (kvcli --help)");
+  gflags::SetVersionString("0.1.0");
+  gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = FLAGS_verbose ? 0 : 2;  // the library's INFO/WARNING lines only on request
+  google::InitGoogleLogging(argv[0]);
+  if (FLAGS_timeout_ms <= 0 || FLAGS_connect_timeout_ms <= 0) {
+    std::cerr << "kvcli: --timeout_ms and --connect_timeout_ms must be positive\n";
+    return kExitError;
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) return Interactive();
+  Cli cli(/*interactive=*/false);
+  return cli.Run(args);
+}
