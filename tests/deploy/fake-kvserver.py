@@ -5,7 +5,7 @@ tested whatever state the real server is in.
 
 It behaves like kvserver where the script can tell: gflags-style --helpfull (exit 1), rejects
 flags it does not advertise, listens on --host:--port (TCP), writes --port_file once listening,
-logs to stderr, exits 0 on SIGTERM/SIGINT. Knobs (environment):
+supports --tryfromenv, logs to stderr, exits 0 on SIGTERM/SIGINT. Knobs (environment):
   FAKE_KVSERVER_FLAGS        comma list of optional flags to advertise (default: all of
                              cluster_map,server_id,data_dir,durability)
   FAKE_KVSERVER_FAIL         if set: print it as the start error and exit 2
@@ -35,6 +35,15 @@ def main():
             print(f"ERROR: bad argument '{a}'", file=sys.stderr)
             return 1
         k, v = a[2:].split("=", 1)
+        if k == "tryfromenv":  # gflags: set each listed flag from FLAGS_<name> when that is set
+            for name in filter(None, v.split(",")):
+                if name not in known:
+                    print(f"ERROR: unknown command line flag '{name}' (via --fromenv or --tryfromenv)",
+                          file=sys.stderr)
+                    return 1
+                if "FLAGS_" + name in os.environ:
+                    args[name] = os.environ["FLAGS_" + name]
+            continue
         if k not in known:
             print(f"ERROR: unknown command line flag '{k}'", file=sys.stderr)
             return 1

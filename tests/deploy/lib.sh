@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Shared helpers for the tests in tests/deploy/ (sourced, not run).
 #
 # A test calls ok/bad for each check, `skip REASON` to stop early when a prerequisite is

@@ -155,13 +155,13 @@ test_real() {
   unset RDKV_CLUSTER_DIR RDKV_DURABILITY RDKV_EXTRA_FLAGS RDKV_AUTH_TOKEN RDKV_SHARDS
 
   # Can this kvserver serve over tcp at all? (The transport may still be under construction.)
-  local probe=$WORK/probe rc=0
+  local probe=$WORK/probe
   timeout 10 "$kvserver" --transport=tcp --host=127.0.0.1 --port=0 --memory=16MiB \
     --port_file="$probe" >"$WORK/probe.log" 2>&1 &
   local ppid=$!
   for _ in $(seq 1 100); do [[ -s $probe ]] && break; kill -0 $ppid 2>/dev/null || break; sleep 0.1; done
   kill $ppid 2>/dev/null || true
-  wait $ppid 2>/dev/null || rc=$?
+  wait $ppid 2>/dev/null || true
   if [[ ! -s $probe ]] && grep -q "NotSupported" "$WORK/probe.log"; then
     skip "this kvserver cannot serve over tcp yet: $(grep -m1 'cannot start' "$WORK/probe.log")"
   fi
