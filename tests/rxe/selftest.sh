@@ -13,8 +13,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 rxe_require_vm selftest.sh
 
 work=$(mktemp -d) # /tmp is a tmpfs inside the VM
-servers=()
-trap 'rxe_stop "${servers[@]}"; rm -rf "$work"' EXIT
+trap 'rm -rf "$work"' EXIT
 
 fail() {
   echo "selftest: FAIL: $*" >&2
@@ -36,28 +35,27 @@ pass "$RXE_DEV is PORT_ACTIVE ($(ibv_devinfo -d "$RXE_DEV" | awk '$1 == "link_la
 
 # 2. rping loopback through rdma_cm.
 count=5
-port=7174
-timeout 120 rping -s -a "$RXE_ADDR" -p "$port" -C "$count" -v >"$work/rping-server.log" 2>&1 &
-servers+=($!)
-rxe_wait_listen "${servers[-1]}" "$port" || fail "rping server did not start listening on $RXE_ADDR:$port"
-timeout 120 rping -c -a "$RXE_ADDR" -p "$port" -C "$count" -v >"$work/rping-client.log" 2>&1 ||
-  fail "rping client failed (exit $?)"
-wait "${servers[-1]}" || fail "rping server failed (exit $?)"
+rping=(rping -a "$RXE_ADDR" -p 7174 -C "$count" -v)
+why=$(rxe_pair "$work/rping" 7174 "${rping[@]}" -s -- "${rping[@]}" -c) || fail "$why"
 got=$(grep -c '^ping data: rdma-ping-' "$work/rping-client.log" || true)
 ((got == count)) || fail "rping client saw $got of $count pings"
 pass "rping: $count pings over rdma_cm to $RXE_ADDR"
 
-# 3. ib_read_lat over rdma_cm.
-port=18515
-lat=(ib_read_lat -R -F -d "$RXE_DEV" -s 64 -n 1000 -p "$port")
-timeout 180 "${lat[@]}" >"$work/ib_read_lat-server.log" 2>&1 &
-servers+=($!)
-rxe_wait_listen "${servers[-1]}" "$port" || fail "ib_read_lat server did not start listening on port $port"
-timeout 180 "${lat[@]}" "$RXE_ADDR" >"$work/ib_read_lat-client.log" 2>&1 || fail "ib_read_lat client failed (exit $?)"
-wait "${servers[-1]}" || fail "ib_read_lat server failed (exit $?)"
-row=$(awk '$1 == 64 && $2 == 1000 && NF >= 9' "$work/ib_read_lat-client.log")
-[[ -n $row ]] || fail "ib_read_lat printed no result row"
-read -r _ _ tmin _ ttyp tavg _ p99 _ <<<"$row"
+# 3. ib_read_lat over rdma_cm. Under TCG on a busy host perftest sometimes cannot calibrate its
+# clock and prints inf; that run is repeated (up to 3 times), other failures are not.
+for attempt in 1 2 3; do
+  lat=(ib_read_lat -R -F -d "$RXE_DEV" -s 64 -n 1000 -p 18515)
+  why=$(rxe_pair "$work/ib_read_lat" 18515 "${lat[@]}" -- "${lat[@]}" "$RXE_ADDR") || fail "$why"
+  row=$(awk '$1 == 64 && $2 == 1000 && NF >= 9' "$work/ib_read_lat-client.log")
+  [[ -n $row ]] || fail "ib_read_lat printed no result row"
+  read -r _ _ tmin _ ttyp tavg _ p99 _ <<<"$row"
+  [[ $ttyp =~ ^[0-9.]+$ ]] && break
+  if rxe_clock_miscalibrated "$work/ib_read_lat-client.log" && ((attempt < 3)); then
+    echo "selftest: ib_read_lat could not calibrate its clock (TCG on a busy host); retrying"
+    continue
+  fi
+  fail "ib_read_lat result row is not numeric: $row"
+done
 pass "ib_read_lat -R -s 64 -n 1000: typical ${ttyp} us, avg ${tavg} us, min ${tmin} us, p99 ${p99} us"
 
 echo "selftest: PASS"
