@@ -8,7 +8,7 @@
 #
 # Exit status: the command's own exit status, or 125 when the harness itself failed (could not
 # prepare the image, the VM did not boot, 9p/veth/rxe setup failed, the rxe port never became
-# active, or no exit status came back before the timeout), or 130 when interrupted.
+# active, or no exit status came back before the timeout), or 130/143 when interrupted/terminated.
 # See tests/rxe/README.md.
 set -euo pipefail
 
