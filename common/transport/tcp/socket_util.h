@@ -15,8 +15,8 @@ namespace rdkv::transport::tcp {
 
 using Clock = std::chrono::steady_clock;
 
-// TCP_NODELAY, SO_KEEPALIVE with short probes (idle 2 s, interval 1 s, 3 probes) and a
-// TCP_USER_TIMEOUT, so a peer that vanishes without FIN/RST is detected within seconds.
+// TCP_NODELAY, SO_KEEPALIVE with short probes (idle 2 s, interval 1 s, 3 probes) and a 5 s
+// TCP_USER_TIMEOUT, so a peer that vanishes without FIN/RST is detected within about 5 s.
 void ConfigureStreamSocket(int fd);
 
 Status SetNonBlocking(int fd, bool nonblocking);

@@ -28,6 +28,10 @@ constexpr size_t kRecvChunk = 64 << 10;
 // mark. Bounds the memory a client that does not read its responses can make us hold.
 constexpr size_t kOutHighWater = 8 << 20;
 constexpr size_t kOutLowWater = 1 << 20;
+// Requests of one connection queued for the workers: above this the NIC stops reading that
+// connection until the workers catch up (checked every sweep), so a client that ignores
+// max_outstanding_calls cannot grow the queue without bound.
+constexpr uint32_t kMaxQueuedPerSession = 1024;
 constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 constexpr auto kDrainTimeout = std::chrono::seconds(1);
 constexpr int kEpollTimeoutMs = 200;
@@ -70,10 +74,12 @@ class TcpSession final : public ServerSession {
   bool closed = false;
   bool broken = false;        // a send failed; the NIC thread closes on the error event
   bool input_paused = false;  // backpressure: not reading requests until `out` drains
+  bool queue_paused = false;  // not reading requests until the workers catch up
   uint32_t armed = 0;         // events registered with epoll
   // Largest payload of a response or READ to this client: min(ours, the client's). Set at the
   // handshake, before any request of this session is queued (the queue's mutex orders it).
   size_t reply_limit = 0;
+  std::atomic<uint32_t> queued{0};  // requests of this session waiting for or in a worker
 
  private:
   const uint64_t id_;
@@ -319,7 +325,7 @@ class NicThread {
       if (s.closed) return;
     }
     if (events & (EPOLLIN | EPOLLHUP)) {
-      if (!s.input_paused) {
+      if (!s.input_paused && !s.queue_paused) {
         ReadSocket(s);
       } else if (events & EPOLLHUP) {
         Close(s, "peer hung up");
@@ -353,7 +359,7 @@ class NicThread {
         }
         s.in.Commit(static_cast<size_t>(n));
         ProcessInput(s);
-        if (s.closed || s.input_paused) return;
+        if (s.closed || s.input_paused || s.queue_paused) return;
         if (static_cast<size_t>(n) < w.size()) return;  // drained the socket
         continue;
       }
@@ -376,7 +382,8 @@ class NicThread {
 
   // Parses and acts on every complete frame in `s.in`.
   void ProcessInput(TcpSession& s) {
-    while (!s.closed && !s.input_paused && s.state != TcpSession::State::kDraining) {
+    while (!s.closed && !s.input_paused && !s.queue_paused &&
+           s.state != TcpSession::State::kDraining) {
       auto f = NextFrame(s.in.readable(), core_->options.max_message_size);
       if (!f.ok()) {
         ProtocolError(s, f.status().message());
@@ -514,7 +521,15 @@ class NicThread {
     item->request_id = call->request_id;
     item->payload.assign(call->payload.begin(), call->payload.end());
     core_->requests.fetch_add(1, std::memory_order_relaxed);
+    bool too_many = s.queued.fetch_add(1, std::memory_order_relaxed) + 1 >= kMaxQueuedPerSession;
     core_->queue.Push(item);
+    std::lock_guard lock(s.out_mu);
+    if (too_many) s.queue_paused = true;
+    if (s.out.size() >= kOutHighWater) {  // replies pile up unread: stop taking requests
+      s.FlushLocked();
+      if (s.out.size() >= kOutHighWater) s.input_paused = true;
+    }
+    s.UpdateEventsLocked();
   }
 
   void ProtocolError(TcpSession& s, const std::string& what) {
@@ -542,9 +557,21 @@ class NicThread {
   }
 
   void Sweep(Clock::time_point now) {
-    std::vector<std::shared_ptr<TcpSession>> expired;
+    std::vector<std::shared_ptr<TcpSession>> expired, resumed;
     for (auto& [id, s] : sessions_) {
       if (s->state != TcpSession::State::kReady && now >= s->deadline) expired.push_back(s);
+      if (s->queue_paused &&
+          s->queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2) {
+        resumed.push_back(s);
+      }
+    }
+    for (auto& s : resumed) {
+      {
+        std::lock_guard lock(s->out_mu);
+        s->queue_paused = false;
+        s->UpdateEventsLocked();
+      }
+      ProcessInput(*s);
     }
     for (auto& s : expired) {
       if (s->state == TcpSession::State::kAwaitHello) {
@@ -607,7 +634,7 @@ void TcpSession::FlushLocked() {
 void TcpSession::UpdateEventsLocked() {
   if (closed) return;
   uint32_t want = 0;
-  if (!input_paused) want |= EPOLLIN;
+  if (!input_paused && !queue_paused) want |= EPOLLIN;
   if (!out.empty() || input_paused) want |= EPOLLOUT;
   if (want == armed) return;
   epoll_event ev{};
@@ -738,6 +765,7 @@ class TcpListener final : public Listener {
     while (WorkItem* item = core_->queue.Pop()) {
       handler(std::span<const uint8_t>(item->payload.data(), item->payload.size()),
               ReplyHandle{item->session, item->request_id});
+      item->session->queued.fetch_sub(1, std::memory_order_relaxed);
       core_->queue.Release(item);
     }
   }
