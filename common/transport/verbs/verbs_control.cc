@@ -1,0 +1,1016 @@
+// Control path of the verbs transport: device and PD, memory registration, rdma_cm connection
+// setup and handshake, the cm/async-event threads, listener setup and session teardown.
+// See docs/transport-verbs.md.
+#include <arpa/inet.h>
+#include <glog/logging.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/transport/memory.h"
+#include "common/transport/verbs/verbs_internal.h"
+
+namespace rdkv::transport::verbs {
+
+namespace {
+
+// RC local ACK timeout, 4.096 us * 2^16 = 268 ms; with retry_cnt 7 a silent peer is declared
+// dead after about 2 s of unacknowledged traffic (IBV_WC_RETRY_EXC_ERR).
+constexpr uint8_t kAckTimeout = 16;
+constexpr uint8_t kRetryCount = 7;
+// RNR retries: 0. Credits guarantee a posted receive for every SEND; if that ever fails, the
+// SEND completes with IBV_WC_RNR_RETRY_EXC_ERR at once instead of stalling the connection.
+constexpr uint8_t kRnrRetry = 0;
+
+std::string HostPort(const std::string& host, uint16_t port) {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+std::string SockaddrText(const sockaddr* sa) {
+  if (sa == nullptr) return "?";
+  char buf[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (sa->sa_family == AF_INET) {
+    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+    port = ntohs(in->sin_port);
+  } else if (sa->sa_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf));
+    port = ntohs(in6->sin6_port);
+  }
+  return HostPort(buf, port);
+}
+
+Result<sockaddr_storage> ResolveAddress(const std::string& host, uint16_t port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0) {
+    return Status::Unavailable("cannot resolve " + HostPort(host, port) + ": " + gai_strerror(rc));
+  }
+  const addrinfo* pick = res;
+  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  }
+  sockaddr_storage ss{};
+  std::memcpy(&ss, pick->ai_addr, std::min<size_t>(pick->ai_addrlen, sizeof(ss)));
+  freeaddrinfo(res);
+  return ss;
+}
+
+struct CmEventInfo {
+  rdma_cm_event_type type = RDMA_CM_EVENT_ADDR_ERROR;
+  int status = 0;
+  std::vector<uint8_t> private_data;
+};
+
+// Next event on a (non-blocking) setup channel, acked before returning.
+Status NextCmEvent(rdma_event_channel* ch, Clock::time_point deadline, CmEventInfo* out) {
+  while (true) {
+    rdma_cm_event* ev = nullptr;
+    if (rdma_get_cm_event(ch, &ev) == 0) {
+      out->type = ev->event;
+      out->status = ev->status;
+      const auto& conn = ev->param.conn;
+      const auto* pd = static_cast<const uint8_t*>(conn.private_data);
+      out->private_data.assign(pd, pd == nullptr ? pd : pd + conn.private_data_len);
+      if (rdma_ack_cm_event(ev) != 0) return CallError("rdma_ack_cm_event", errno);
+      return Status::Ok();
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return CallError("rdma_get_cm_event", errno);
+    auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) return Status::TimedOut("timed out");
+    int ms = static_cast<int>(std::clamp<int64_t>(
+        std::chrono::ceil<std::chrono::milliseconds>(left).count(), 1, 1000));
+    pollfd pfd{ch->fd, POLLIN, 0};
+    if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return CallError("poll on the rdma_cm channel", errno);
+  }
+}
+
+int ResolveTimeoutMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 100, 5000));
+}
+
+std::mutex& AsyncMu() {
+  static std::mutex* mu = new std::mutex;  // leaked: used by threads until process exit
+  return *mu;
+}
+std::unordered_map<const void*, AsyncEventSink*>& AsyncSinks() {
+  static auto* sinks = new std::unordered_map<const void*, AsyncEventSink*>;
+  return *sinks;
+}
+
+class VerbsRegion final : public MemoryRegion {
+ public:
+  VerbsRegion(MappedMemory mem, MemoryRegistration mr) : mem_(std::move(mem)), mr_(std::move(mr)) {}
+  ~VerbsRegion() override { mr_.reset(); }  // deregister before the memory is unmapped
+  uint8_t* data() const override { return mem_.data(); }
+  size_t size() const override { return mem_.size(); }
+  uint32_t lkey() const override { return mr_.lkey(); }
+  uint32_t rkey() const override { return mr_.rkey(); }
+  bool huge_pages() const override { return mem_.huge_pages(); }
+
+ private:
+  MappedMemory mem_;
+  MemoryRegistration mr_;
+};
+
+}  // namespace
+
+// =================================================================================================
+// Async events
+// =================================================================================================
+
+void RegisterAsyncSink(const void* object, AsyncEventSink* sink) {
+  std::lock_guard<std::mutex> lk(AsyncMu());
+  AsyncSinks()[object] = sink;
+}
+
+void UnregisterAsyncSink(const void* object) {
+  if (object == nullptr) return;
+  std::lock_guard<std::mutex> lk(AsyncMu());
+  AsyncSinks().erase(object);
+}
+
+void DrainAsyncEvents(ibv_context* ctx) {
+  ibv_async_event ev;
+  while (ibv_get_async_event(ctx, &ev) == 0) {  // -1 (EAGAIN: none left) on failure
+    const void* object = nullptr;
+    bool routine = false;
+    switch (ev.event_type) {
+      case IBV_EVENT_COMM_EST:
+      case IBV_EVENT_QP_LAST_WQE_REACHED:
+        routine = true;
+        [[fallthrough]];
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_SQ_DRAINED:
+      case IBV_EVENT_PATH_MIG:
+      case IBV_EVENT_PATH_MIG_ERR: object = ev.element.qp; break;
+      case IBV_EVENT_CQ_ERR: object = ev.element.cq; break;
+      case IBV_EVENT_SRQ_LIMIT_REACHED:
+        routine = true;
+        [[fallthrough]];
+      case IBV_EVENT_SRQ_ERR: object = ev.element.srq; break;
+      case IBV_EVENT_PORT_ACTIVE:
+      case IBV_EVENT_GID_CHANGE:
+      case IBV_EVENT_LID_CHANGE:
+      case IBV_EVENT_PKEY_CHANGE:
+      case IBV_EVENT_CLIENT_REREGISTER: routine = true; break;
+      default: break;
+    }
+    if (!routine) LOG(WARNING) << "verbs async event: " << ibv_event_type_str(ev.event_type);
+    {
+      std::lock_guard<std::mutex> lk(AsyncMu());
+      if (object != nullptr) {
+        auto it = AsyncSinks().find(object);
+        if (it != AsyncSinks().end()) it->second->OnAsyncEvent(ev.event_type);
+      } else if (ev.event_type == IBV_EVENT_DEVICE_FATAL) {
+        for (auto& [obj, sink] : AsyncSinks()) sink->OnAsyncEvent(ev.event_type);
+      }
+    }
+    ibv_ack_async_event(&ev);  // always; ibv_destroy_qp/cq/srq wait for it
+  }
+}
+
+// =================================================================================================
+// VerbsFabric
+// =================================================================================================
+
+Result<std::unique_ptr<VerbsFabric>> VerbsFabric::Open(const FabricOptions& options) {
+  std::unique_ptr<VerbsFabric> f(new VerbsFabric());
+  f->huge_pages_ = options.huge_pages;
+  Result<DeviceList> devices = DeviceList::Get();
+  if (!devices.ok()) {
+    return Status::Unavailable("no RDMA device (" + devices.status().message() + ")");
+  }
+  f->devices_ = std::move(devices).value();
+  std::string seen;
+  for (int i = 0; i < f->devices_.size() && f->ctx_ == nullptr; ++i) {
+    ibv_context* ctx = f->devices_[i];
+    const std::string name = ibv_get_device_name(ctx->device);
+    if (!options.device.empty() && name != options.device) {
+      seen += (seen.empty() ? "" : ", ") + name;
+      continue;
+    }
+    ibv_device_attr da{};
+    if (int rc = ibv_query_device(ctx, &da); rc != 0) {  // positive errno
+      seen += (seen.empty() ? "" : ", ") + name + " (" + CallError("ibv_query_device", rc).message() + ")";
+      continue;
+    }
+    for (uint8_t port = 1; port <= da.phys_port_cnt; ++port) {
+      ibv_port_attr pa{};
+      if (ibv_query_port(ctx, port, &pa) == 0 && pa.state == IBV_PORT_ACTIVE) {
+        f->ctx_ = ctx;
+        f->port_num_ = port;
+        f->device_name_ = name;
+        f->device_attr_ = da;
+        f->port_attr_ = pa;
+        break;
+      }
+    }
+    if (f->ctx_ == nullptr) seen += (seen.empty() ? "" : ", ") + name + " (no active port)";
+  }
+  if (f->ctx_ == nullptr) {
+    std::string want = options.device.empty() ? "an RDMA device with an active port"
+                                              : "RDMA device '" + options.device + "' with an active port";
+    return Status::Unavailable("no " + want + (seen.empty() ? "" : "; found: " + seen));
+  }
+  RDKV_ASSIGN_OR_RETURN(f->pd_, ProtectionDomain::Create(f->ctx_));
+  RDKV_RETURN_IF_ERROR(SetNonBlocking(f->ctx_->async_fd, "the device's async event fd"));
+  RDKV_ASSIGN_OR_RETURN(f->cm_channel_, EventChannel::Create());
+  RDKV_RETURN_IF_ERROR(f->wake_.Open());
+  f->thread_ = std::thread(&VerbsFabric::ThreadMain, f.get());
+  LOG(INFO) << "verbs fabric: " << f->Describe() << " (max_qp_wr " << f->device_attr_.max_qp_wr
+            << ", max_cqe " << f->device_attr_.max_cqe << ", max_srq_wr "
+            << f->device_attr_.max_srq_wr << ", max_qp_rd_atom " << f->device_attr_.max_qp_rd_atom
+            << ", active_mtu " << (128 << f->port_attr_.active_mtu) << ")";
+  return f;
+}
+
+VerbsFabric::~VerbsFabric() {
+  stop_.store(true);
+  if (thread_.joinable()) {
+    wake_.Signal();
+    thread_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lk(sinks_mu_);
+    if (!sinks_.empty()) {
+      LOG(ERROR) << "verbs fabric destroyed while " << sinks_.size()
+                 << " connection(s) still exist (a Fabric must outlive its Connections)";
+    }
+  }
+  cm_channel_.reset();
+  pd_.reset();  // EBUSY (logged) if regions/QPs of this PD still exist
+  devices_.reset();
+}
+
+std::string VerbsFabric::Describe() const {
+  return "verbs " + device_name_ + " port " + std::to_string(port_num_);
+}
+
+void VerbsFabric::RegisterCmSink(rdma_cm_id* id, CmEventSink* sink) {
+  std::lock_guard<std::mutex> lk(sinks_mu_);
+  sinks_[id] = sink;
+}
+
+void VerbsFabric::UnregisterCmSink(rdma_cm_id* id) {
+  std::lock_guard<std::mutex> lk(sinks_mu_);
+  sinks_.erase(id);
+}
+
+void VerbsFabric::ThreadMain() {
+  while (!stop_.load()) {
+    pollfd pfd[3] = {{cm_channel_.fd(), POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
+    if (poll(pfd, 3, 1000) < 0) {
+      if (errno != EINTR) {
+        PLOG(ERROR) << "verbs fabric thread: poll";
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      continue;
+    }
+    if (pfd[2].revents != 0) wake_.Drain();
+    if (pfd[1].revents != 0) DrainAsyncEvents(ctx_);
+    if (pfd[0].revents == 0) continue;
+    while (true) {
+      rdma_cm_event* ev = nullptr;
+      if (rdma_get_cm_event(cm_channel_.get(), &ev) != 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) PLOG(ERROR) << "rdma_get_cm_event";
+        break;
+      }
+      const rdma_cm_event_type type = ev->event;
+      const int status = ev->status;
+      rdma_cm_id* id = ev->id;
+      if (rdma_ack_cm_event(ev) != 0) PLOG(ERROR) << "rdma_ack_cm_event";
+      if (type != RDMA_CM_EVENT_TIMEWAIT_EXIT) {
+        VLOG(1) << "verbs client cm event " << rdma_event_str(type) << " status " << status;
+      }
+      std::lock_guard<std::mutex> lk(sinks_mu_);
+      auto it = sinks_.find(id);
+      if (it != sinks_.end()) it->second->OnCmEvent(type, status);
+    }
+  }
+}
+
+Result<std::unique_ptr<MemoryRegion>> VerbsFabric::AllocateRegion(size_t size, RegionAccess access) {
+  if (size == 0) return Status::InvalidArgument("cannot allocate a zero-byte region");
+  RDKV_ASSIGN_OR_RETURN(MappedMemory mem, MappedMemory::Allocate(size, huge_pages_));
+  // Server regions: remote READ only. Never IBV_ACCESS_REMOTE_WRITE or atomics: no peer can
+  // change a byte of a registered region, whatever rkey it learns or guesses.
+  int flags = IBV_ACCESS_LOCAL_WRITE;
+  if (access == RegionAccess::kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
+  RDKV_ASSIGN_OR_RETURN(MemoryRegistration mr,
+                        MemoryRegistration::Create(pd_.get(), mem.data(), size, flags));
+  return std::unique_ptr<MemoryRegion>(new VerbsRegion(std::move(mem), std::move(mr)));
+}
+
+Result<std::unique_ptr<Listener>> VerbsFabric::Listen(ListenOptions options) {
+  auto listener = std::make_unique<VerbsListener>(this, std::move(options));
+  RDKV_RETURN_IF_ERROR(listener->Start());
+  return std::unique_ptr<Listener>(std::move(listener));
+}
+
+Result<std::unique_ptr<Connection>> VerbsFabric::Connect(const ConnectOptions& options) {
+  auto conn = std::make_unique<ClientConnection>(this, options);
+  RDKV_RETURN_IF_ERROR(conn->Establish());
+  return std::unique_ptr<Connection>(std::move(conn));
+}
+
+// =================================================================================================
+// ClientConnection: setup, teardown, events
+// =================================================================================================
+
+ClientConnection::ClientConnection(VerbsFabric* fabric, const ConnectOptions& options)
+    : fabric_(fabric), options_(options), peer_(HostPort(options.host, options.port)) {}
+
+Status ClientConnection::Establish() {
+  const Clock::time_point deadline = Clock::now() + options_.connect_timeout;
+  const ibv_device_attr& da = fabric_->device_attr();
+  if (options_.max_outstanding_reads == 0 || options_.max_outstanding_calls == 0 ||
+      options_.max_outstanding_calls > 0xFFFF) {
+    return Status::InvalidArgument(
+        "max_outstanding_reads must be >= 1 and max_outstanding_calls in [1, 65535]");
+  }
+  if (options_.max_message_size == 0 || options_.max_message_size > UINT32_MAX) {
+    return Status::InvalidArgument("max_message_size must be in [1, 4 GiB)");
+  }
+  const uint64_t sq_depth = uint64_t{options_.max_outstanding_reads} + kClientSendSlots + 1;
+  const uint64_t cqe = sq_depth + kClientRecvCredits;
+  if (sq_depth > static_cast<uint64_t>(da.max_qp_wr) || cqe > static_cast<uint64_t>(da.max_cqe)) {
+    return Status::InvalidArgument(
+        "max_outstanding_reads " + std::to_string(options_.max_outstanding_reads) +
+        " is too large for " + fabric_->device_name() + " (max_qp_wr " +
+        std::to_string(da.max_qp_wr) + ", max_cqe " + std::to_string(da.max_cqe) + ")");
+  }
+  const std::string where = "verbs " + peer_;
+  RDKV_ASSIGN_OR_RETURN(sockaddr_storage addr, ResolveAddress(options_.host, options_.port, false));
+  RDKV_ASSIGN_OR_RETURN(setup_channel_, EventChannel::Create());
+  RDKV_ASSIGN_OR_RETURN(id_, CmId::Create(setup_channel_.get(), this));
+
+  // Address and route (rdma_cm picks the device that owns the route to the host).
+  CmEventInfo ev;
+  if (rdma_resolve_addr(id_.get(), nullptr, reinterpret_cast<sockaddr*>(&addr),
+                        ResolveTimeoutMs(deadline)) != 0) {
+    return CallError("rdma_resolve_addr " + peer_, errno, StatusCode::kUnavailable);
+  }
+  Status st = NextCmEvent(setup_channel_.get(), deadline, &ev);
+  if (!st.ok()) return Status(st.code(), where + ": resolving the address: " + st.message());
+  if (ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
+    return Status::Unavailable(where + ": cannot resolve the address to an RDMA device (" +
+                               rdma_event_str(ev.type) + ", " + strerror(std::abs(ev.status)) + ")");
+  }
+  if (id_->verbs != fabric_->context()) {
+    return Status::Unavailable(where + ": the route goes through RDMA device " +
+                               ibv_get_device_name(id_->verbs->device) + ", this fabric uses " +
+                               fabric_->device_name());
+  }
+  uint8_t ack_timeout = kAckTimeout;
+  if (rdma_set_option(id_.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
+                      sizeof(ack_timeout)) != 0) {
+    LOG(WARNING) << CallError("rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)", errno).ToString()
+                 << "; keeping rdma_cm's default ACK timeout";
+  }
+  if (rdma_resolve_route(id_.get(), ResolveTimeoutMs(deadline)) != 0) {
+    return CallError("rdma_resolve_route " + peer_, errno, StatusCode::kUnavailable);
+  }
+  st = NextCmEvent(setup_channel_.get(), deadline, &ev);
+  if (!st.ok()) return Status(st.code(), where + ": resolving the route: " + st.message());
+  if (ev.type != RDMA_CM_EVENT_ROUTE_RESOLVED) {
+    return Status::Unavailable(where + ": no route (" + std::string(rdma_event_str(ev.type)) + ")");
+  }
+
+  // One CQ for everything this connection posts: READs, SENDs, RECVs and the test WRITE. Sized
+  // for all of them at once, so it cannot overrun.
+  ibv_pd* pd = fabric_->pd();
+  RDKV_ASSIGN_OR_RETURN(comp_channel_, CompletionChannel::Create(fabric_->context()));
+  RDKV_ASSIGN_OR_RETURN(cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe),
+                                                     comp_channel_.get()));
+  ibv_qp_init_attr attr{};
+  attr.qp_context = this;
+  attr.send_cq = cq_.get();
+  attr.recv_cq = cq_.get();
+  attr.cap.max_send_wr = static_cast<uint32_t>(sq_depth);
+  attr.cap.max_recv_wr = kClientRecvCredits;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  attr.qp_type = IBV_QPT_RC;
+  attr.sq_sig_all = 0;
+  RDKV_ASSIGN_OR_RETURN(qp_, CmQueuePair::Create(id_.get(), pd, &attr));
+  RDKV_ASSIGN_OR_RETURN(recv_pool_,
+                        ChunkPool::Create(pd, kClientRecvCredits, kChunkSize, IBV_ACCESS_LOCAL_WRITE));
+  RDKV_ASSIGN_OR_RETURN(send_pool_, ChunkPool::Create(pd, kClientSendSlots, kChunkSize, 0));
+
+  // Every receive is posted before the server can send (it learns our credits from the
+  // connect request).
+  recv_wrs_.assign(kClientRecvCredits, ibv_recv_wr{});
+  recv_sges_.assign(kClientRecvCredits, ibv_sge{});
+  reposts_.assign(kClientRecvCredits, 0);
+  for (uint32_t i = 0; i < kClientRecvCredits; ++i) {
+    recv_sges_[i].addr = reinterpret_cast<uintptr_t>(recv_pool_.chunk(i));
+    recv_sges_[i].length = kChunkSize;
+    recv_sges_[i].lkey = recv_pool_.lkey();
+    recv_wrs_[i].wr_id = MakeWrId(kWrRecv, i);
+    recv_wrs_[i].sg_list = &recv_sges_[i];
+    recv_wrs_[i].num_sge = 1;
+    recv_wrs_[i].next = i + 1 < kClientRecvCredits ? &recv_wrs_[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad_recv = nullptr;
+  if (int rc = ibv_post_recv(qp_.get(), recv_wrs_.data(), &bad_recv); rc != 0) {
+    return CallError("ibv_post_recv", rc);
+  }
+
+  // READ work requests, preset; PostReads fills in the per-op fields.
+  wrs_.assign(options_.max_outstanding_reads, ibv_send_wr{});
+  sges_.assign(options_.max_outstanding_reads, ibv_sge{});
+  for (size_t i = 0; i < wrs_.size(); ++i) {
+    wrs_[i].sg_list = &sges_[i];
+    wrs_[i].num_sge = 1;
+    wrs_[i].opcode = IBV_WR_RDMA_READ;
+    wrs_[i].send_flags = IBV_SEND_SIGNALED;
+  }
+  // "Oversize" READ: longer than max_message_size (the contract) or than the port allows.
+  max_read_length_ = static_cast<uint32_t>(
+      std::min<uint64_t>(options_.max_message_size, fabric_->port_attr().max_msg_sz));
+
+  slot_count_ = options_.max_outstanding_calls;
+  slots_ = std::make_unique<CallSlot[]>(slot_count_);
+  free_slot_list_.reserve(slot_count_);
+  for (uint32_t i = slot_count_; i-- > 0;) free_slot_list_.push_back(i);
+
+  // Connect: magic, version, our credits and limit, the token digest.
+  ConnectRequestData req;
+  req.credits = kClientRecvCredits;
+  req.max_message = static_cast<uint32_t>(options_.max_message_size);
+  req.digest = DigestToken(options_.auth_token);
+  const auto blob = EncodeConnectRequest(req);
+  static_assert(kConnectRequestSize <= kMaxConnectData);
+  rdma_conn_param param{};
+  param.private_data = blob.data();
+  param.private_data_len = static_cast<uint8_t>(blob.size());
+  param.initiator_depth = static_cast<uint8_t>(std::min(da.max_qp_init_rd_atom, 255));
+  param.responder_resources = 0;  // nobody READs the client
+  param.retry_count = kRetryCount;
+  param.rnr_retry_count = kRnrRetry;
+  if (rdma_connect(id_.get(), &param) != 0) {
+    return CallError("rdma_connect " + peer_, errno, StatusCode::kUnavailable);
+  }
+  st = NextCmEvent(setup_channel_.get(), deadline, &ev);
+  if (st.code() == StatusCode::kTimedOut) {
+    return Status::TimedOut(where + ": no answer to the connect request within " +
+                            std::to_string(options_.connect_timeout.count()) + " ms");
+  }
+  RDKV_RETURN_IF_ERROR(st);
+  if (ev.type == RDMA_CM_EVENT_REJECTED) {
+    RejectData rej;
+    if (DecodeReject(ev.private_data, &rej)) return RejectToStatus(rej, peer_);
+    return Status::Unavailable(where + ": connection refused (no listener on that port?), status " +
+                               std::to_string(ev.status));
+  }
+  if (ev.type != RDMA_CM_EVENT_ESTABLISHED) {
+    return Status::Unavailable(where + ": connect failed: " + rdma_event_str(ev.type) + " status " +
+                               std::to_string(ev.status));
+  }
+  // The READ depth the server granted (rdma_cm set it from the accept): 0 would stall READs.
+  ibv_qp_attr qattr{};
+  ibv_qp_init_attr qinit{};
+  if (int rc = ibv_query_qp(qp_.get(), &qattr, IBV_QP_MAX_QP_RD_ATOMIC, &qinit); rc != 0) {
+    return CallError("ibv_query_qp", rc);
+  }
+  if (qattr.max_rd_atomic == 0) {
+    return Status::ProtocolError(where + ": the server allows no outstanding READs");
+  }
+  AcceptData accept;
+  st = DecodeAccept(ev.private_data, &accept);
+  if (!st.ok()) return Status(st.code(), where + ": " + st.message());
+  regions_ = std::move(accept.regions);
+  max_request_ = static_cast<uint32_t>(
+      std::min<uint64_t>(options_.max_message_size, accept.max_message));
+
+  MsgChannel::Setup setup;
+  setup.qp = qp_.get();
+  setup.send_pool = &send_pool_;
+  setup.peer_credits = accept.credits;
+  setup.granted_credits = kClientRecvCredits;
+  chan_.Init(setup);
+  alive_.store(true, std::memory_order_release);
+
+  // From now on the fabric's thread reports DISCONNECTED and the QP/CQ's async events.
+  fabric_->RegisterCmSink(id_.get(), this);
+  RegisterAsyncSink(qp_.get(), this);
+  RegisterAsyncSink(cq_.get(), this);
+  registered_ = true;
+  if (rdma_migrate_id(id_.get(), fabric_->cm_channel()) != 0) {
+    return CallError("rdma_migrate_id", errno);
+  }
+  VLOG(1) << "verbs connected to " << peer_ << ": session " << accept.session_id << ", "
+          << regions_.size() << " region(s), " << accept.credits << " credits, READ depth "
+          << int{qattr.max_rd_atomic};
+  return Status::Ok();
+}
+
+ClientConnection::~ClientConnection() {
+  if (registered_) {
+    fabric_->UnregisterCmSink(id_.get());
+    UnregisterAsyncSink(qp_.get());
+    UnregisterAsyncSink(cq_.get());
+  }
+  alive_.store(false, std::memory_order_release);
+  chan_.Close();
+  if (registered_ && !disconnected_.exchange(true) && rdma_disconnect(id_.get()) != 0) {
+    VLOG(1) << CallError("rdma_disconnect " + peer_, errno).ToString();
+  }
+  // QP before CQ before the MRs it used; the cm id last (then the setup channel it was on).
+  qp_.reset();
+  cq_.reset();
+  comp_channel_.reset();
+  send_pool_.reset();
+  recv_pool_.reset();
+  id_.reset();
+  setup_channel_.reset();
+}
+
+void ClientConnection::Kill(const char* why) {
+  const char* none = nullptr;
+  death_reason_.compare_exchange_strong(none, why, std::memory_order_acq_rel);
+  if (!alive_.exchange(false, std::memory_order_acq_rel)) return;
+  chan_.Close();
+  // rdma_disconnect moves the QP to the error state (every posted WR flushes) and tells the
+  // server. Its failure (already disconnected) changes nothing.
+  if (!disconnected_.exchange(true)) (void)rdma_disconnect(id_.get());
+  WakeWaiters();
+}
+
+void ClientConnection::OnCmEvent(rdma_cm_event_type type, int status) {
+  switch (type) {
+    case RDMA_CM_EVENT_DISCONNECTED: Kill("the server disconnected"); break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: Kill("the RDMA device was removed"); break;
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+    case RDMA_CM_EVENT_ESTABLISHED:
+    case RDMA_CM_EVENT_ADDR_CHANGE: break;
+    default: Kill("unexpected rdma_cm event"); break;
+  }
+}
+
+void ClientConnection::OnAsyncEvent(ibv_event_type type) {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL: Kill("queue pair fatal error (IBV_EVENT_QP_FATAL)"); break;
+    case IBV_EVENT_QP_REQ_ERR: Kill("invalid request (IBV_EVENT_QP_REQ_ERR)"); break;
+    case IBV_EVENT_QP_ACCESS_ERR: Kill("access error (IBV_EVENT_QP_ACCESS_ERR)"); break;
+    case IBV_EVENT_CQ_ERR: Kill("completion queue error (IBV_EVENT_CQ_ERR)"); break;
+    case IBV_EVENT_DEVICE_FATAL: Kill("device fatal error"); break;
+    default: break;
+  }
+}
+
+// =================================================================================================
+// Server sessions
+// =================================================================================================
+
+void ServerSessionImpl::MarkDead() {
+  if (dead_.exchange(true, std::memory_order_acq_rel)) return;
+  chan_.Close();
+  std::lock_guard<std::mutex> lk(cm_mu_);
+  if (cm_id_.get() != nullptr && qp_.get() != nullptr) (void)rdma_disconnect(cm_id_.get());
+}
+
+void ServerSessionImpl::OnAsyncEvent(ibv_event_type type) {
+  switch (type) {
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:  // e.g. the client READ outside a region: RC kills both QPs
+    case IBV_EVENT_DEVICE_FATAL: MarkDead(); break;
+    case IBV_EVENT_QP_LAST_WQE_REACHED: last_wqe_reached_.store(true); break;
+    case IBV_EVENT_COMM_EST: {
+      // A message arrived before the RTU: let rdma_cm finish establishing.
+      std::lock_guard<std::mutex> lk(cm_mu_);
+      if (cm_id_.get() != nullptr) (void)rdma_notify(cm_id_.get(), IBV_EVENT_COMM_EST);
+      break;
+    }
+    default: break;
+  }
+}
+
+// =================================================================================================
+// VerbsListener
+// =================================================================================================
+
+VerbsListener::VerbsListener(VerbsFabric* fabric, ListenOptions options)
+    : fabric_(fabric), options_(std::move(options)) {}
+
+Status VerbsListener::Start() {
+  if (!options_.handler) return Status::InvalidArgument("ListenOptions::handler is empty");
+  if (options_.regions.size() > kMaxRegions) {
+    return Status::InvalidArgument("the verbs handshake carries at most " +
+                                   std::to_string(kMaxRegions) + " regions, got " +
+                                   std::to_string(options_.regions.size()));
+  }
+  if (options_.max_connections == 0) return Status::InvalidArgument("max_connections must be >= 1");
+  if (options_.max_message_size == 0 || options_.max_message_size > UINT32_MAX) {
+    return Status::InvalidArgument("max_message_size must be in [1, 4 GiB)");
+  }
+  if (options_.worker_threads < 1) options_.worker_threads = 1;
+  const ibv_device_attr& da = fabric_->device_attr();
+  const uint64_t srq_wr = uint64_t{options_.max_connections} * kServerRecvCredits;
+  const uint64_t cqe =
+      uint64_t{options_.max_connections} * (kServerRecvCredits + kServerSendSlots) + 64;
+  if (srq_wr > static_cast<uint64_t>(da.max_srq_wr) || cqe > static_cast<uint64_t>(da.max_cqe)) {
+    return Status::InvalidArgument(
+        "max_connections " + std::to_string(options_.max_connections) + " needs an SRQ of " +
+        std::to_string(srq_wr) + " and a CQ of " + std::to_string(cqe) + " entries; " +
+        fabric_->device_name() + " allows " + std::to_string(da.max_srq_wr) + " and " +
+        std::to_string(da.max_cqe));
+  }
+  token_digest_ = DigestToken(options_.auth_token);
+  const std::string where = "verbs " + HostPort(options_.host, options_.port);
+  RDKV_ASSIGN_OR_RETURN(sockaddr_storage addr, ResolveAddress(options_.host, options_.port, true));
+
+  RDKV_ASSIGN_OR_RETURN(channel_, EventChannel::Create());
+  RDKV_ASSIGN_OR_RETURN(listen_id_, CmId::Create(channel_.get(), this));
+  int reuse = 1;  // a restarted server must get its port back at once (~SO_REUSEADDR)
+  if (rdma_set_option(listen_id_.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &reuse,
+                      sizeof(reuse)) != 0) {
+    return CallError("rdma_set_option(RDMA_OPTION_ID_REUSEADDR)", errno);
+  }
+  if (rdma_bind_addr(listen_id_.get(), reinterpret_cast<sockaddr*>(&addr)) != 0) {
+    return CallError("rdma_bind_addr " + HostPort(options_.host, options_.port), errno,
+                     StatusCode::kUnavailable);
+  }
+  if (listen_id_->verbs != nullptr && listen_id_->verbs != fabric_->context()) {
+    return Status::Unavailable(where + " belongs to RDMA device " +
+                               ibv_get_device_name(listen_id_->verbs->device) +
+                               ", this fabric uses " + fabric_->device_name());
+  }
+
+  ibv_pd* pd = fabric_->pd();
+  RDKV_ASSIGN_OR_RETURN(comp_channel_, CompletionChannel::Create(fabric_->context()));
+  RDKV_ASSIGN_OR_RETURN(cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe),
+                                                     comp_channel_.get()));
+  RDKV_ASSIGN_OR_RETURN(srq_, SharedReceiveQueue::Create(pd, static_cast<uint32_t>(srq_wr)));
+  RegisterAsyncSink(srq_.get(), this);
+  RegisterAsyncSink(cq_.get(), this);
+  srq_blocks_ = std::make_unique<ChunkPool[]>(options_.max_connections);
+  RDKV_RETURN_IF_ERROR(GrowSrq());  // receive buffers for the first connection
+  RDKV_RETURN_IF_ERROR(worker_wake_.Open());
+  RDKV_RETURN_IF_ERROR(cm_wake_.Open());
+
+  if (rdma_listen(listen_id_.get(), static_cast<int>(std::min<uint32_t>(options_.max_connections, 1024))) != 0) {
+    return CallError("rdma_listen " + HostPort(options_.host, options_.port), errno,
+                     StatusCode::kUnavailable);
+  }
+  port_ = ntohs(rdma_get_src_port(listen_id_.get()));
+  for (int i = 0; i < options_.worker_threads; ++i) {
+    workers_.emplace_back(&VerbsListener::WorkerMain, this);
+  }
+  cm_thread_ = std::thread(&VerbsListener::CmThreadMain, this);
+  LOG(INFO) << "verbs listener on " << HostPort(options_.host, port_) << " (" << fabric_->Describe()
+            << ", " << options_.worker_threads << " worker(s), up to " << options_.max_connections
+            << " connections, " << options_.regions.size() << " region(s))";
+  return Status::Ok();
+}
+
+VerbsListener::~VerbsListener() {
+  cm_stop_.store(true);
+  if (cm_thread_.joinable()) {
+    cm_wake_.Signal();
+    cm_thread_.join();
+  }
+  {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    stop_ = true;
+  }
+  stop_flag_.store(true);
+  if (!workers_.empty()) {
+    worker_wake_.Signal();
+    work_cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  // Every client is disconnected; then QPs (they use the CQ and SRQ) go before the SRQ, its
+  // buffers, the CQ and the channels.
+  for (auto& [id, s] : by_id_) s->MarkDead();
+  while (!by_id_.empty()) Teardown(by_id_.begin()->second);
+  listen_id_.reset();
+  UnregisterAsyncSink(srq_.get());
+  UnregisterAsyncSink(cq_.get());
+  srq_.reset();
+  srq_blocks_.reset();
+  cq_.reset();
+  comp_channel_.reset();
+  channel_.reset();
+}
+
+ListenerStats VerbsListener::stats() const {
+  ListenerStats s;
+  s.connections_accepted = accepted_.load(std::memory_order_relaxed);
+  s.connections_refused = refused_.load(std::memory_order_relaxed);
+  s.requests = requests_.load(std::memory_order_relaxed);
+  s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  return s;  // reads_served/refused: the NIC serves READs; the server never sees them
+}
+
+void VerbsListener::PauseWorkers(bool paused) {
+  {
+    std::lock_guard<std::mutex> lk(state_mu_);
+    paused_ = paused;
+  }
+  paused_flag_.store(paused, std::memory_order_release);
+  if (paused) worker_wake_.Signal();  // the polling worker leaves its wait
+  work_cv_.notify_all();
+}
+
+void VerbsListener::OnAsyncEvent(ibv_event_type type) {
+  if (type == IBV_EVENT_SRQ_LIMIT_REACHED) {
+    if (!srq_alarm_logged_.exchange(true)) {
+      LOG(WARNING) << "verbs listener port " << port_
+                   << ": SRQ below its low-water mark (clients hold most of their credits)";
+    }
+    return;
+  }
+  if (type == IBV_EVENT_SRQ_ERR || type == IBV_EVENT_CQ_ERR || type == IBV_EVENT_DEVICE_FATAL) {
+    LOG(ERROR) << "verbs listener port " << port_ << ": " << ibv_event_type_str(type)
+               << ": every session is closed";
+    std::shared_lock<std::shared_mutex> lk(sessions_mu_);
+    for (auto& [qpn, s] : by_qpn_) s->MarkDead();
+  }
+}
+
+Status VerbsListener::GrowSrq() {
+  const uint32_t b = srq_blocks_used_.load(std::memory_order_acquire);
+  if (b >= options_.max_connections) return Status::Internal("SRQ buffer pool is full");
+  RDKV_ASSIGN_OR_RETURN(srq_blocks_[b], ChunkPool::Create(fabric_->pd(), kServerRecvCredits,
+                                                          kChunkSize, IBV_ACCESS_LOCAL_WRITE));
+  srq_blocks_used_.store(b + 1, std::memory_order_release);  // before workers can see its WRs
+  std::vector<ibv_recv_wr> wrs(kServerRecvCredits);
+  std::vector<ibv_sge> sges(kServerRecvCredits);
+  for (uint32_t i = 0; i < kServerRecvCredits; ++i) {
+    sges[i].addr = reinterpret_cast<uintptr_t>(srq_blocks_[b].chunk(i));
+    sges[i].length = kChunkSize;
+    sges[i].lkey = srq_blocks_[b].lkey();
+    wrs[i].wr_id = MakeWrId(kWrRecv, b * kServerRecvCredits + i);
+    wrs[i].sg_list = &sges[i];
+    wrs[i].num_sge = 1;
+    wrs[i].next = i + 1 < kServerRecvCredits ? &wrs[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = ibv_post_srq_recv(srq_.get(), wrs.data(), &bad); rc != 0) {
+    return CallError("ibv_post_srq_recv", rc);
+  }
+  // Alarm (async event) when fewer than 1/8 of the buffers are posted.
+  ibv_srq_attr attr{};
+  attr.srq_limit = std::max<uint32_t>(1, (b + 1) * kServerRecvCredits / 8);
+  if (int rc = ibv_modify_srq(srq_.get(), &attr, IBV_SRQ_LIMIT); rc != 0) {
+    VLOG(1) << CallError("ibv_modify_srq(IBV_SRQ_LIMIT)", rc).ToString() << " (no SRQ low-water alarm)";
+  }
+  return Status::Ok();
+}
+
+void VerbsListener::Reject(CmId id, RejectReason reason, const std::string& text) {
+  RejectData r;
+  r.reason = reason;
+  r.text = text;
+  const std::vector<uint8_t> blob = EncodeReject(r);
+  if (rdma_reject(id.get(), blob.data(), static_cast<uint8_t>(blob.size())) != 0) {
+    LOG(WARNING) << CallError("rdma_reject", errno).ToString();
+  }
+  // `id` is destroyed here (rdma_destroy_id).
+}
+
+void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_param& param,
+                                         std::span<const uint8_t> private_data) {
+  CmId child = CmId::Adopt(raw_id);
+  const std::string who = SockaddrText(rdma_get_peer_addr(raw_id));
+  const std::string where = "verbs listener port " + std::to_string(port_);
+  auto refuse = [&](RejectReason reason, const std::string& text) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    LOG(WARNING) << where << ": refused " << who << ": " << text;
+    Reject(std::move(child), reason, text);
+  };
+  // Authenticate first: nothing about this server (regions, rkeys) reaches an unauthenticated
+  // peer, and the rejection says only why.
+  ConnectRequestData req;
+  if (Status s = DecodeConnectRequest(private_data, &req); !s.ok()) {
+    return refuse(s.code() == StatusCode::kNotSupported ? RejectReason::kBadVersion
+                                                        : RejectReason::kMalformed,
+                  s.message());
+  }
+  if (!DigestsEqual(req.digest, token_digest_)) {
+    return refuse(RejectReason::kBadToken, "authentication failed (wrong auth token)");
+  }
+  if (cm_stop_.load()) return refuse(RejectReason::kShuttingDown, "the server is shutting down");
+  if (live_sessions_ >= options_.max_connections) {
+    return refuse(RejectReason::kTooManyConnections,
+                  "too many connections (max " + std::to_string(options_.max_connections) + ")");
+  }
+  if (raw_id->verbs != fabric_->context()) {
+    return refuse(RejectReason::kWrongDevice, "the request arrived on another RDMA device");
+  }
+  while (srq_blocks_used_.load() < live_sessions_ + 1) {
+    if (Status s = GrowSrq(); !s.ok()) {
+      LOG(ERROR) << where << ": growing the SRQ: " << s.ToString();
+      return refuse(RejectReason::kServerError, "server out of receive buffers");
+    }
+  }
+  auto session = std::make_shared<ServerSessionImpl>(next_session_id_++, who, req.max_message);
+  Result<ChunkPool> pool = ChunkPool::Create(fabric_->pd(), kServerSendSlots, kChunkSize, 0);
+  if (!pool.ok()) {
+    LOG(ERROR) << where << ": send buffers for " << who << ": " << pool.status().ToString();
+    return refuse(RejectReason::kServerError, "server out of memory");
+  }
+  session->send_pool_ = std::move(pool).value();
+  uint8_t ack_timeout = kAckTimeout;
+  if (rdma_set_option(raw_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
+                      sizeof(ack_timeout)) != 0) {
+    VLOG(1) << CallError("rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)", errno).ToString();
+  }
+  ibv_qp_init_attr attr{};
+  attr.qp_context = session.get();
+  attr.send_cq = cq_.get();
+  attr.recv_cq = cq_.get();
+  attr.srq = srq_.get();
+  attr.cap.max_send_wr = kServerSendSlots;
+  attr.cap.max_send_sge = 1;
+  attr.cap.max_recv_sge = 1;
+  attr.qp_type = IBV_QPT_RC;
+  Result<CmQueuePair> qp = CmQueuePair::Create(raw_id, fabric_->pd(), &attr);
+  if (!qp.ok()) {
+    LOG(ERROR) << where << ": queue pair for " << who << ": " << qp.status().ToString();
+    return refuse(RejectReason::kServerError, "server cannot create a queue pair");
+  }
+  session->qp_ = std::move(qp).value();
+  session->qp_num_ = session->qp_.get()->qp_num;
+  session->cm_id_ = std::move(child);
+  MsgChannel::Setup setup;
+  setup.qp = session->qp_.get();
+  setup.send_pool = &session->send_pool_;
+  setup.peer_credits = req.credits;
+  setup.granted_credits = kServerRecvCredits;
+  session->chan_.Init(setup);
+  RegisterAsyncSink(session->qp_.get(), session.get());
+  {
+    std::unique_lock<std::shared_mutex> lk(sessions_mu_);
+    by_qpn_[session->qp_num_] = session;
+  }
+  by_id_[raw_id] = session;
+  ++live_sessions_;
+
+  // Authenticated: the regions go back in the accept.
+  AcceptData accept;
+  accept.credits = kServerRecvCredits;
+  accept.max_message = static_cast<uint32_t>(options_.max_message_size);
+  accept.session_id = session->id_;
+  accept.regions = options_.regions;
+  const std::vector<uint8_t> blob = EncodeAccept(accept);
+  rdma_conn_param out{};
+  out.private_data = blob.data();
+  out.private_data_len = static_cast<uint8_t>(blob.size());
+  // The request event reports depths from our side's view: param.responder_resources is the
+  // client's initiator depth (READs it may have outstanding towards us).
+  out.responder_resources = static_cast<uint8_t>(
+      std::min<int>(param.responder_resources, std::min(fabric_->device_attr().max_qp_rd_atom, 255)));
+  out.initiator_depth = 0;  // the server never READs
+  out.retry_count = kRetryCount;
+  out.rnr_retry_count = kRnrRetry;
+  if (rdma_accept(raw_id, &out) != 0) {
+    LOG(WARNING) << where << ": " << CallError("rdma_accept for " + who, errno).ToString();
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    session->MarkDead();  // torn down by ReapSessions
+    return;
+  }
+  accepted_.fetch_add(1, std::memory_order_relaxed);
+  VLOG(1) << where << ": accepted " << who << " as session " << session->id_ << " (qp "
+          << session->qp_num_ << ", READ depth " << int{out.responder_resources} << ")";
+}
+
+void VerbsListener::Teardown(const std::shared_ptr<ServerSessionImpl>& s) {
+  by_id_.erase(s->cm_id_.get());
+  UnregisterAsyncSink(s->qp_.get());
+  {
+    std::unique_lock<std::shared_mutex> lk(sessions_mu_);
+    by_qpn_.erase(s->qp_num_);
+  }
+  s->chan_.Close();
+  {
+    std::lock_guard<std::mutex> lk(s->cm_mu_);
+    s->qp_.reset();
+    s->send_pool_.reset();
+    s->cm_id_.reset();
+  }
+  --live_sessions_;
+}
+
+void VerbsListener::ReapSessions(bool force) {
+  const Clock::time_point now = Clock::now();
+  const uint64_t epoch = cq_empty_epoch_.load(std::memory_order_acquire);
+  std::vector<std::shared_ptr<ServerSessionImpl>> done;
+  for (auto& [id, s] : by_id_) {
+    if (!s->dead()) continue;
+    if (!s->dying_) {
+      s->dying_ = true;
+      s->dead_since_ = now;
+      s->dead_epoch_ = epoch;
+      continue;
+    }
+    // Destroy the QP only once the workers have seen every completion it can produce: no send
+    // in flight, the shared CQ found empty twice since, and a grace period for the SRQ.
+    const bool drained = s->chan_.sends_in_flight() == 0 && epoch >= s->dead_epoch_ + 2;
+    const auto dead_for = now - s->dead_since_;
+    if (force || (drained && dead_for >= std::chrono::milliseconds(200)) ||
+        dead_for >= std::chrono::seconds(10)) {
+      done.push_back(s);
+    }
+  }
+  for (const auto& s : done) {
+    VLOG(1) << "verbs listener port " << port_ << ": session " << s->id_ << " (" << s->peer_
+            << ") closed";
+    Teardown(s);
+  }
+}
+
+void VerbsListener::CmThreadMain() {
+  while (!cm_stop_.load()) {
+    pollfd pfd[2] = {{channel_.fd(), POLLIN, 0}, {cm_wake_.fd(), POLLIN, 0}};
+    if (poll(pfd, 2, 100) < 0 && errno != EINTR) {
+      PLOG(ERROR) << "verbs listener cm thread: poll";
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (pfd[1].revents != 0) cm_wake_.Drain();
+    while (!cm_stop_.load()) {
+      rdma_cm_event* ev = nullptr;
+      if (rdma_get_cm_event(channel_.get(), &ev) != 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) PLOG(ERROR) << "rdma_get_cm_event";
+        break;
+      }
+      const rdma_cm_event_type type = ev->event;
+      const int status = ev->status;
+      rdma_cm_id* id = ev->id;
+      rdma_conn_param param = ev->param.conn;
+      std::vector<uint8_t> private_data;
+      if (type == RDMA_CM_EVENT_CONNECT_REQUEST && param.private_data != nullptr) {
+        const auto* p = static_cast<const uint8_t*>(param.private_data);
+        private_data.assign(p, p + param.private_data_len);
+      }
+      param.private_data = nullptr;
+      // Ack first: the event's memory goes, the id stays (rdma_destroy_id of a rejected or
+      // closed id below would otherwise wait for this very ack).
+      if (rdma_ack_cm_event(ev) != 0) PLOG(ERROR) << "rdma_ack_cm_event";
+      auto session = [&]() -> ServerSessionImpl* {
+        auto it = by_id_.find(id);
+        return it == by_id_.end() ? nullptr : it->second.get();
+      };
+      switch (type) {
+        case RDMA_CM_EVENT_CONNECT_REQUEST: HandleConnectRequest(id, param, private_data); break;
+        case RDMA_CM_EVENT_ESTABLISHED:
+        case RDMA_CM_EVENT_TIMEWAIT_EXIT: break;
+        case RDMA_CM_EVENT_DISCONNECTED:
+        case RDMA_CM_EVENT_CONNECT_ERROR:
+        case RDMA_CM_EVENT_UNREACHABLE:
+        case RDMA_CM_EVENT_REJECTED:
+          if (ServerSessionImpl* s = session()) s->MarkDead();
+          break;
+        case RDMA_CM_EVENT_DEVICE_REMOVAL:
+          LOG(ERROR) << "verbs listener port " << port_ << ": RDMA device removed";
+          if (id == listen_id_.get()) {
+            for (auto& [cid, s] : by_id_) s->MarkDead();
+          } else if (ServerSessionImpl* s = session()) {
+            s->MarkDead();
+          }
+          break;
+        default:
+          VLOG(1) << "verbs listener port " << port_ << ": " << rdma_event_str(type) << " status "
+                  << status;
+          break;
+      }
+    }
+    if (srq_post_failed_.exchange(false)) {
+      LOG(ERROR) << "verbs listener port " << port_
+                 << ": ibv_post_srq_recv failed; receive buffers were lost";
+    }
+    ReapSessions(false);
+  }
+}
+
+}  // namespace rdkv::transport::verbs
+
+namespace rdkv::transport {
+
+Result<std::unique_ptr<Fabric>> CreateVerbsFabric(const FabricOptions& options) {
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<verbs::VerbsFabric> fabric, verbs::VerbsFabric::Open(options));
+  return std::unique_ptr<Fabric>(std::move(fabric));
+}
+
+}  // namespace rdkv::transport

@@ -1,0 +1,855 @@
+// Datapath of the verbs transport: READ posting and polling, two-sided send/receive with
+// credits, client progress, server workers, Reply. No logging here and no per-operation heap
+// allocation, except: a message that must wait for credits or send buffers is copied into a
+// queue, a multi-fragment request is reassembled into a vector, and Call's response vector grows
+// to the largest response seen. Errors carry short messages (error paths only).
+#include <poll.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "common/transport/verbs/verbs_internal.h"
+
+namespace rdkv::transport::verbs {
+
+namespace {
+
+constexpr int kPollBatch = 32;
+constexpr int kSpinPolls = 128;                    // empty polls before a waiter blocks
+constexpr auto kMaxBlock = std::chrono::milliseconds(10);  // longest single sleep of a waiter
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+int MillisUntil(Clock::time_point until, int cap_ms) {
+  auto left = until - Clock::now();
+  if (left <= Clock::duration::zero()) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::clamp<int64_t>(ms, 1, cap_ms));
+}
+
+}  // namespace
+
+ReadStatus ReadStatusFromWc(ibv_wc_status status) {
+  switch (status) {
+    case IBV_WC_SUCCESS: return ReadStatus::kOk;
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_OP_ERR: return ReadStatus::kRemoteAccessError;
+    case IBV_WC_WR_FLUSH_ERR:
+    case IBV_WC_RETRY_EXC_ERR:
+    case IBV_WC_RNR_RETRY_EXC_ERR:
+    case IBV_WC_REM_ABORT_ERR:
+    case IBV_WC_RESP_TIMEOUT_ERR:
+    case IBV_WC_FATAL_ERR: return ReadStatus::kConnectionLost;
+    default: return ReadStatus::kLocalError;  // LOC_PROT_ERR, LOC_LEN_ERR, LOC_QP_OP_ERR, ...
+  }
+}
+
+// =================================================================================================
+// MsgChannel
+// =================================================================================================
+
+void MsgChannel::Init(const Setup& s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  qp_ = s.qp;
+  pool_ = s.send_pool;
+  free_slots_.clear();
+  free_slots_.reserve(pool_->chunks());
+  for (uint32_t i = pool_->chunks(); i-- > 0;) free_slots_.push_back(i);
+  credits_ = s.peer_credits;
+  owed_ = 0;
+  credit_threshold_ = std::max<uint32_t>(2, s.granted_credits / 4);
+  closed_ = false;
+}
+
+bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset,
+                            const uint8_t* data, uint32_t length) {
+  const uint32_t slot = free_slots_.back();
+  free_slots_.pop_back();
+  uint8_t* buf = pool_->chunk(slot);
+  FragmentHeader h;
+  h.type = type;
+  h.credits = owed_;
+  h.id = id;
+  h.total = total;
+  h.offset = offset;
+  h.length = length;
+  EncodeFragmentHeader(h, buf);
+  if (length > 0) std::memcpy(buf + kFragmentHeaderSize, data, length);
+  ibv_sge sge;
+  sge.addr = reinterpret_cast<uintptr_t>(buf);
+  sge.length = static_cast<uint32_t>(kFragmentHeaderSize + length);
+  sge.lkey = pool_->lkey();
+  ibv_send_wr wr{};
+  wr.wr_id = MakeWrId(kWrSend, slot);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp_, &wr, &bad) != 0) {  // positive errno; the QP is unusable
+    free_slots_.push_back(slot);
+    closed_ = true;
+    pending_.clear();
+    return false;
+  }
+  owed_ = 0;
+  --credits_;
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
+}
+
+bool MsgChannel::FlushLocked() {
+  while (!pending_.empty() && CanSendData()) {
+    Pending& p = pending_.front();
+    const uint32_t len = static_cast<uint32_t>(
+        std::min<size_t>(kMaxFragmentPayload, p.total - p.next));
+    if (!PostLocked(p.type, p.id, p.total, p.next, p.rest.data() + (p.next - p.base), len)) {
+      return false;
+    }
+    p.next += len;
+    if (p.next >= p.total) pending_.pop_front();
+  }
+  // Credits owed and nothing carried them: a credit-only fragment (may use the reserve credit).
+  if (owed_ >= credit_threshold_ && credits_ >= 1 && !free_slots_.empty()) {
+    if (!PostLocked(MsgType::kCredit, 0, 0, 0, nullptr, 0)) return false;
+  }
+  return true;
+}
+
+Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payload,
+                        bool* fatal) {
+  *fatal = false;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (closed_) return Status::ConnectionLost("connection closed");
+  const uint32_t total = static_cast<uint32_t>(payload.size());
+  uint32_t offset = 0;
+  if (pending_.empty()) {
+    while (CanSendData()) {
+      const uint32_t len =
+          static_cast<uint32_t>(std::min<size_t>(kMaxFragmentPayload, total - offset));
+      if (!PostLocked(type, id, total, offset, payload.data() + offset, len)) {
+        *fatal = true;
+        return Status::ConnectionLost("ibv_post_send failed");
+      }
+      offset += len;
+      if (offset >= total) return Status::Ok();
+    }
+  }
+  // No credit, send buffer or queue space now: keep the rest until Flush().
+  Pending p;
+  p.type = type;
+  p.id = id;
+  p.total = total;
+  p.base = offset;
+  p.next = offset;
+  p.rest.assign(payload.begin() + offset, payload.end());
+  pending_.push_back(std::move(p));
+  return Status::Ok();
+}
+
+bool MsgChannel::OnCredits(uint32_t credits) {
+  std::lock_guard<std::mutex> lk(mu_);
+  credits_ += credits;
+  return closed_ || FlushLocked();
+}
+
+bool MsgChannel::OnSendCompleted(uint32_t slot) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (pool_ == nullptr || slot >= pool_->chunks()) return false;
+  free_slots_.push_back(slot);
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  return closed_ || FlushLocked();
+}
+
+bool MsgChannel::OnReceivesReposted(uint32_t count) {
+  std::lock_guard<std::mutex> lk(mu_);
+  owed_ += count;
+  return closed_ || FlushLocked();
+}
+
+void MsgChannel::Close() {
+  std::lock_guard<std::mutex> lk(mu_);
+  closed_ = true;
+  pending_.clear();
+}
+
+// =================================================================================================
+// ClientConnection: READs
+// =================================================================================================
+
+bool ClientConnection::InRegions(const ReadOp& op) const {
+  for (const RegionDescriptor& r : regions_) {
+    if (op.rkey != r.rkey || op.remote_addr < r.addr) continue;
+    const uint64_t off = op.remote_addr - r.addr;
+    if (off <= r.length && op.length <= r.length - off) return true;
+  }
+  return false;
+}
+
+Status ClientConnection::LostStatus() const {
+  const char* why = death_reason_.load(std::memory_order_acquire);
+  return Status::ConnectionLost(peer_ + ": " + (why != nullptr ? why : "connection lost"));
+}
+
+Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
+  if (ops.empty()) return Status::Ok();
+  if (!alive()) return LostStatus();
+  if (ops.size() > options_.max_outstanding_reads) {
+    return Status::InvalidArgument("batch exceeds max_outstanding_reads");
+  }
+  const bool check = local_read_check_.load(std::memory_order_relaxed);
+  uint32_t to_post = 0;
+  for (const ReadOp* op : ops) {
+    if (op->length == 0) return Status::InvalidArgument("zero-length READ");
+    if (op->length > max_read_length_) return Status::InvalidArgument("READ too long");
+    if (!check || InRegions(*op)) ++to_post;
+  }
+  // Reserve send-queue slots for the whole batch, or none (kBusy).
+  uint32_t cur = reads_in_flight_.load(std::memory_order_relaxed);
+  do {
+    if (cur + to_post > options_.max_outstanding_reads) return Status::Busy("reads in flight");
+  } while (!reads_in_flight_.compare_exchange_weak(cur, cur + to_post, std::memory_order_acq_rel,
+                                                   std::memory_order_relaxed));
+  if (to_post > 0) RDKV_RETURN_IF_ERROR(PostReadBatch(ops));
+  if (to_post < ops.size()) {
+    // Outside every advertised region: what the NIC would refuse, refused here without
+    // sending it (a NIC refusal would also kill the queue pair).
+    for (ReadOp* op : ops) {
+      if (!InRegions(*op)) op->status.store(ReadStatus::kRemoteAccessError, std::memory_order_release);
+    }
+  }
+  return Status::Ok();
+}
+
+Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops) {
+  const bool check = local_read_check_.load(std::memory_order_relaxed);
+  size_t n = 0;
+  int rc;
+  ibv_send_wr* bad = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(post_mu_);
+    for (ReadOp* op : ops) {
+      if (check && !InRegions(*op)) continue;
+      ibv_sge& sge = sges_[n];
+      sge.addr = reinterpret_cast<uintptr_t>(op->local);
+      sge.length = op->length;
+      sge.lkey = op->lkey;
+      ibv_send_wr& wr = wrs_[n];  // sg_list/num_sge/opcode/send_flags preset in Establish()
+      wr.wr_id = reinterpret_cast<uint64_t>(op);
+      wr.wr.rdma.remote_addr = op->remote_addr;
+      wr.wr.rdma.rkey = op->rkey;
+      wr.next = n + 1 < wrs_.size() ? &wrs_[n + 1] : nullptr;
+      ++n;
+    }
+    wrs_[n - 1].next = nullptr;
+    rc = ibv_post_send(qp_.get(), wrs_.data(), &bad);  // one doorbell for the whole chain
+    if (rc == 0) return Status::Ok();
+    // Positive errno. WRs before `bad` were posted (they will flush); the rest were not.
+    const size_t posted = bad != nullptr ? static_cast<size_t>(bad - wrs_.data()) : 0;
+    reads_in_flight_.fetch_sub(static_cast<uint32_t>(n - posted), std::memory_order_acq_rel);
+    if (posted > 0) {
+      for (size_t i = posted; i < n; ++i) {
+        reinterpret_cast<ReadOp*>(wrs_[i].wr_id)
+            ->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
+      }
+    }
+  }
+  Kill("ibv_post_send of READs failed");
+  return LostStatus();
+}
+
+size_t ClientConnection::PollReads() {
+  if (!poll_mu_.try_lock()) return 0;  // another thread is polling; it will set our statuses
+  size_t reads = 0;
+  size_t seen = 0;
+  for (int i = 0; i < 4; ++i) {
+    size_t n = PollCq(&reads);
+    seen += n;
+    if (n < static_cast<size_t>(kPollBatch)) break;
+  }
+  poll_mu_.unlock();
+  if (seen > 0) WakeWaiters();
+  return reads;
+}
+
+Status ClientConnection::ReadAndWait(std::span<ReadOp* const> ops, Clock::time_point deadline) {
+  for (const ReadOp* op : ops) {
+    if (op->length == 0) return Status::InvalidArgument("zero-length READ");
+    if (op->length > max_read_length_) return Status::InvalidArgument("READ too long");
+  }
+  const size_t batch = options_.max_outstanding_reads;
+  size_t next = 0;           // first op not posted yet
+  size_t first_pending = 0;  // first op not known done
+  while (true) {
+    while (next < ops.size()) {
+      const size_t n = std::min(batch, ops.size() - next);
+      Status s = PostReads(ops.subspan(next, n));
+      if (s.ok()) {
+        next += n;
+        continue;
+      }
+      if (s.code() == StatusCode::kBusy) break;
+      // Broken connection: what was not posted ends now; what was posted flushes.
+      for (size_t i = next; i < ops.size(); ++i) {
+        ops[i]->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
+      }
+      next = ops.size();
+    }
+    while (first_pending < next && ops[first_pending]->done()) ++first_pending;
+    if (first_pending == ops.size()) return Status::Ok();
+    if (Clock::now() >= deadline) {
+      // Never posted (the queue stayed full): end them so that callers waiting on done() stop.
+      for (size_t i = next; i < ops.size(); ++i) {
+        ops[i]->status.store(ReadStatus::kLocalError, std::memory_order_release);
+      }
+      return Status::TimedOut("READs not done by the deadline");
+    }
+    Progress(deadline);
+  }
+}
+
+// =================================================================================================
+// ClientConnection: progress
+// =================================================================================================
+
+size_t ClientConnection::PollCq(size_t* reads) {
+  ibv_wc wc[kPollBatch];
+  const int n = ibv_poll_cq(cq_.get(), kPollBatch, wc);
+  if (n < 0) {  // negative on failure (the only ibv_* call with that convention)
+    Kill("ibv_poll_cq failed");
+    return 0;
+  }
+  uint32_t nrepost = 0;
+  for (int i = 0; i < n; ++i) {
+    const ibv_wc& c = wc[i];
+    switch (WrKindOf(c.wr_id)) {
+      case kWrRead: {
+        auto* op = reinterpret_cast<ReadOp*>(c.wr_id);
+        reads_in_flight_.fetch_sub(1, std::memory_order_acq_rel);  // before the op is seen done
+        op->status.store(ReadStatusFromWc(c.status), std::memory_order_release);
+        ++*reads;
+        if (c.status != IBV_WC_SUCCESS) Kill(ibv_wc_status_str(c.status));
+        break;
+      }
+      case kWrSend:
+        if (!chan_.OnSendCompleted(WrIndexOf(c.wr_id))) Kill("ibv_post_send failed");
+        if (c.status != IBV_WC_SUCCESS) Kill(ibv_wc_status_str(c.status));
+        break;
+      case kWrRecv:
+        if (c.status != IBV_WC_SUCCESS) {
+          Kill(ibv_wc_status_str(c.status));
+          break;
+        }
+        HandleReceive(WrIndexOf(c.wr_id), c.byte_len);
+        reposts_[nrepost++] = WrIndexOf(c.wr_id);
+        break;
+      case kWrWrite:
+        write_status_.store(static_cast<int>(c.status), std::memory_order_release);
+        if (c.status != IBV_WC_SUCCESS) Kill(ibv_wc_status_str(c.status));
+        break;
+      default: Kill("completion with an unknown work request id"); break;
+    }
+  }
+  if (nrepost > 0 && alive()) {
+    for (uint32_t i = 0; i < nrepost; ++i) {
+      const uint32_t idx = reposts_[i];
+      recv_sges_[i].addr = reinterpret_cast<uintptr_t>(recv_pool_.chunk(idx));
+      recv_wrs_[i].wr_id = MakeWrId(kWrRecv, idx);
+      recv_wrs_[i].next = i + 1 < nrepost ? &recv_wrs_[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_recv(qp_.get(), recv_wrs_.data(), &bad) != 0) {
+      Kill("ibv_post_recv failed");
+    } else if (!chan_.OnReceivesReposted(nrepost)) {
+      Kill("ibv_post_send failed");
+    }
+  }
+  return static_cast<size_t>(n);
+}
+
+size_t ClientConnection::BlockOnCq(Clock::time_point until, size_t* reads) {
+  if (ibv_req_notify_cq(cq_.get(), 0) != 0) {  // positive errno
+    Kill("ibv_req_notify_cq failed");
+    return 0;
+  }
+  // Completions that arrived before the CQ was armed raise no event: look once more.
+  size_t n = PollCq(reads);
+  if (n > 0) return n;
+  const int ms = MillisUntil(until, static_cast<int>(kMaxBlock.count()));
+  if (ms == 0) return 0;
+  pollfd pfd{comp_channel_.fd(), POLLIN, 0};
+  if (poll(&pfd, 1, ms) > 0) {
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    while (ibv_get_cq_event(comp_channel_.get(), &ev_cq, &ev_ctx) == 0) {
+      ibv_ack_cq_events(ev_cq, 1);  // every event taken is acked (ibv_destroy_cq waits for it)
+    }
+  }
+  return PollCq(reads);
+}
+
+void ClientConnection::WakeWaiters() {
+  epoch_.fetch_add(1);
+  if (waiters_.load() > 0) {
+    std::lock_guard<std::mutex> lk(wait_mu_);
+    wait_cv_.notify_all();
+  }
+}
+
+void ClientConnection::Progress(Clock::time_point deadline) {
+  const uint64_t seen_epoch = epoch_.load();
+  if (poll_mu_.try_lock()) {
+    size_t reads = 0;
+    size_t n = PollCq(&reads);
+    for (int spin = 0; n == 0 && spin < kSpinPolls; ++spin) {
+      CpuRelax();
+      n = PollCq(&reads);
+    }
+    if (n == 0) n = BlockOnCq(std::min(deadline, Clock::now() + kMaxBlock), &reads);
+    poll_mu_.unlock();
+    WakeWaiters();  // others re-check their state, and one of them may take over polling
+    return;
+  }
+  waiters_.fetch_add(1);
+  {
+    std::unique_lock<std::mutex> lk(wait_mu_);
+    wait_cv_.wait_until(lk, std::min(deadline, Clock::now() + kMaxBlock),
+                        [&] { return epoch_.load() != seen_epoch; });
+  }
+  waiters_.fetch_sub(1);
+}
+
+// =================================================================================================
+// ClientConnection: two-sided calls
+// =================================================================================================
+
+void ClientConnection::HandleReceive(uint32_t index, uint32_t byte_len) {
+  if (index >= recv_pool_.chunks()) return ProtocolError("receive completion for no buffer");
+  const uint8_t* buf = recv_pool_.chunk(index);
+  FragmentHeader h;
+  const char* why = nullptr;
+  if (!DecodeFragmentHeader(buf, byte_len, options_.max_message_size, &h, &why)) {
+    return ProtocolError(why);
+  }
+  if (h.credits > 0 && !chan_.OnCredits(h.credits)) Kill("ibv_post_send failed");
+  switch (h.type) {
+    case MsgType::kCredit: return;
+    case MsgType::kResponse:
+    case MsgType::kErrorResponse: return DeliverResponse(h, buf + kFragmentHeaderSize);
+    default: return ProtocolError("the server sent a request");
+  }
+}
+
+void ClientConnection::DeliverResponse(const FragmentHeader& h, const uint8_t* payload) {
+  const uint32_t index = static_cast<uint32_t>(h.id & 0xFFFF);
+  const uint64_t seq = h.id >> 16;
+  if (index >= slot_count_) return ProtocolError("response for an unknown call slot");
+  CallSlot& slot = slots_[index];
+  uint64_t w = slot.word.load(std::memory_order_acquire);
+  if ((w >> 3) != seq) return;  // a response to a call that timed out long ago: dropped
+  uint64_t state = w & 7;
+  if (state == kWaiting) {
+    if (h.offset != 0) return ProtocolError("response does not start at offset 0");
+    if (!slot.word.compare_exchange_strong(w, (seq << 3) | kFilling, std::memory_order_acq_rel)) {
+      return;  // the caller gave up just now (slot is free again): dropped
+    }
+    slot.total = h.total;
+    slot.received = 0;
+    slot.code = StatusCode::kOk;
+    if (h.type == MsgType::kErrorResponse) {
+      if (h.length != h.total || h.total == 0 || payload[0] == 0 ||
+          payload[0] > static_cast<uint8_t>(StatusCode::kProtocolError)) {
+        return ProtocolError("malformed error response");
+      }
+      slot.code = static_cast<StatusCode>(payload[0]);
+      slot.buf.assign(payload + 1, payload + h.length);
+      slot.received = h.total;
+    } else {
+      slot.buf.resize(h.total);
+    }
+    state = kFilling;
+  } else if (state == kFilling || state == kAbandoned) {
+    if (h.type != MsgType::kResponse || h.offset != slot.received || h.total != slot.total) {
+      return ProtocolError("response fragments out of order");
+    }
+  } else {
+    return;  // duplicate for a finished call: dropped
+  }
+  if (h.type == MsgType::kResponse) {
+    // Abandoned: the caller no longer reads buf, but the slot stays ours until the last byte.
+    if (state == kFilling && h.length > 0) std::memcpy(slot.buf.data() + h.offset, payload, h.length);
+    slot.received += h.length;
+  }
+  if (slot.received == slot.total) {
+    uint64_t expect = (seq << 3) | kFilling;
+    if (!slot.word.compare_exchange_strong(expect, (seq << 3) | kDone, std::memory_order_acq_rel)) {
+      FreeSlot(index, seq);  // abandoned mid-way: the poller releases it
+    }
+  }
+}
+
+void ClientConnection::FreeSlot(uint32_t index, uint64_t seq) {
+  slots_[index].word.store((seq << 3) | kFree, std::memory_order_release);
+  std::lock_guard<std::mutex> lk(slots_mu_);
+  free_slot_list_.push_back(index);
+}
+
+void ClientConnection::AbandonSlot(uint32_t index, uint64_t seq) {
+  CallSlot& slot = slots_[index];
+  uint64_t w = (seq << 3) | kWaiting;
+  if (slot.word.compare_exchange_strong(w, (seq << 3) | kFree, std::memory_order_acq_rel)) {
+    std::lock_guard<std::mutex> lk(slots_mu_);
+    free_slot_list_.push_back(index);
+    return;
+  }
+  w = (seq << 3) | kFilling;
+  if (slot.word.compare_exchange_strong(w, (seq << 3) | kAbandoned, std::memory_order_acq_rel)) {
+    return;  // the poller frees it once the last fragment is in
+  }
+  FreeSlot(index, seq);  // kDone: the response came after all; dropped
+}
+
+Result<uint32_t> ClientConnection::AcquireSlot(Clock::time_point deadline, uint64_t* seq) {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lk(slots_mu_);
+      if (!free_slot_list_.empty()) {
+        const uint32_t index = free_slot_list_.back();
+        free_slot_list_.pop_back();
+        *seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+        slots_[index].word.store((*seq << 3) | kWaiting, std::memory_order_release);
+        return index;
+      }
+    }
+    if (!alive()) return LostStatus();
+    if (Clock::now() >= deadline) return Status::Busy("call slots busy");
+    Progress(deadline);
+  }
+}
+
+Status ClientConnection::Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                              std::chrono::milliseconds timeout) {
+  const Clock::time_point deadline = Clock::now() + timeout;
+  if (request.size() > max_request_) {
+    return Status::InvalidArgument("request exceeds max_message_size");
+  }
+  if (!alive()) return LostStatus();
+  uint64_t seq = 0;
+  RDKV_ASSIGN_OR_RETURN(const uint32_t index, AcquireSlot(deadline, &seq));
+  bool fatal = false;
+  Status sent = chan_.Send(MsgType::kRequest, (seq << 16) | index, request, &fatal);
+  if (fatal) Kill("ibv_post_send failed");
+  if (!sent.ok()) {
+    AbandonSlot(index, seq);
+    return LostStatus();
+  }
+  CallSlot& slot = slots_[index];
+  while (true) {
+    if ((slot.word.load(std::memory_order_acquire) & 7) == kDone) {
+      response->swap(slot.buf);  // no copy; the slot keeps the caller's old buffer for reuse
+      const StatusCode code = slot.code;
+      FreeSlot(index, seq);
+      if (code != StatusCode::kOk) {
+        std::string text(response->begin(), response->end());
+        response->clear();
+        return Status(code, "server: " + text);
+      }
+      return Status::Ok();
+    }
+    if (!alive()) {
+      AbandonSlot(index, seq);
+      return LostStatus();
+    }
+    if (Clock::now() >= deadline) {
+      AbandonSlot(index, seq);
+      return Status::TimedOut("no response within the timeout");
+    }
+    Progress(deadline);
+  }
+}
+
+Result<int> ClientConnection::PostWriteForTest(std::span<const uint8_t> local, uint32_t lkey,
+                                               uint64_t remote_addr, uint32_t rkey,
+                                               std::chrono::milliseconds timeout) {
+  if (!alive()) return LostStatus();
+  std::lock_guard<std::mutex> one_at_a_time(write_mu_);
+  write_status_.store(-1, std::memory_order_relaxed);
+  ibv_sge sge;
+  sge.addr = reinterpret_cast<uintptr_t>(local.data());
+  sge.length = static_cast<uint32_t>(local.size());
+  sge.lkey = lkey;
+  ibv_send_wr wr{};
+  wr.wr_id = MakeWrId(kWrWrite, 0);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  int rc;
+  {
+    std::lock_guard<std::mutex> lk(post_mu_);
+    rc = ibv_post_send(qp_.get(), &wr, &bad);  // one send-queue slot is reserved for this
+  }
+  if (rc != 0) return CallError("ibv_post_send (RDMA WRITE)", rc);
+  const Clock::time_point deadline = Clock::now() + timeout;
+  while (true) {
+    const int st = write_status_.load(std::memory_order_acquire);
+    if (st >= 0) return st;
+    if (Clock::now() >= deadline) return Status::TimedOut("no completion for the RDMA WRITE");
+    Progress(deadline);
+  }
+}
+
+// =================================================================================================
+// Server: Reply and the workers
+// =================================================================================================
+
+Status ServerSessionImpl::Reply(uint64_t request_id, std::span<const uint8_t> response) {
+  bool fatal = false;
+  if (response.size() > peer_max_message_) {
+    // Tell the caller's Call at once instead of letting it time out.
+    static constexpr char kText[] = "response exceeds the client's max_message_size";
+    uint8_t err[sizeof(kText)];
+    err[0] = static_cast<uint8_t>(StatusCode::kInvalidArgument);
+    std::memcpy(err + 1, kText, sizeof(kText) - 1);
+    chan_.Send(MsgType::kErrorResponse, request_id, std::span<const uint8_t>(err, sizeof(err)),
+               &fatal)
+        .IgnoreError();
+    if (fatal) MarkDead();
+    return Status::InvalidArgument("response exceeds the client's max_message_size");
+  }
+  Status s = chan_.Send(MsgType::kResponse, request_id, response, &fatal);
+  if (fatal) MarkDead();
+  return s;
+}
+
+std::shared_ptr<ServerSessionImpl> VerbsListener::FindSession(uint32_t qp_num) {
+  std::shared_lock<std::shared_mutex> lk(sessions_mu_);
+  auto it = by_qpn_.find(qp_num);
+  return it == by_qpn_.end() ? nullptr : it->second;
+}
+
+uint8_t* VerbsListener::SrqChunk(uint32_t index, uint32_t* lkey) const {
+  const uint32_t block = index / kServerRecvCredits;
+  if (block >= srq_blocks_used_.load(std::memory_order_acquire)) return nullptr;
+  if (lkey != nullptr) *lkey = srq_blocks_[block].lkey();
+  return srq_blocks_[block].chunk(index % kServerRecvCredits);
+}
+
+void VerbsListener::QueueRepost(Scratch* scratch, uint32_t index,
+                                std::shared_ptr<ServerSessionImpl> credit_to) {
+  uint32_t lkey = 0;
+  uint8_t* chunk = SrqChunk(index, &lkey);
+  if (chunk == nullptr) return;
+  if (scratch->n == kWorkerBatch) FlushReposts(scratch);
+  const int i = scratch->n++;
+  scratch->sges[i].addr = reinterpret_cast<uintptr_t>(chunk);
+  scratch->sges[i].length = kChunkSize;
+  scratch->sges[i].lkey = lkey;
+  scratch->wrs[i].wr_id = MakeWrId(kWrRecv, index);
+  scratch->wrs[i].sg_list = &scratch->sges[i];
+  scratch->wrs[i].num_sge = 1;
+  scratch->wrs[i].next = nullptr;
+  scratch->credit_to[i] = std::move(credit_to);
+}
+
+void VerbsListener::FlushReposts(Scratch* scratch) {
+  const int n = scratch->n;
+  if (n == 0) return;
+  for (int i = 0; i + 1 < n; ++i) scratch->wrs[i].next = &scratch->wrs[i + 1];
+  ibv_recv_wr* bad = nullptr;
+  if (ibv_post_srq_recv(srq_.get(), scratch->wrs, &bad) != 0) {
+    srq_post_failed_.store(true, std::memory_order_release);  // the cm thread reports it
+  } else {
+    // Buffers are back in the SRQ: now (not before) the credits may return to their senders.
+    for (int i = 0; i < n;) {
+      ServerSessionImpl* s = scratch->credit_to[i].get();
+      int j = i + 1;
+      while (j < n && scratch->credit_to[j].get() == s) ++j;
+      if (s != nullptr && !s->chan_.OnReceivesReposted(static_cast<uint32_t>(j - i))) {
+        s->MarkDead();
+      }
+      i = j;
+    }
+  }
+  for (int i = 0; i < n; ++i) scratch->credit_to[i].reset();
+  scratch->n = 0;
+}
+
+void VerbsListener::SessionProtocolError(ServerSessionImpl* s) {
+  protocol_errors_.fetch_add(1, std::memory_order_relaxed);
+  s->MarkDead();
+}
+
+void VerbsListener::ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nready,
+                                      Scratch* scratch) {
+  const WrKind kind = WrKindOf(wc.wr_id);
+  const uint32_t index = WrIndexOf(wc.wr_id);
+  if (kind == kWrSend) {
+    std::shared_ptr<ServerSessionImpl> s = FindSession(wc.qp_num);
+    if (s == nullptr) return;  // torn down; its send buffers went with it
+    if (!s->chan_.OnSendCompleted(index) || wc.status != IBV_WC_SUCCESS) s->MarkDead();
+    return;
+  }
+  if (kind != kWrRecv) return;
+  std::shared_ptr<ServerSessionImpl> s = FindSession(wc.qp_num);
+  if (wc.status != IBV_WC_SUCCESS) {
+    // An SRQ receive that ended in error is no longer posted: give it back to the SRQ.
+    QueueRepost(scratch, index, nullptr);
+    if (s != nullptr && wc.status != IBV_WC_WR_FLUSH_ERR) s->MarkDead();
+    return;
+  }
+  if (s == nullptr || s->dead()) {
+    QueueRepost(scratch, index, nullptr);
+    return;
+  }
+  uint8_t* buf = SrqChunk(index, nullptr);
+  if (buf == nullptr) return SessionProtocolError(s.get());
+  FragmentHeader h;
+  const char* why = nullptr;
+  if (!DecodeFragmentHeader(buf, wc.byte_len, options_.max_message_size, &h, &why)) {
+    SessionProtocolError(s.get());
+    return QueueRepost(scratch, index, nullptr);
+  }
+  if (h.credits > 0 && !s->chan_.OnCredits(h.credits)) s->MarkDead();
+  if (h.type == MsgType::kCredit) return QueueRepost(scratch, index, std::move(s));
+  if (h.type != MsgType::kRequest) {
+    SessionProtocolError(s.get());
+    return QueueRepost(scratch, index, nullptr);
+  }
+  if (!s->rx_active_ && h.offset == 0 && h.length == h.total) {
+    // Whole request in one buffer: the handler reads it in place; reposted after the handler.
+    Ready& r = ready[(*nready)++];
+    r.session = std::move(s);
+    r.id = h.id;
+    r.data = buf + kFragmentHeaderSize;
+    r.length = h.length;
+    r.srq_index = index;
+    return;
+  }
+  // A fragment of a longer request: copy it out and give the buffer back at once.
+  if (h.offset == 0) {
+    if (s->rx_active_) {
+      SessionProtocolError(s.get());
+      return QueueRepost(scratch, index, nullptr);
+    }
+    s->rx_active_ = true;
+    s->rx_id_ = h.id;
+    s->rx_received_ = 0;
+    s->rx_.resize(h.total);
+  } else if (!s->rx_active_ || h.id != s->rx_id_ || h.offset != s->rx_received_ ||
+             h.total != s->rx_.size()) {
+    SessionProtocolError(s.get());
+    return QueueRepost(scratch, index, nullptr);
+  }
+  std::memcpy(s->rx_.data() + h.offset, buf + kFragmentHeaderSize, h.length);
+  s->rx_received_ += h.length;
+  if (s->rx_received_ == h.total) {
+    Ready& r = ready[(*nready)++];
+    r.owned = std::move(s->rx_);
+    s->rx_ = std::vector<uint8_t>();
+    s->rx_active_ = false;
+    r.session = s;
+    r.id = h.id;
+    r.data = r.owned.data();
+    r.length = h.total;
+    r.srq_index = -1;
+  }
+  QueueRepost(scratch, index, std::move(s));
+}
+
+void VerbsListener::WaitForCq(int timeout_ms) {
+  pollfd pfd[2] = {{comp_channel_.fd(), POLLIN, 0}, {worker_wake_.fd(), POLLIN, 0}};
+  if (poll(pfd, 2, timeout_ms) <= 0) return;
+  if (pfd[0].revents != 0) {
+    ibv_cq* ev_cq = nullptr;
+    void* ev_ctx = nullptr;
+    while (ibv_get_cq_event(comp_channel_.get(), &ev_cq, &ev_ctx) == 0) ibv_ack_cq_events(ev_cq, 1);
+  }
+  if (pfd[1].revents != 0) worker_wake_.Drain();
+}
+
+size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
+  int idle = 0;
+  while (true) {
+    if (stop_flag_.load(std::memory_order_acquire) || paused_flag_.load(std::memory_order_acquire)) {
+      return 0;
+    }
+    ibv_wc wc[kWorkerBatch];
+    int n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);
+    if (n == 0) {
+      cq_empty_epoch_.fetch_add(1, std::memory_order_acq_rel);
+      if (++idle < kSpinPolls) {
+        CpuRelax();
+        continue;
+      }
+      if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);  // what came before the CQ was armed
+      if (n == 0) {
+        WaitForCq(100);
+        idle = 0;
+        continue;
+      }
+    }
+    if (n < 0) {  // the CQ is broken; nothing sensible to do but not spin
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    idle = 0;
+    size_t nready = 0;
+    for (int i = 0; i < n; ++i) ProcessCompletion(wc[i], ready, &nready, scratch);
+    FlushReposts(scratch);
+    if (nready > 0) return nready;
+  }
+}
+
+void VerbsListener::WorkerMain() {
+  Ready ready[kWorkerBatch];
+  Scratch scratch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lk(state_mu_);
+      work_cv_.wait(lk, [&] { return stop_ || (!paused_ && !poller_active_); });
+      if (stop_) break;
+      poller_active_ = true;
+    }
+    const size_t n = PollForRequests(ready, &scratch);
+    {
+      std::lock_guard<std::mutex> lk(state_mu_);
+      poller_active_ = false;
+    }
+    work_cv_.notify_all();  // the next worker takes over polling while we run handlers
+    if (n == 0) continue;
+    {
+      // Paused: requests already taken wait here, unhandled.
+      std::unique_lock<std::mutex> lk(state_mu_);
+      work_cv_.wait(lk, [&] { return stop_ || !paused_; });
+    }
+    for (size_t i = 0; i < n; ++i) {
+      Ready& r = ready[i];
+      if (!stop_flag_.load(std::memory_order_acquire)) {
+        requests_.fetch_add(1, std::memory_order_relaxed);
+        options_.handler(std::span<const uint8_t>(r.data, r.length), ReplyHandle{r.session, r.id});
+      }
+      if (r.srq_index >= 0) {
+        QueueRepost(&scratch, static_cast<uint32_t>(r.srq_index), std::move(r.session));
+      }
+      r.session.reset();
+      r.owned = std::vector<uint8_t>();
+    }
+    FlushReposts(&scratch);
+  }
+}
+
+}  // namespace rdkv::transport::verbs

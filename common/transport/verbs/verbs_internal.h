@@ -1,0 +1,419 @@
+// Internal classes of the verbs transport. Control path (device, PD, MRs, rdma_cm, threads,
+// teardown) lives in verbs_control.cc; datapath (post, poll, send, receive, reply) in
+// verbs_datapath.cc. docs/transport-verbs.md explains the design.
+#pragma once
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/transport/transport.h"
+#include "common/transport/verbs/verbs_fabric.h"
+#include "common/transport/verbs/verbs_objects.h"
+#include "common/transport/verbs/verbs_wire.h"
+
+namespace rdkv::transport::verbs {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Events from the device and from rdma_cm ---------------------------------------------------
+
+// Receives the async events (ibv_get_async_event) of one verbs object (QP, CQ or SRQ). Called on
+// a fabric thread with the registry lock held: set flags, never block, never unregister.
+class AsyncEventSink {
+ public:
+  virtual void OnAsyncEvent(ibv_event_type type) = 0;
+
+ protected:
+  ~AsyncEventSink() = default;
+};
+// Process-wide registry, keyed by the ibv_qp*/ibv_cq*/ibv_srq*: several Fabrics of one process
+// share librdmacm's ibv_context (and so its async event queue), so any of their threads may read
+// an event of another's object. Unregister before destroying the object.
+void RegisterAsyncSink(const void* object, AsyncEventSink* sink);
+void UnregisterAsyncSink(const void* object);
+// Reads every pending async event of ctx (its fd is non-blocking), dispatches and acks each.
+void DrainAsyncEvents(ibv_context* ctx);
+
+// Receives the rdma_cm events of one connected client id (after it migrated to the fabric's
+// channel). Same rules as AsyncEventSink.
+class CmEventSink {
+ public:
+  virtual void OnCmEvent(rdma_cm_event_type type, int status) = 0;
+
+ protected:
+  ~CmEventSink() = default;
+};
+
+// ---- Work request ids ----------------------------------------------------------------------------
+// READs use the ReadOp pointer itself (8-byte aligned, low bits 0); everything else carries a
+// kind in the low 3 bits and a buffer index above them.
+enum WrKind : uint64_t { kWrRead = 0, kWrSend = 1, kWrRecv = 2, kWrWrite = 3 };
+static_assert(alignof(ReadOp) >= 8, "ReadOp pointers must leave the low 3 bits of wr_id free");
+inline uint64_t MakeWrId(WrKind kind, uint32_t index) { return (uint64_t{index} << 3) | kind; }
+inline WrKind WrKindOf(uint64_t wr_id) { return static_cast<WrKind>(wr_id & 7); }
+inline uint32_t WrIndexOf(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >> 3); }
+
+ReadStatus ReadStatusFromWc(ibv_wc_status status);
+
+// ---- The two-sided send side of one queue pair -----------------------------------------------------
+// Owns the credit accounting and the send buffers of one direction. Send() never waits: what
+// lacks a credit, a send buffer or a send-queue slot is queued (copied) and goes out from
+// Flush(), which the poller calls when credits arrive or sends complete. Fragments of one
+// message are sent contiguously and messages in Send() order; credit-only fragments may go
+// between them. One credit is kept back for credit-only fragments, so two peers can never both
+// sit at zero credits with credits owed (see docs/transport-verbs.md).
+class MsgChannel {
+ public:
+  struct Setup {
+    ibv_qp* qp = nullptr;
+    const ChunkPool* send_pool = nullptr;  // its chunks are the send slots
+    uint32_t peer_credits = 0;             // receives the peer posted for us
+    uint32_t granted_credits = 0;          // receives we posted for the peer
+  };
+  void Init(const Setup& setup);
+
+  // kConnectionLost once closed. *fatal is set when ibv_post_send failed (the owner must then
+  // mark the connection dead; the channel is already closed).
+  Status Send(MsgType type, uint64_t id, std::span<const uint8_t> payload, bool* fatal);
+  // Poller side. Each returns false when a post failed (fatal, channel closed).
+  bool OnCredits(uint32_t credits);
+  bool OnSendCompleted(uint32_t slot);
+  bool OnReceivesReposted(uint32_t count);
+  // No more posts; drops queued messages. Idempotent.
+  void Close();
+  uint32_t sends_in_flight() const { return in_flight_.load(std::memory_order_acquire); }
+
+ private:
+  struct Pending {
+    MsgType type;
+    uint64_t id;
+    uint32_t total;
+    uint32_t base;  // message offset of rest[0]
+    uint32_t next;  // message offset of the next fragment to send
+    std::vector<uint8_t> rest;
+  };
+  bool CanSendData() const { return !free_slots_.empty() && credits_ >= 2; }
+  bool FlushLocked();
+  bool PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset,
+                  const uint8_t* data, uint32_t length);
+
+  std::mutex mu_;
+  ibv_qp* qp_ = nullptr;
+  const ChunkPool* pool_ = nullptr;
+  std::vector<uint32_t> free_slots_;
+  int64_t credits_ = 0;
+  uint32_t owed_ = 0;
+  uint32_t credit_threshold_ = 2;
+  bool closed_ = true;
+  std::deque<Pending> pending_;
+  std::atomic<uint32_t> in_flight_{0};
+};
+
+class VerbsFabric;
+
+// ---- Client connection ---------------------------------------------------------------------------
+class ClientConnection final : public VerbsConnection,
+                               public CmEventSink,
+                               public AsyncEventSink {
+ public:
+  ClientConnection(VerbsFabric* fabric, const ConnectOptions& options);
+  ~ClientConnection() override;
+  Status Establish();  // control path: rdma_cm resolve, QP, buffers, connect, handshake
+
+  const std::vector<RegionDescriptor>& regions() const override { return regions_; }
+  Status PostReads(std::span<ReadOp* const> ops) override;
+  size_t PollReads() override;
+  Status ReadAndWait(std::span<ReadOp* const> ops, Clock::time_point deadline) override;
+  Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+              std::chrono::milliseconds timeout) override;
+  bool alive() const override { return alive_.load(std::memory_order_acquire); }
+  std::string peer() const override { return "verbs " + peer_; }
+
+  Result<int> PostWriteForTest(std::span<const uint8_t> local, uint32_t lkey,
+                               uint64_t remote_addr, uint32_t rkey,
+                               std::chrono::milliseconds timeout) override;
+  void SetLocalReadCheckForTest(bool enabled) override {
+    local_read_check_.store(enabled, std::memory_order_relaxed);
+  }
+
+  void OnCmEvent(rdma_cm_event_type type, int status) override;
+  void OnAsyncEvent(ibv_event_type type) override;
+
+ private:
+  // Call slot states, in the low 3 bits of CallSlot::word; the call's sequence number above.
+  enum SlotState : uint64_t { kFree = 0, kWaiting = 1, kFilling = 2, kDone = 3, kAbandoned = 4 };
+  struct CallSlot {
+    std::atomic<uint64_t> word{kFree};
+    // Written by the poller while the slot is kFilling, read by the owner after kDone.
+    std::vector<uint8_t> buf;
+    uint32_t total = 0;
+    uint32_t received = 0;
+    StatusCode code = StatusCode::kOk;
+  };
+
+  // Records why (a static string) and marks the connection dead: channel closed, QP to error
+  // (rdma_disconnect), waiters woken. Idempotent; any thread.
+  void Kill(const char* why);
+  void MarkDead() { Kill("connection lost"); }
+  Status LostStatus() const;
+  // Polls one batch (poll_mu_ held). Returns completions seen; adds READ completions to *reads.
+  size_t PollCq(size_t* reads);
+  // Blocks on the completion channel until an event or `until` (poll_mu_ held).
+  size_t BlockOnCq(Clock::time_point until, size_t* reads);
+  // One step of progress for a waiting thread: polls (spin, then block) if no one else is
+  // polling, otherwise sleeps until the poller reports progress. Bounded by `deadline`.
+  void Progress(Clock::time_point deadline);
+  void WakeWaiters();
+  void HandleReceive(uint32_t index, uint32_t byte_len);
+  void DeliverResponse(const FragmentHeader& h, const uint8_t* payload);
+  void ProtocolError(const char* why) { Kill(why); }
+  bool InRegions(const ReadOp& op) const;
+  Status PostReadBatch(std::span<ReadOp* const> ops);
+  void FreeSlot(uint32_t index, uint64_t seq);
+  void AbandonSlot(uint32_t index, uint64_t seq);
+  Result<uint32_t> AcquireSlot(Clock::time_point deadline, uint64_t* seq);
+
+  VerbsFabric* const fabric_;
+  const ConnectOptions options_;
+  std::string peer_;
+  std::vector<RegionDescriptor> regions_;
+  uint32_t max_request_ = 0;
+  uint32_t max_read_length_ = 0;
+
+  // Verbs objects, torn down in ~ClientConnection in this order: QP, CQ, completion channel,
+  // MRs (pools), cm id, setup event channel.
+  EventChannel setup_channel_;
+  CmId id_;
+  ChunkPool recv_pool_;
+  ChunkPool send_pool_;
+  CompletionChannel comp_channel_;
+  CompletionQueue cq_;
+  CmQueuePair qp_;
+  bool registered_ = false;
+
+  MsgChannel chan_;
+  std::atomic<bool> alive_{false};
+  std::atomic<bool> disconnected_{false};
+  std::atomic<bool> local_read_check_{true};
+  std::atomic<const char*> death_reason_{nullptr};
+
+  // READs.
+  std::atomic<uint32_t> reads_in_flight_{0};
+  std::mutex post_mu_;  // guards wrs_/sges_ and serializes ibv_post_send of READ batches
+  std::vector<ibv_send_wr> wrs_;
+  std::vector<ibv_sge> sges_;
+
+  // Progress: one poller at a time (try-lock); others sleep on wait_cv_ until it reports.
+  std::mutex poll_mu_;
+  std::vector<ibv_recv_wr> recv_wrs_;  // under poll_mu_
+  std::vector<ibv_sge> recv_sges_;
+  std::vector<uint32_t> reposts_;
+  std::mutex wait_mu_;
+  std::condition_variable wait_cv_;
+  std::atomic<uint64_t> epoch_{0};
+  std::atomic<uint32_t> waiters_{0};
+
+  // Calls.
+  std::unique_ptr<CallSlot[]> slots_;
+  uint32_t slot_count_ = 0;
+  std::mutex slots_mu_;
+  std::vector<uint32_t> free_slot_list_;
+  std::atomic<uint64_t> next_seq_{1};
+
+  // PostWriteForTest.
+  std::mutex write_mu_;
+  std::atomic<int> write_status_{-1};
+};
+
+// ---- Server -----------------------------------------------------------------------------------------
+class VerbsListener;
+
+class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
+ public:
+  ServerSessionImpl(uint64_t id, std::string peer, uint32_t peer_max_message)
+      : id_(id), peer_(std::move(peer)), peer_max_message_(peer_max_message) {}
+  Status Reply(uint64_t request_id, std::span<const uint8_t> response) override;
+  std::string peer() const override { return "verbs " + peer_; }
+  uint64_t id() const override { return id_; }
+  void OnAsyncEvent(ibv_event_type type) override;
+
+  // Marks the session dead: closes the channel and disconnects (QP to error). Idempotent.
+  void MarkDead();
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+
+ private:
+  friend class VerbsListener;
+  const uint64_t id_;
+  const std::string peer_;
+  const uint32_t peer_max_message_;
+
+  std::mutex cm_mu_;  // serializes rdma_disconnect/rdma_notify with teardown of id/qp
+  CmId cm_id_;
+  ChunkPool send_pool_;
+  CmQueuePair qp_;
+  uint32_t qp_num_ = 0;
+  MsgChannel chan_;
+  std::atomic<bool> dead_{false};
+  std::atomic<bool> last_wqe_reached_{false};
+
+  // Reassembly of a multi-fragment request; touched only by the one polling worker.
+  bool rx_active_ = false;
+  uint64_t rx_id_ = 0;
+  uint32_t rx_received_ = 0;
+  std::vector<uint8_t> rx_;
+
+  // Teardown bookkeeping, cm thread only.
+  bool dying_ = false;
+  Clock::time_point dead_since_{};
+  uint64_t dead_epoch_ = 0;
+};
+
+class VerbsListener final : public Listener, public AsyncEventSink {
+ public:
+  VerbsListener(VerbsFabric* fabric, ListenOptions options);
+  ~VerbsListener() override;
+  Status Start();
+
+  uint16_t port() const override { return port_; }
+  ListenerStats stats() const override;
+  void PauseWorkers(bool paused) override;
+  void OnAsyncEvent(ibv_event_type type) override;
+
+ private:
+  struct Ready {
+    std::shared_ptr<ServerSessionImpl> session;
+    uint64_t id = 0;
+    const uint8_t* data = nullptr;
+    uint32_t length = 0;
+    int64_t srq_index = -1;  // -1: the payload is in `owned` (reassembled)
+    std::vector<uint8_t> owned;
+  };
+  static constexpr int kWorkerBatch = 16;
+  // A worker's receive reposts (each completion or handler gives back at most one buffer).
+  struct Scratch {
+    ibv_recv_wr wrs[kWorkerBatch];
+    ibv_sge sges[kWorkerBatch];
+    std::shared_ptr<ServerSessionImpl> credit_to[kWorkerBatch];  // null: no credit (dropped)
+    int n = 0;
+  };
+
+  // Control path (cm thread).
+  void CmThreadMain();
+  void HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_param& param,
+                            std::span<const uint8_t> private_data);
+  void Reject(CmId id, RejectReason reason, const std::string& text);
+  Status GrowSrq();
+  void ReapSessions(bool force);
+  void Teardown(const std::shared_ptr<ServerSessionImpl>& s);
+
+  // Datapath (workers).
+  void WorkerMain();
+  size_t PollForRequests(Ready* ready, Scratch* scratch);
+  void WaitForCq(int timeout_ms);
+  void ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nready, Scratch* scratch);
+  std::shared_ptr<ServerSessionImpl> FindSession(uint32_t qp_num);
+  uint8_t* SrqChunk(uint32_t index, uint32_t* lkey) const;
+  void QueueRepost(Scratch* scratch, uint32_t index, std::shared_ptr<ServerSessionImpl> credit_to);
+  void FlushReposts(Scratch* scratch);
+  void SessionProtocolError(ServerSessionImpl* s);
+
+  VerbsFabric* const fabric_;
+  ListenOptions options_;
+  TokenDigest token_digest_{};
+  uint16_t port_ = 0;
+
+  // Verbs objects, torn down in ~VerbsListener: session QPs and ids, listen id, SRQ, SRQ
+  // buffers, CQ, completion channel, event channel.
+  EventChannel channel_;
+  CmId listen_id_;
+  CompletionChannel comp_channel_;
+  CompletionQueue cq_;
+  SharedReceiveQueue srq_;
+  std::unique_ptr<ChunkPool[]> srq_blocks_;  // max_connections slots; grows one per peak session
+  std::atomic<uint32_t> srq_blocks_used_{0};
+
+  // Sessions: by QP number for the workers, by cm id for the cm thread.
+  std::shared_mutex sessions_mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<ServerSessionImpl>> by_qpn_;
+  std::unordered_map<rdma_cm_id*, std::shared_ptr<ServerSessionImpl>> by_id_;  // cm thread
+  uint32_t live_sessions_ = 0;                                                 // cm thread
+  uint64_t next_session_id_ = 1;
+
+  // Workers: one polls (and blocks on the completion channel) at a time; the others wait for
+  // their turn on work_cv_ or run handlers.
+  std::vector<std::thread> workers_;
+  std::mutex state_mu_;
+  std::condition_variable work_cv_;
+  bool poller_active_ = false;
+  bool paused_ = false;
+  bool stop_ = false;
+  std::atomic<bool> paused_flag_{false};
+  std::atomic<bool> stop_flag_{false};
+  EventFd worker_wake_;
+  std::atomic<uint64_t> cq_empty_epoch_{0};
+  std::atomic<bool> srq_post_failed_{false};  // reported by the cm thread
+
+  std::thread cm_thread_;
+  EventFd cm_wake_;
+  std::atomic<bool> cm_stop_{false};
+
+  std::atomic<uint64_t> accepted_{0}, refused_{0}, requests_{0}, protocol_errors_{0};
+  std::atomic<bool> srq_alarm_logged_{false};
+};
+
+// ---- Fabric -------------------------------------------------------------------------------------------
+class VerbsFabric final : public Fabric {
+ public:
+  static Result<std::unique_ptr<VerbsFabric>> Open(const FabricOptions& options);
+  ~VerbsFabric() override;
+
+  TransportKind kind() const override { return TransportKind::kVerbs; }
+  std::string Describe() const override;
+  Result<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t size, RegionAccess access) override;
+  Result<std::unique_ptr<Listener>> Listen(ListenOptions options) override;
+  Result<std::unique_ptr<Connection>> Connect(const ConnectOptions& options) override;
+
+  ibv_context* context() const { return ctx_; }
+  ibv_pd* pd() const { return pd_.get(); }
+  const ibv_device_attr& device_attr() const { return device_attr_; }
+  const ibv_port_attr& port_attr() const { return port_attr_; }
+  const std::string& device_name() const { return device_name_; }
+  rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
+  void RegisterCmSink(rdma_cm_id* id, CmEventSink* sink);
+  void UnregisterCmSink(rdma_cm_id* id);
+
+ private:
+  VerbsFabric() = default;
+  void ThreadMain();
+
+  DeviceList devices_;
+  ibv_context* ctx_ = nullptr;  // owned by librdmacm, kept alive by devices_
+  uint8_t port_num_ = 0;
+  std::string device_name_;
+  ibv_device_attr device_attr_{};
+  ibv_port_attr port_attr_{};
+  bool huge_pages_ = true;
+  ProtectionDomain pd_;
+  EventChannel cm_channel_;  // established client ids, migrated here
+  EventFd wake_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex sinks_mu_;
+  std::unordered_map<rdma_cm_id*, CmEventSink*> sinks_;
+};
+
+}  // namespace rdkv::transport::verbs
