@@ -69,7 +69,8 @@ VALUE is taken literally, or read from a file as @FILE, or from stdin as '-' (no
 interactive mode), or from --value_file. Write a literal value starting with '@' as @@...
 Put "--" before arguments that start with '-'.
 Without a command, kvcli starts an interactive shell (history in ~/.kvcli_history); arguments
-there may be quoted with '...' or "..." (backslash escapes inside "...").
+there may be quoted with '...' or "..." (backslash escapes inside "..."); commands may also be
+piped in (kvcli < script). The shell's exit status is that of its last command.
 
 Exit status: 0 success / found; 1 not found or condition failed (insert of an existing key, cas
 version mismatch, mget with a missing key); 2 error (bad usage, server unreachable, server
@@ -526,7 +527,7 @@ int Interactive() {
     last = cli.Run(args);
   }
   if (!history_path.empty()) history_truncate_file(history_path.c_str(), 1000);
-  return tty ? kExitOk : last;  // scripted input: the status of the last command
+  return last;  // like a shell: the status of the last command
 }
 
 }  // namespace
@@ -542,6 +543,15 @@ int main(int argc, char** argv) {
   }
   gflags::SetUsageMessage("command-line client of the rdkv key-value store (kvcli --help)");
   gflags::SetVersionString("0.1.0");
+  // Arguments after "--" are never flags. (gflags would move them before the others.)
+  std::vector<std::string> after_dashes;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--") {
+      after_dashes.assign(argv + i + 1, argv + argc);
+      argc = i;
+      break;
+    }
+  }
   gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = FLAGS_verbose ? 0 : 2;  // the library's INFO/WARNING lines only on request
@@ -551,6 +561,7 @@ int main(int argc, char** argv) {
     return kExitError;
   }
   std::vector<std::string> args(argv + 1, argv + argc);
+  args.insert(args.end(), after_dashes.begin(), after_dashes.end());
   if (args.empty()) return Interactive();
   Cli cli(/*interactive=*/false);
   return cli.Run(args);

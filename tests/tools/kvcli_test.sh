@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# kvcli against a real kvserver (tcp): every command, exit codes (0 ok/found, 1 not found or
+# condition failed, 2 error), --json output, value sources and the scripted shell.
+#
+#   kvcli_test.sh KVCLI KVSERVER
+set -uo pipefail
+kvcli=$1 kvserver=$2
+work=$(mktemp -d "${TMPDIR:-/tmp}/rdkv-kvcli.XXXXXX")
+server_pid=""
+cleanup() {
+  if [[ -n $server_pid ]]; then kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+"$kvserver" --port=0 --port_file="$work/port" --transport=tcp --memory=32MiB --huge_pages=false \
+  --max_value_size=64KiB >"$work/server.log" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 200); do
+  [[ -s $work/port ]] && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log"; echo "kvserver exited" >&2; exit 1; }
+  sleep 0.1
+done
+[[ -s $work/port ]] || { echo "kvserver did not start" >&2; exit 1; }
+server=127.0.0.1:$(cat "$work/port")
+
+# run EXPECTED_EXIT ARGS...: runs kvcli, leaves stdout in $out and stderr in $err.
+run() {
+  local want=$1
+  shift
+  "$kvcli" --server="$server" --transport=tcp "$@" >"$work/out" 2>"$work/err" <"${stdin:-/dev/null}"
+  local rc=$?
+  out=$(cat "$work/out")
+  err=$(cat "$work/err")
+  if [[ $rc != "$want" ]]; then
+    fail "kvcli $* exited $rc, expected $want (stdout: $out; stderr: $err)"
+  fi
+}
+expect_out() { [[ $out =~ $1 ]] || fail "stdout '$out' does not match /$1/ ($2)"; }
+expect_err() { [[ $err =~ $1 ]] || fail "stderr '$err' does not match /$1/ ($2)"; }
+
+# --- text mode ---
+run 0 put greeting hello
+expect_out '^OK version [0-9]+$' "put"
+v1=${out##* }
+run 0 get greeting
+[[ $out == hello ]] || fail "get printed '$out'"
+run 0 --nonewline get greeting
+[[ $(od -c <"$work/out" | head -1) == "0000000   h   e   l   l   o" ]] || fail "--nonewline output"
+run 1 get nosuchkey
+expect_err 'not found' "get missing"
+run 1 insert greeting other
+expect_err 'AlreadyExists' "insert existing"
+run 1 cas greeting 999999 x
+expect_err "VersionMismatch.*$v1" "cas mismatch names the current version"
+run 0 cas greeting "$v1" world
+expect_out '^OK version [0-9]+$' "cas"
+v2=${out##* }
+((v2 > v1)) || fail "cas version $v2 not above $v1"
+run 0 get greeting
+[[ $out == world ]] || fail "get after cas printed '$out'"
+run 1 mget greeting nosuchkey
+[[ $out == $'greeting\tworld\nnosuchkey\t(not found)' ]] || fail "mget printed '$out'"
+run 0 mget greeting
+run 0 del greeting
+[[ $out == OK ]] || fail "del printed '$out'"
+run 1 del greeting
+run 1 get greeting
+run 0 insert greeting again
+run 0 ping
+expect_out '^PONG from 127\.0\.0\.1:[0-9]+ in [0-9.]+ ms$' "ping"
+run 0 stats
+expect_out '"items"' "stats"
+
+# --- value sources ---
+printf 'from\na file\n' >"$work/value"
+run 0 put filekey "@$work/value"
+run 0 --nonewline get filekey
+cmp -s "$work/out" "$work/value" || fail "@file value differs"
+run 0 --value_file="$work/value" put filekey2
+run 0 --nonewline get filekey2
+cmp -s "$work/out" "$work/value" || fail "--value_file value differs"
+stdin=$work/value run 0 put stdinkey -
+run 0 --nonewline get stdinkey
+cmp -s "$work/out" "$work/value" || fail "stdin value differs"
+run 0 put atkey @@literal
+run 0 get atkey
+[[ $out == @literal ]] || fail "@@ escape gave '$out'"
+run 0 put dashkey -- --dash
+run 0 get dashkey
+[[ $out == --dash ]] || fail "value after -- gave '$out'"
+run 2 put k "@$work/does-not-exist"
+expect_err 'cannot open' "missing value file"
+
+# --- JSON ---
+run 0 --json put j 'va"lue'
+expect_out '^\{"key":"j","ok":true,"op":"put","version":[0-9]+\}$' "json put"
+run 0 --json get j
+expect_out '^\{"found":true,"key":"j","ok":true,"value":"va\\"lue","version":[0-9]+\}$' "json get"
+run 1 --json get nosuchkey
+[[ $out == '{"found":false,"key":"nosuchkey","ok":true}' ]] || fail "json get missing: $out"
+run 1 --json insert j x
+expect_out '^\{"code":"AlreadyExists","message":".+","ok":false\}$' "json insert existing"
+run 1 --json del nosuchkey
+expect_out '^\{"code":"NotFound",' "json del missing"
+run 1 --json mget j nosuchkey
+expect_out '^\{"ok":true,"results":\[\{"found":true,"key":"j","value":"va\\"lue","version":[0-9]+\},\{"found":false,"key":"nosuchkey"\}\]\}$' "json mget"
+printf '\xff\xfe\x00\x01' >"$work/binary"
+run 0 put bin "@$work/binary"
+run 0 --json get bin
+expect_out '"value_base64":"//4AAQ=="' "json binary value"
+run 0 --json ping
+expect_out '^\{"ok":true,"rtt_us":[0-9]+,"server":"127\.0\.0\.1:[0-9]+"\}$' "json ping"
+run 0 --json stats
+expect_out '^\{.*"items":' "json stats"
+
+# --- errors: exit 2 with a message ---
+run 2 get
+expect_err 'usage: get KEY' "usage"
+run 2 frobnicate
+expect_err "unknown command 'frobnicate'" "unknown command"
+run 2 cas k notanumber v
+run 2 put "" v
+expect_err 'InvalidArgument.*empty' "empty key"
+run 2 put k "$(head -c 70000 /dev/zero | tr '\0' v)"
+expect_err 'InvalidArgument.*65536' "oversize value"
+run 2 --json put "" v
+expect_out '^\{"code":"InvalidArgument",' "json error"
+"$kvcli" --server=127.0.0.1:1 --transport=tcp --connect_timeout_ms=1000 get k >"$work/out" 2>"$work/err"
+rc=$?
+[[ $rc == 2 ]] || fail "unreachable server exited $rc"
+grep -q 'Unavailable.*127.0.0.1:1' "$work/err" || fail "unreachable server message: $(cat "$work/err")"
+"$kvcli" --server=nonsense get k >"$work/out" 2>"$work/err"
+[[ $? == 2 ]] || fail "bad --server"
+grep -q "host:port" "$work/err" || fail "bad --server message: $(cat "$work/err")"
+"$kvcli" --transport=pigeon --server="$server" get k >"$work/out" 2>"$work/err"
+[[ $? == 2 ]] || fail "bad --transport"
+
+# --- help ---
+"$kvcli" --help >"$work/out" 2>&1 || fail "--help exit status"
+for word in --server --transport --auth_token --json --value_file --timeout_ms get put insert del cas mget stats ping "Exit status"; do
+  grep -q -- "$word" "$work/out" || fail "--help does not mention $word"
+done
+
+# --- the shell, scripted through stdin ---
+printf 'put "two words" "a b c"\nget "two words"\nhelp\nget nosuchkey\nquit\n' >"$work/script"
+"$kvcli" --server="$server" --transport=tcp <"$work/script" >"$work/out" 2>"$work/err"
+rc=$?
+grep -q '^a b c$' "$work/out" || fail "shell get: $(cat "$work/out")"
+grep -q 'Commands:' "$work/out" || fail "shell help"
+[[ $rc == 1 ]] || fail "shell exit $rc (the last command, a miss, exits 1)"
+
+if ((failures > 0)); then
+  echo "kvcli_test: $failures failure(s)" >&2
+  exit 1
+fi
+echo "kvcli_test: passed"
