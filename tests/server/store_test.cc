@@ -98,7 +98,10 @@ TEST_F(StoreTest, OverwrittenItemIsDeadBeforeTheWriteReturns) {
 }
 
 TEST_F(StoreTest, LimitsAreClearErrors) {
-  Make(1 << 20, StoreOptions{.max_value_bytes = 1000, .grace = std::chrono::milliseconds(10)});
+  StoreOptions o;
+  o.max_value_bytes = 1000;
+  o.grace = std::chrono::milliseconds(10);
+  Make(1 << 20, o);
   EXPECT_EQ(store_->Put("", "v").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Put(std::string(1025, 'k'), "v").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(store_->Put("k", std::string(1001, 'v')).status().code(), StatusCode::kInvalidArgument);
@@ -108,7 +111,10 @@ TEST_F(StoreTest, LimitsAreClearErrors) {
 }
 
 TEST_F(StoreTest, FullRegionFailsWithoutHarmingStoredData) {
-  Make(256 << 10, StoreOptions{.max_value_bytes = 4096, .grace = std::chrono::milliseconds(10)});
+  StoreOptions o;
+  o.max_value_bytes = 4096;
+  o.grace = std::chrono::milliseconds(10);
+  Make(256 << 10, o);
   std::map<std::string, std::string> stored;
   Status last;
   for (int i = 0; i < 100000; ++i) {
