@@ -124,6 +124,8 @@ load_state() {
 ping_server() {  # ping_server HOST:PORT -> kvcli exit status (only when kvcli exists)
   local extra=()
   [[ -n ${AUTH_TOKEN:-} ]] && extra+=("--auth_token=$AUTH_TOKEN")
+  # The servers' transport, not kvcli's auto choice (which picks verbs whenever a device is up).
+  [[ ${TRANSPORT:-auto} != auto ]] && extra+=("--transport=$TRANSPORT")
   timeout 10 "$KVCLI" --server="$1" "${extra[@]}" ping >/dev/null 2>&1
 }
 
@@ -187,6 +189,8 @@ do_start() {
   mkdir -p "$DIR"
   DIR=$(cd "$DIR" && pwd)
   NSERVERS=$N
+  TRANSPORT=$transport
+  AUTH_TOKEN=${RDKV_AUTH_TOKEN:-}
   local map=$DIR/cluster-map.json
   {
     printf '{\n  "epoch": 1,\n  "shards": %d,\n  "servers": [\n' "$shards"
@@ -279,7 +283,9 @@ do_start() {
   say "all $N servers answer; cluster map: $map"
   echo "seed: $host:$base"
   if [[ -n $KVCLI ]]; then
-    echo "try:  $KVCLI --server=$host:$base put hello world && $KVCLI --server=$host:$base get hello"
+    local t=""
+    [[ $transport != auto ]] && t=" --transport=$transport"
+    echo "try:  $KVCLI --server=$host:$base$t put hello world && $KVCLI --server=$host:$base$t get hello"
   fi
 }
 

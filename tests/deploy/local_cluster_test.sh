@@ -176,23 +176,23 @@ test_real() {
   check "  ... lists 3 alive servers" test "$(grep -c ' alive' <<<"$OUT")" = 3
   if [[ -x $kvcli ]]; then
     for i in 0 1 2; do
-      expect_rc 0 "kvcli ping server $i" "$kvcli" --server="127.0.0.1:$((base + i))" ping
+      expect_rc 0 "kvcli ping server $i" "$kvcli" --transport=tcp --server="127.0.0.1:$((base + i))" ping
     done
     local seeds=(0)
     if grep -qE -- "^[[:space:]]+-cluster_map \(" <<<"$("$kvserver" --helpfull 2>&1 || true)"; then
       seeds=(0 1 2)  # one cluster: any server is a seed, the client routes each key to its owner
     fi
     for i in 0 1 2 3 4 5 6 7; do
-      expect_rc 0 "put key$i via seed server 0" "$kvcli" --server="127.0.0.1:$base" put "key$i" "value$i"
+      expect_rc 0 "put key$i via seed server 0" "$kvcli" --transport=tcp --server="127.0.0.1:$base" put "key$i" "value$i"
     done
     local s
     for s in "${seeds[@]}"; do
       for i in 0 1 2 3 4 5 6 7; do
-        expect_rc 0 "get key$i via seed server $s" "$kvcli" --server="127.0.0.1:$((base + s))" get "key$i"
+        expect_rc 0 "get key$i via seed server $s" "$kvcli" --transport=tcp --server="127.0.0.1:$((base + s))" get "key$i"
         contains "  ... returns value$i" "value$i"
       done
     done
-    expect_rc 1 "get of a missing key exits 1" "$kvcli" --server="127.0.0.1:$base" get no-such-key
+    expect_rc 1 "get of a missing key exits 1" "$kvcli" --transport=tcp --server="127.0.0.1:$base" get no-such-key
   else
     echo "SKIPPED: ping and put/get: no kvcli in $BUILD/tools yet (start checked each server with a TCP connect)"
     for i in 0 1 2; do
