@@ -4,8 +4,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <string>
 
 #include "common/transport/transport.h"
 #include "common/util/units.h"
@@ -30,9 +32,52 @@ DEFINE_int32(grace_ms, 90, "Freed item memory is reused no earlier than this man
              "must exceed twice the clients' read deadline (40 ms by default).");
 DEFINE_bool(huge_pages, true, "Back the region with 2 MiB huge pages when the system has them.");
 
+// Persistence (docs/persistence.md).
+DEFINE_string(data_dir, "", "Directory for this server's RocksDB database (<data_dir>/db) and "
+              "snapshots (<data_dir>/snapshots). Required unless --durability=none.");
+DEFINE_string(durability, "", "sync: acknowledge a write only after it is in the WAL and "
+              "fsynced (group commit); async: acknowledge when applied in memory, WAL fsynced "
+              "within --persist_lag_ms; none: a pure cache, nothing on disk. "
+              "Default: sync when --data_dir is set, none otherwise.");
+DEFINE_int32(persist_lag_ms, 100, "async: the WAL is fsynced at least this often, and writers "
+             "are slowed while the oldest unwritten write is older than half of it.");
+DEFINE_string(persist_queue, "64MiB", "Bound on applied writes (keys + values) not yet handed to "
+              "RocksDB; writers wait while it is exceeded (backpressure, nothing dropped).");
+DEFINE_string(snapshot_dir, "", "Where snapshots go; default <data_dir>/snapshots (keep it on "
+              "the data dir's filesystem: snapshot files are hard links).");
+DEFINE_string(snapshot_interval, "0", "Take a snapshot periodically (e.g. 30m, 6h, 3600s); 0 = "
+              "only on request (kvcli snapshot).");
+DEFINE_int32(snapshot_keep, 5, "Periodic snapshots kept (older ones are pruned); 0 keeps all. "
+             "Snapshots taken on request are never pruned.");
+DEFINE_string(restore_from, "", "Start from this snapshot directory: it is loaded, then copied "
+              "to <data_dir>/db (a database already there is renamed db.pre-restore-<time>). "
+              "A one-time action: drop the flag afterwards.");
+DEFINE_string(rocksdb_compression, "lz4", "RocksDB block compression: none, snappy, lz4, zstd.");
+DEFINE_string(rocksdb_write_buffer, "64MiB", "RocksDB memtable size (up to 3 are kept).");
+DEFINE_string(rocksdb_block_cache, "32MiB", "RocksDB block cache (reads come from the region, so "
+              "it only helps compactions and recovery; 0 disables it).");
+DEFINE_int32(rocksdb_background_jobs, 2, "RocksDB flush + compaction threads.");
+
 namespace {
 volatile sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
+
+// "0", "250ms", "30s", "15m", "6h"; a bare number is seconds.
+rdkv::Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  std::string unit = text.substr(digits);
+  if (digits == 0 || digits > 12) {
+    return rdkv::Status::InvalidArgument("'" + text + "' is not a duration (e.g. 30s, 15m, 6h)");
+  }
+  uint64_t n = std::stoull(text.substr(0, digits));
+  if (unit == "ms") return std::chrono::milliseconds(n);
+  if (unit.empty() || unit == "s") return std::chrono::milliseconds(n * 1000);
+  if (unit == "m") return std::chrono::milliseconds(n * 60 * 1000);
+  if (unit == "h") return std::chrono::milliseconds(n * 3600 * 1000);
+  return rdkv::Status::InvalidArgument("'" + text + "': unknown unit '" + unit +
+                                       "' (ms, s, m, h)");
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +121,47 @@ int main(int argc, char** argv) {
   o.grace = std::chrono::milliseconds(FLAGS_grace_ms);
   o.huge_pages = FLAGS_huge_pages;
 
+  namespace persistence = rdkv::server::persistence;
+  persistence::PersistOptions& p = o.persist;
+  std::string mode = FLAGS_durability.empty() ? (FLAGS_data_dir.empty() ? "none" : "sync")
+                                              : FLAGS_durability;
+  rdkv::Result<persistence::Durability> durability = persistence::ParseDurability(mode);
+  if (!durability.ok()) return fail("--durability: " + durability.status().message());
+  p.durability = *durability;
+  p.data_dir = FLAGS_data_dir;
+  if (p.durability != persistence::Durability::kNone && p.data_dir.empty()) {
+    return fail("--durability=" + mode + " needs --data_dir");
+  }
+  if (p.durability == persistence::Durability::kNone && !p.data_dir.empty()) {
+    LOG(WARNING) << "--durability=none: --data_dir=" << p.data_dir << " is not used";
+  }
+  if (FLAGS_persist_lag_ms < 1) return fail("--persist_lag_ms must be positive");
+  p.persist_lag = std::chrono::milliseconds(FLAGS_persist_lag_ms);
+  rdkv::Result<uint64_t> queue = rdkv::ParseByteSize(FLAGS_persist_queue);
+  if (!queue.ok()) return fail("--persist_queue: " + queue.status().message());
+  if (*queue < 4096) return fail("--persist_queue: at least 4KiB");
+  p.queue_bytes = *queue;
+  p.snapshot_dir = FLAGS_snapshot_dir;
+  rdkv::Result<std::chrono::milliseconds> interval = ParseDuration(FLAGS_snapshot_interval);
+  if (!interval.ok()) return fail("--snapshot_interval: " + interval.status().message());
+  p.snapshot_interval = *interval;
+  if (p.snapshot_interval.count() > 0 && p.durability == persistence::Durability::kNone) {
+    return fail("--snapshot_interval needs --durability=sync or async (none has no data on disk)");
+  }
+  if (FLAGS_snapshot_keep < 0) return fail("--snapshot_keep must be >= 0");
+  p.snapshot_keep = FLAGS_snapshot_keep;
+  p.restore_from = FLAGS_restore_from;
+  p.tuning.compression = FLAGS_rocksdb_compression;
+  rdkv::Result<uint64_t> wb = rdkv::ParseByteSize(FLAGS_rocksdb_write_buffer);
+  if (!wb.ok()) return fail("--rocksdb_write_buffer: " + wb.status().message());
+  p.tuning.write_buffer_bytes = *wb;
+  rdkv::Result<uint64_t> bc = rdkv::ParseByteSize(FLAGS_rocksdb_block_cache);
+  if (!bc.ok()) return fail("--rocksdb_block_cache: " + bc.status().message());
+  p.tuning.block_cache_bytes = *bc;
+  p.tuning.background_jobs = FLAGS_rocksdb_background_jobs;
+  // The mode and its promise, before anything else is logged about the data.
+  std::fprintf(stderr, "kvserver: %s\n", persistence::PromiseText(p).c_str());
+
   rdkv::Result<std::unique_ptr<rdkv::server::Server>> server = rdkv::server::Server::Start(o);
   if (!server.ok()) return fail("cannot start: " + server.status().ToString());
   uint16_t port = (*server)->port();
@@ -88,7 +174,8 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "kvserver serving on " << o.host << ":" << port << " over "
             << rdkv::transport::TransportKindName(o.transport) << " (" << FLAGS_memory
-            << " region, " << o.worker_threads << " worker threads)";
+            << " region, " << o.worker_threads << " worker threads, durability="
+            << persistence::DurabilityName(p.durability) << ")";
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

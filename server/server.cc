@@ -15,14 +15,24 @@ class ServerImpl final : public Server {
  public:
   ServerImpl(std::unique_ptr<transport::Fabric> fabric,
              std::unique_ptr<transport::MemoryRegion> region, std::unique_ptr<Store> store,
-             const ServerOptions& options)
+             std::unique_ptr<persistence::Persister> persister,
+             const persistence::RecoveryStats& recovered, const ServerOptions& options)
       : options_(options),
         fabric_(std::move(fabric)),
         region_(std::move(region)),
         store_(std::move(store)),
-        service_(store_.get(), kv::WireLimits{kv::kMaxKeyBytes, options.max_value_bytes}) {}
+        persister_(std::move(persister)),
+        recovered_(recovered),
+        service_(store_.get(), kv::WireLimits{kv::kMaxKeyBytes, options.max_value_bytes},
+                 persister_.get()) {}
 
-  ~ServerImpl() override { listener_.reset(); }  // stop serving before the region goes
+  ~ServerImpl() override {
+    // Deferred (sync-mode) replies go out while their clients are still connected; then stop
+    // serving before the persister and the region go.
+    if (persister_) persister_->Flush().IgnoreError();
+    listener_.reset();
+    persister_.reset();
+  }
 
   Status Listen() {
     transport::ListenOptions lo;
@@ -35,8 +45,9 @@ class ServerImpl final : public Server {
                           options_.max_value_bytes + 1024;
     lo.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
       thread_local std::vector<uint8_t> response;
-      service_.Handle(payload, &response);
-      reply.session->Reply(reply.request_id, response).IgnoreError();  // client gone: nothing to do
+      if (service_.Handle(payload, &response, &reply)) {
+        reply.session->Reply(reply.request_id, response).IgnoreError();  // client gone: nothing to do
+      }  // else deferred: the service answers through `reply` when the write is durable
     };
     RDKV_ASSIGN_OR_RETURN(listener_, fabric_->Listen(std::move(lo)));
     return Status::Ok();
@@ -63,6 +74,8 @@ class ServerImpl final : public Server {
     s.errors = c.errors.load();
     s.protocol_errors = c.protocol_errors.load();
     s.out_of_space = c.out_of_space.load();
+    s.io_errors = c.io_errors.load();
+    s.recovered = recovered_;
     return s;
   }
 
@@ -74,6 +87,8 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::Fabric> fabric_;
   std::unique_ptr<transport::MemoryRegion> region_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<persistence::Persister> persister_;  // null with durability=none
+  persistence::RecoveryStats recovered_;
   Service service_;
   std::unique_ptr<transport::Listener> listener_;
 };
@@ -103,8 +118,15 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
             << (region->huge_pages() ? " on huge pages" : "") << ", " << h.bucket_count
             << " index buckets (" << h.bucket_count * kv::kSlotsPerBucket << " slots), heap "
             << (h.heap_bytes >> 20) << " MiB, fabric " << fabric->Describe();
+  // Load what is on disk before listening: GETs never see a half-loaded table.
+  persistence::PersistOptions po = options.persist;
+  po.max_value_bytes = options.max_value_bytes;
+  persistence::RecoveryStats recovered;
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<persistence::Persister> persister,
+                        persistence::Persister::Start(po, store.get(), &recovered));
   auto server = std::make_unique<ServerImpl>(std::move(fabric), std::move(region),
-                                             std::move(store), options);
+                                             std::move(store), std::move(persister), recovered,
+                                             options);
   RDKV_RETURN_IF_ERROR(server->Listen());
   return std::unique_ptr<Server>(std::move(server));
 }

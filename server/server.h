@@ -11,6 +11,7 @@
 
 #include "common/transport/transport.h"
 #include "rdkv/status.h"
+#include "server/persistence/persister.h"
 
 namespace rdkv::server {
 
@@ -26,6 +27,9 @@ struct ServerOptions {
   int worker_threads = 2;
   std::chrono::milliseconds grace{90};    // freed memory is reused no earlier than this
   bool huge_pages = true;
+  // Durability, data dir, snapshots, RocksDB tuning (docs/persistence.md). The default is
+  // durability=none: nothing on disk. max_value_bytes above is passed on to it.
+  persistence::PersistOptions persist;
 };
 
 struct ServerStats {
@@ -38,13 +42,19 @@ struct ServerStats {
   uint64_t errors = 0;         // requests answered with an error status
   uint64_t protocol_errors = 0;
   uint64_t out_of_space = 0;
+  uint64_t io_errors = 0;      // writes refused or not made durable because the disk failed
+  persistence::RecoveryStats recovered;  // what was loaded from disk at start
 };
 
 class Server {
  public:
-  // Allocates and registers the region, formats it, starts listening.
+  // Allocates and registers the region, formats it, loads the data on disk into it (when
+  // persisting; docs/persistence.md "Recovery"), and only then starts listening: no client
+  // can see a half-loaded table.
   static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
-  virtual ~Server() = default;  // stops listening and frees the region
+  // Waits for queued writes to be durable, stops listening, closes the database, frees the
+  // region.
+  virtual ~Server() = default;
 
   virtual uint16_t port() const = 0;
   virtual ServerStats stats() const = 0;
