@@ -38,20 +38,20 @@ die() { echo "$PROG: error: $*" >&2; exit 2; }
 warn() { echo "$PROG: warning: $*" >&2; }
 say() { echo "$PROG: $*"; }
 
-usage() {
-  sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-  exit 2
+usage() {  # usage EXIT_STATUS: the header comment of this file
+  sed -n '2,/^[^#]/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'
+  exit "$1"
 }
 
 # --- arguments -------------------------------------------------------------------------------
 cmd=${1:-}
-[[ -n $cmd ]] || usage
+[[ -n $cmd ]] || usage 2
 shift
 N=""
 DIR=${RDKV_CLUSTER_DIR:-/tmp/rdkv-cluster}
 for a in "$@"; do
   case $a in
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     [0-9] | [0-9][0-9] | [0-9][0-9][0-9]) N=$a ;;
     -*) die "unknown option '$a'" ;;
     *) DIR=$a ;;
@@ -59,7 +59,7 @@ for a in "$@"; do
 done
 case $cmd in
   start | stop | status) ;;
-  -h | --help | help) usage ;;
+  -h | --help | help) usage 0 ;;
   *) die "unknown command '$cmd' (start|stop|status)" ;;
 esac
 DIR=${DIR%/}

@@ -146,6 +146,8 @@ s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(); time.sleep(60)' $((base + 1)
   # Bad arguments.
   expect_rc 2 "an unknown command is an error" "$LC" restart
   expect_rc 2 "N=0 is an error" "$LC" start 0 "$WORK/c8"
+  expect_rc 0 "--help" "$LC" --help
+  contains "  ... documents the environment" "RDKV_BASE_PORT"
 }
 
 test_real() {
