@@ -208,6 +208,25 @@ test_real() {
   check "  ... and reports 3 dead servers" test "$(grep -c ' dead' <<<"$OUT")" = 3
   expect_rc 0 "stop again (idempotent)" "$LC" stop "$d"
   check "no server logged an error" bash -c "! grep -h '^E[0-9]' $d/server-*/kvserver.log"
+
+  # With persistence: stop and start again in the same dir keeps what was written.
+  local help
+  help=$("$kvserver" --helpfull 2>&1 || true)
+  if ! grep -qE -- "^[[:space:]]+-durability \(" <<<"$help" || ! grep -qE -- "^[[:space:]]+-data_dir \(" <<<"$help"; then
+    echo "SKIPPED: restart with durability=sync: this kvserver has no --durability/--data_dir yet"
+  elif [[ ! -x $kvcli ]]; then
+    echo "SKIPPED: restart with durability=sync: no kvcli in $BUILD/tools yet"
+  else
+    local p=$WORK/c2 cli=("$kvcli" --transport=tcp --server="127.0.0.1:$base")
+    RDKV_DURABILITY=sync expect_rc 0 "start 2 servers with durability=sync" "$LC" start 2 "$p"
+    expect_rc 0 "  ... put a key" "${cli[@]}" put durable-key durable-value
+    expect_rc 0 "  ... stop" "$LC" stop "$p"
+    check "  ... the data dir of server 0 holds something" bash -c "[[ -n \$(ls -A '$p/server-0/data') ]]"
+    RDKV_DURABILITY=sync expect_rc 0 "  ... start again in the same dir" "$LC" start 2 "$p"
+    expect_rc 0 "  ... the key is still there" "${cli[@]}" get durable-key
+    contains "  ... with its value" "durable-value"
+    expect_rc 0 "  ... stop" "$LC" stop "$p"
+  fi
 }
 
 case $mode in
