@@ -896,7 +896,7 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
           << session->qp_num_ << ", READ depth " << int{out.responder_resources} << ")";
 }
 
-void VerbsListener::Teardown(const std::shared_ptr<ServerSessionImpl>& s) {
+void VerbsListener::Teardown(std::shared_ptr<ServerSessionImpl> s) {  // by value: erases its map entry
   by_id_.erase(s->cm_id_.get());
   UnregisterAsyncSink(s->qp_.get());
   {
@@ -913,7 +913,7 @@ void VerbsListener::Teardown(const std::shared_ptr<ServerSessionImpl>& s) {
   --live_sessions_;
 }
 
-void VerbsListener::ReapSessions(bool force) {
+void VerbsListener::ReapSessions() {
   const Clock::time_point now = Clock::now();
   const uint64_t epoch = cq_empty_epoch_.load(std::memory_order_acquire);
   std::vector<std::shared_ptr<ServerSessionImpl>> done;
@@ -926,11 +926,14 @@ void VerbsListener::ReapSessions(bool force) {
       continue;
     }
     // Destroy the QP only once the workers have seen every completion it can produce: no send
-    // in flight, the shared CQ found empty twice since, and a grace period for the SRQ.
-    const bool drained = s->chan_.sends_in_flight() == 0 && epoch >= s->dead_epoch_ + 2;
+    // in flight, the shared CQ found empty twice since, and the SRQ done with it (the device's
+    // LAST_WQE_REACHED event, or a grace period where the device sends none). A session whose
+    // completions nobody polls (paused workers) goes after 10 s regardless; its late
+    // completions then find no session and are dropped.
     const auto dead_for = now - s->dead_since_;
-    if (force || (drained && dead_for >= std::chrono::milliseconds(200)) ||
-        dead_for >= std::chrono::seconds(10)) {
+    const bool drained = s->chan_.sends_in_flight() == 0 && epoch >= s->dead_epoch_ + 2 &&
+                         (s->last_wqe_reached_.load() || dead_for >= std::chrono::milliseconds(200));
+    if (drained || dead_for >= std::chrono::seconds(10)) {
       done.push_back(s);
     }
   }
@@ -1000,7 +1003,7 @@ void VerbsListener::CmThreadMain() {
       LOG(ERROR) << "verbs listener port " << port_
                  << ": ibv_post_srq_recv failed; receive buffers were lost";
     }
-    ReapSessions(false);
+    ReapSessions();
   }
 }
 

@@ -317,8 +317,8 @@ class VerbsListener final : public Listener, public AsyncEventSink {
                             std::span<const uint8_t> private_data);
   void Reject(CmId id, RejectReason reason, const std::string& text);
   Status GrowSrq();
-  void ReapSessions(bool force);
-  void Teardown(const std::shared_ptr<ServerSessionImpl>& s);
+  void ReapSessions();
+  void Teardown(std::shared_ptr<ServerSessionImpl> s);
 
   // Datapath (workers).
   void WorkerMain();
