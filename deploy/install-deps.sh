@@ -11,7 +11,7 @@ build_pkgs=(
   librocksdb-dev libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libxxhash-dev nlohmann-json3-dev libreadline-dev
   clang libclang-rt-14-dev
-  iproute2 procps psmisc
+  iproute2 procps psmisc python3 systemd
 )
 # The Soft-RoCE VM harness (tests/rxe/): qemu under TCG, a busybox initramfs, the Debian kernel.
 vm_pkgs=(qemu-system-x86 busybox-static cpio kmod)
@@ -27,15 +27,26 @@ for p in "${want[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "install-deps: all ${#want[@]} packages present"
-  exit 0
-fi
+# Node.js runs the offline Kubernetes schema check (tests/deploy). Use the machine's own node/npm
+# when present (a NodeSource node ships npm and conflicts with Debian's npm package).
+if ! command -v node >/dev/null 2>&1; then want+=(nodejs); missing+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then want+=(npm); missing+=(npm); fi
 
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#want[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The schema validator's npm packages, pinned by tests/deploy/package-lock.json.
+here=$(cd "$(dirname "$0")/.." && pwd)
+if [[ -f $here/tests/deploy/package-lock.json && ! -d $here/tests/deploy/node_modules/kubernetes-models ]]; then
+  echo "install-deps: npm ci in tests/deploy"
+  npm ci --prefix "$here/tests/deploy" --no-audit --no-fund --loglevel=error
+fi
 echo "install-deps: done"

@@ -57,14 +57,14 @@ stage_asan() {
   if [[ ${RDKV_SKIP_SANITIZERS:-0} == 1 ]]; then echo "SKIPPED: asan (RDKV_SKIP_SANITIZERS=1)"; return 0; fi
   sanitizer_build asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    ctest --preset asan --label-exclude "vm-only|slow" --timeout 900
+    ctest --preset asan --label-exclude "vm-only|slow|deploy" --timeout 900
 }
 stage_tsan() {
   if [[ ${RDKV_SKIP_SANITIZERS:-0} == 1 ]]; then echo "SKIPPED: tsan (RDKV_SKIP_SANITIZERS=1)"; return 0; fi
   sanitizer_build tsan
   # The torture test runs a smaller (still >= 200k GETs) load under TSan's 5-15x slowdown.
   RDKV_TORTURE_GETS=${RDKV_TSAN_TORTURE_GETS:-200000} \
-    ctest --preset tsan --label-exclude "vm-only|slow" --timeout 900
+    ctest --preset tsan --label-exclude "vm-only|slow|deploy" --timeout 900
 }
 stage_fuzz() {
   cmake --preset fuzz >/dev/null
