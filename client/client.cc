@@ -422,15 +422,19 @@ class ClientImpl final : public Client {
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(10 << shift, 2000)));
   }
 
-  // One READ per job with a cached location, in batches. Accepted jobs are done; the rest
-  // forget the stale location and go through the index.
+  // One READ per job with a cached location, in batches (with cache_checks_slot, also the
+  // key's window in the same batch). Accepted jobs are done; the rest forget the stale
+  // location and go through the index.
   Status CachePass(Session& session, ScratchLease& x, std::span<KeyJob> jobs) {
     const kv::RegionHeader& h = session.header();
+    const bool check_slot = options_.cache_checks_slot;
+    const size_t per_job = check_slot ? 2 : 1;
     const size_t max_ops = std::min(x->op_capacity, batch_limit_);
     for (size_t i = 0; i < jobs.size();) {
       x->batch.clear();
       x->tags.clear();
       size_t bytes = 0;
+      size_t windows = 0;
       size_t j = i;
       for (; j < jobs.size(); ++j) {
         KeyJob& job = jobs[j];
@@ -443,13 +447,23 @@ class ClientImpl final : public Client {
           job.cached.reset();
           continue;
         }
-        if (x->batch.size() == max_ops || bytes + len > x->item_capacity) break;
+        if (x->batch.size() + per_job > max_ops || bytes + len > x->item_capacity ||
+            (check_slot && windows == x->window_capacity)) {
+          break;
+        }
         AddRead(session, *x, x->items + bytes, *off, len, (uint64_t{j} << 32) | bytes);
         bytes += len;
+        if (check_slot) {  // right after its item: batch[k + 1]
+          AddRead(session, *x, x->windows + windows * kv::kWindowBytes, job.window_offset,
+                  kv::kWindowBytes, windows);
+          ++windows;
+        }
       }
       if (!x->batch.empty()) {
+        Clock::time_point t0 = Clock::now();
         RDKV_RETURN_IF_ERROR(RunReads(session, x));
-        for (size_t k = 0; k < x->batch.size(); ++k) {
+        bool in_time = !check_slot || Clock::now() - t0 <= options_.read_deadline;
+        for (size_t k = 0; k < x->batch.size(); k += per_job) {
           KeyJob& job = jobs[x->tags[k] >> 32];
           const uint8_t* item = x->items + static_cast<uint32_t>(x->tags[k]);
           std::string_view value;
@@ -457,7 +471,10 @@ class ClientImpl final : public Client {
           bool torn = false;
           Verdict v = ClassifyItem(item, x->batch[k]->length, job.key, &value, &version, &torn);
           if (torn) Add(stats_.torn_reads);
-          if (v == Verdict::kAccept) {
+          bool linked = !check_slot ||
+                        (in_time && WindowHolds(x->windows + x->tags[k + 1] * kv::kWindowBytes,
+                                                job.fingerprint, *job.cached));
+          if (v == Verdict::kAccept && linked) {
             Add(stats_.cache_hits);
             Accept(job, value, version);
           } else {
@@ -469,6 +486,20 @@ class ClientImpl final : public Client {
       i = j;
     }
     return Status::Ok();
+  }
+
+  // True when a slot of the window points at `loc` under `fingerprint`.
+  static bool WindowHolds(const uint8_t* window, uint16_t fingerprint, CachedLocation loc) {
+    for (size_t s = 0; s < kMaxCandidates; ++s) {
+      uint64_t word;
+      std::memcpy(&word, window + s * 8, 8);
+      kv::SlotFields f = kv::UnpackSlot(word);
+      if (word != 0 && f.fingerprint == fingerprint && f.offset_units == loc.offset_units &&
+          f.units == loc.units) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // One index attempt for up to batch_limit_ unresolved jobs from jobs[i...]: their windows

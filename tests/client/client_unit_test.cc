@@ -264,6 +264,37 @@ TEST_F(FakeClientTest, StaleCacheFallsBackToIndex) {
   EXPECT_EQ(c->stats().cache_misses, 2u);
 }
 
+// A write between storing its new slot and retiring the old item (server/store.cc's order):
+// a GET through the index already returns the new value. A cached GET that starts afterwards
+// must not return the old one; with cache_checks_slot it sees the slot moved and falls back.
+TEST_F(FakeClientTest, CacheChecksSlotNeverGoesBackInTime) {
+  ClientOptions o;
+  o.cache_checks_slot = true;
+  auto a = MustConnect(o);
+  ClientOptions ob;
+  ob.location_cache_entries = 0;
+  auto b = MustConnect(ob);
+  uint64_t v1 = 0;
+  ASSERT_TRUE(server_.Apply(kv::Op::kPut, "k", "old", 0, &v1).ok());
+  ASSERT_TRUE(a->Get("k").ok());
+  ClientStats s0 = a->stats();
+  ASSERT_TRUE(a->Get("k").ok());  // a cache hit: item + window, one batch
+  EXPECT_EQ(a->stats().get_reads - s0.get_reads, 2u);
+  EXPECT_EQ(a->stats().cache_hits - s0.cache_hits, 1u);
+
+  uint64_t* slot = server_.FindSlot("k");
+  uint64_t old = *slot;
+  *slot = server_.WriteItem("k", "new", v1 + 1);  // linked; the old item is still LIVE
+  auto gb = b->Get("k");
+  ASSERT_TRUE(gb.ok());
+  EXPECT_EQ(gb->value, "new");
+  auto ga = a->Get("k");
+  ASSERT_TRUE(ga.ok());
+  EXPECT_EQ(ga->value, "new");
+  EXPECT_EQ(ga->version, v1 + 1);
+  server_.Retire(old);
+}
+
 TEST_F(FakeClientTest, WritesInvalidateOwnCacheEntry) {
   auto c = MustConnect();
   ASSERT_TRUE(c->Put("k", "v1").ok());

@@ -59,6 +59,11 @@ struct ClientOptions {
   int max_get_attempts = 16;
   // Remembers item locations so a repeated GET can take one READ. 0 disables.
   size_t location_cache_entries = 65536;
+  // With the location cache: also READ the key's index window in the same batch as the cached
+  // item (one round trip, two READs) and accept the item only if a slot still points at it.
+  // Off: a cached GET is one READ, linearizable only if the server never lets an item look
+  // LIVE while no slot points at it (see docs/design.md, "cache path").
+  bool cache_checks_slot = false;
   // Most READs one call posts at once (MultiGet batches; never above the connection's limit).
   uint32_t max_batch_reads = 256;
   // READs in flight at once on one connection, shared by all threads.
