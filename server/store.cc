@@ -117,7 +117,7 @@ uint64_t* Store::FindSlot(uint64_t hash, std::string_view key) const {
   return nullptr;
 }
 
-void Store::RetireItem(uint64_t slot_word) {
+Block Store::MarkDead(uint64_t slot_word) {
   kv::SlotFields s = kv::UnpackSlot(slot_word);
   ItemHeader* it = ItemAt(s.offset_units);
   // State first, then the checksum that covers it: a READ between the two stores sees a
@@ -131,7 +131,7 @@ void Store::RetireItem(uint64_t slot_word) {
   StoreWord(&it->checksum, sum);
   items_.fetch_sub(1, std::memory_order_relaxed);
   item_bytes_.fetch_sub(kv::ItemBytes(it->key_bytes, it->value_bytes), std::memory_order_relaxed);
-  allocator_.Retire(Block{s.offset_units, it->units});
+  return Block{s.offset_units, it->units};
 }
 
 Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view value,
@@ -204,13 +204,18 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   h.checksum = kv::ItemChecksum(h, key, value);
   std::memcpy(it, &h, sizeof(h));
 
+  // The old item dies before the slot moves on: once any reader can see the new value through
+  // the slot, no reader can accept the old one (not even through a cached location).
   uint64_t old = LoadWord(slot);
+  Block old_block{};
+  if (old != 0) old_block = MarkDead(old);
   // Publish: the item's bytes happen-before the slot store (release).
   StoreWord(slot, kv::PackSlot({kv::FingerprintOf(hash), static_cast<uint16_t>(units),
                                 b.offset_units}));
   items_.fetch_add(1, std::memory_order_relaxed);
   item_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  if (old != 0) RetireItem(old);
+  // The grace period starts once no slot points at the old block.
+  if (old != 0) allocator_.Retire(old_block);
   return h.version;
 }
 
@@ -237,9 +242,10 @@ Status Store::Delete(std::string_view key) {
   WindowLock lock(*this, hash);
   uint64_t* slot = FindSlot(hash, key);
   if (slot == nullptr) return Status::NotFound("key not found");
-  uint64_t old = LoadWord(slot);
+  // Dead first, then unlinked (see Write), then the grace period.
+  Block old_block = MarkDead(LoadWord(slot));
   StoreWord(slot, 0);
-  RetireItem(old);
+  allocator_.Retire(old_block);
   return Status::Ok();
 }
 

@@ -83,7 +83,8 @@ class Store {
   uint64_t* FindSlot(uint64_t hash, std::string_view key) const;
   uint64_t* Window(uint64_t hash) const;
   kv::ItemHeader* ItemAt(uint32_t offset_units) const;
-  void RetireItem(uint64_t slot_word);
+  // Marks the item a slot word points at DEAD (state, then checksum) and returns its block.
+  Block MarkDead(uint64_t slot_word);
 
   uint8_t* const region_;
   const kv::RegionHeader* const header_;
