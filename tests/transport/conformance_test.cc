@@ -19,6 +19,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -102,6 +103,23 @@ std::vector<uint8_t> BigResponseFor(uint32_t size, uint8_t seed) {
   for (uint32_t i = 0; i < size; ++i) out[i] = static_cast<uint8_t>(i * 31 + seed);
   return out;
 }
+
+// Joins a thread when the scope ends, also when an ASSERT returns early: the destructor of a
+// joinable std::thread would terminate the whole test binary instead of failing one test.
+// `stop` runs first and must make the thread finish soon.
+class Joiner {
+ public:
+  Joiner(std::thread& thread, std::function<void()> stop) : thread_(thread), stop_(std::move(stop)) {}
+  ~Joiner() {
+    if (!thread_.joinable()) return;
+    stop_();
+    thread_.join();
+  }
+
+ private:
+  std::thread& thread_;
+  std::function<void()> stop_;
+};
 
 bool IsConnectionFailure(const Status& s) {
   return s.Is(StatusCode::kConnectionLost) || s.Is(StatusCode::kUnavailable);
@@ -492,6 +510,7 @@ TEST_P(TransportConformance, ReadsRacingAWriterSeeOnlyOldOrNewBytes) {
       generation.store(g, std::memory_order_release);
     }
   });
+  Joiner join_writer(writer, [&] { stop = true; });
   const size_t iterations = Scaled(2000, 100);
   std::mt19937_64 rng(99);
   size_t checked = 0, spanning = 0;
@@ -556,8 +575,10 @@ TEST_P(TransportConformance, DeferredRepliesFromAnotherThreadInAnyOrder) {
   std::vector<uint8_t> resp1, resp2;
   Status s1, s2;
   std::thread c1([&] { s1 = conn_->Call(r1, &resp1, 20s); });
+  Joiner join_c1(c1, [&] { listener_.reset(); });  // on failure: end the call now
   ASSERT_TRUE(WaitDeferred(1, 10s));
   std::thread c2([&] { s2 = conn_->Call(r2, &resp2, 20s); });
+  Joiner join_c2(c2, [&] { listener_.reset(); });
   ASSERT_TRUE(WaitDeferred(2, 10s));
   // While two replies are deferred the workers keep serving.
   CallAndCheck(conn_.get(), 10, 3);
@@ -585,6 +606,7 @@ TEST_P(TransportConformance, ReplyAfterTheListenerIsGoneReportsConnectionLost) {
   std::vector<uint8_t> response;
   Status call;
   std::thread c([&] { call = conn_->Call(MakeRequest('D', 8, 1), &response, 20s); });
+  Joiner join_c(c, [&] { listener_.reset(); });
   ASSERT_TRUE(WaitDeferred(1, 10s));
   Deferred d;
   {
@@ -637,10 +659,27 @@ TEST_P(TransportConformance, PausedWorkersTimeCallsOutWhileReadsStillComplete) {
     EXPECT_EQ(listener_->stats().reads_served - served_before, 20u);
   }
   EXPECT_EQ(handled_.load(), 0u);
+  // Two more requests time out while paused; then a call is in flight (on tcp, in the very slot
+  // the timed-out calls used) when the workers resume and answer all of them. The late responses
+  // must be dropped: the waiting call gets its own.
+  for (uint64_t seed : {22, 23}) {
+    std::vector<uint8_t> late = MakeRequest('E', 64, seed);
+    s = conn_->Call(late, &response, 100ms);
+    EXPECT_TRUE(s.Is(StatusCode::kTimedOut)) << s.ToString();
+  }
+  std::vector<uint8_t> fresh = MakeRequest('E', 64, 24), fresh_response;
+  Status fresh_status;
+  std::thread c([&] { fresh_status = conn_->Call(fresh, &fresh_response, 20s); });
+  Joiner join_c(c, [&] { listener_->PauseWorkers(false); });
+  std::this_thread::sleep_for(100ms);
   listener_->PauseWorkers(false);
-  // The late response to the timed-out call is dropped; the next call gets its own.
-  CallAndCheck(conn_.get(), 64, 22);
-  CallAndCheck(conn_.get(), 64, 23);
+  c.join();
+  ASSERT_TRUE(fresh_status.ok()) << fresh_status.ToString();
+  EXPECT_EQ(fresh_response, Transform(fresh)) << "a late response reached a later call";
+  CallAndCheck(conn_.get(), 64, 25);
+  Clock::time_point deadline = Clock::now() + 5s;
+  while (handled_.load() < 5 && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(handled_.load(), 5u);
 }
 
 // ---- connection life cycle -------------------------------------------------------------------

@@ -577,12 +577,19 @@ TEST_F(TcpListenerInput, CallsBeyondMaxOutstandingCallsWaitThenReportBusy) {
 }
 
 TEST_F(TcpListenerInput, ConnectionToNothingIsUnavailable) {
-  uint16_t port = listener_->port();
-  good_.reset();
-  listener_.reset();
+  // A port that is bound but not listening (and stays bound, so no other test can take it).
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  fds_.push_back(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
   ConnectOptions co;
   co.host = "127.0.0.1";
-  co.port = port;
+  co.port = ntohs(a.sin_port);
   co.connect_timeout = 2s;
   auto c = fabric_->Connect(co);
   ASSERT_FALSE(c.ok());
