@@ -5,6 +5,8 @@
 #include <rocksdb/iterator.h>
 #include <rocksdb/options.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -91,18 +93,31 @@ Status ForEachItem(rocksdb::DB* db, const std::string& db_dir, Fn&& fn) {
   return FromRocks("reading " + db_dir, it->status());
 }
 
-// Items copied out of RocksDB, to be applied in version order.
+// Items copied out of RocksDB, to be applied in version order. Chunks are anonymous mappings
+// with transparent-huge-page advice: a 5-million-item load otherwise spends a tenth of its
+// time in page faults.
 class Arena {
  public:
   static constexpr size_t kChunk = 64u << 20;
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    for (auto& [p, n] : chunks_) munmap(p, n);
+  }
+  // nullptr when memory runs out.
   const char* Add(std::string_view key, std::string_view value) {
     size_t need = 8 + key.size() + value.size();
     if (chunks_.empty() || used_ + need > cap_) {
-      cap_ = std::max(kChunk, need);
-      chunks_.push_back(std::make_unique<char[]>(cap_));
+      size_t n = std::max(kChunk, need);
+      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return nullptr;
+      madvise(p, n, MADV_HUGEPAGE);
+      chunks_.emplace_back(static_cast<char*>(p), n);
+      cap_ = n;
       used_ = 0;
     }
-    char* p = chunks_.back().get() + used_;
+    char* p = chunks_.back().first + used_;
     uint32_t kb = static_cast<uint32_t>(key.size()), vb = static_cast<uint32_t>(value.size());
     std::memcpy(p, &kb, 4);
     std::memcpy(p + 4, &vb, 4);
@@ -120,7 +135,7 @@ class Arena {
   }
 
  private:
-  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::vector<std::pair<char*, size_t>> chunks_;
   size_t used_ = 0;
   size_t cap_ = 0;
 };
@@ -202,13 +217,20 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
               " MiB of the " + std::to_string(heap_units * kv::kUnit >> 20) + " MiB heap (" +
               std::to_string(slots) + " index slots); start with a larger --memory");
         }
-        order.emplace_back(version, arena.Add(k, v));
+        const char* entry = arena.Add(k, v);
+        if (entry == nullptr) {
+          return Status::OutOfSpace("recovery: no memory to stage " + db_dir + " (after " +
+                                    std::to_string(stats.keys) + " keys)");
+        }
+        order.emplace_back(version, entry);
         stats.max_version = std::max(stats.max_version, version);
-        progress("reading", stats.keys, std::max(estimate, stats.keys));
+        if ((stats.keys & 0xfff) == 0) progress("reading", stats.keys, std::max(estimate, stats.keys));
         return Status::Ok();
       });
   if (!s.ok()) return s;
   rodb.db.reset();  // the RocksDB side is done: free its memtables and caches
+  const Clock::time_point read_done = Clock::now();
+  stats.read_seconds = std::chrono::duration<double>(read_done - start).count();
 
   // Phase 2: apply in version order, so every item gets exactly its version back.
   std::sort(order.begin(), order.end(),
@@ -238,7 +260,9 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   }
   stats.max_version = std::max(stats.max_version, rodb.meta_max_version);
   store->EnsureVersionAbove(stats.max_version + kVersionGapAfterRecovery);
-  stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const Clock::time_point end = Clock::now();
+  stats.seconds = std::chrono::duration<double>(end - start).count();
+  stats.apply_seconds = std::chrono::duration<double>(end - read_done).count();
   return stats;
 }
 
