@@ -56,10 +56,19 @@ std::unique_ptr<Client> ConnectTo(uint16_t port, ClientOptions o = {}) {
 
 class ClientE2ETest : public ::testing::Test {
  protected:
+  static ClientOptions Slow() {
+    ClientOptions o;
+    o.read_deadline = 500ms;
+    return o;
+  }
   void SetUp() override {
-    server_ = StartServer();
+    // A long grace period allows a long read deadline (< grace / 2): sanitizer builds then
+    // add no slow-attempt retries to the READ counts these tests check.
+    server::ServerOptions so = SmallServer();
+    so.grace = 2s;
+    server_ = StartServer(so);
     ASSERT_NE(server_, nullptr);
-    client_ = ConnectTo(server_->port());
+    client_ = ConnectTo(server_->port(), Slow());
     ASSERT_NE(client_, nullptr);
   }
   std::unique_ptr<server::Server> server_;
@@ -242,7 +251,7 @@ TEST_F(ClientE2ETest, LocationCacheMakesTheSecondGetOneRead) {
 
   // Another client replaces the value: the cached location now holds a retired item, the GET
   // falls back to the index and returns the new value.
-  auto other = ConnectTo(server_->port());
+  auto other = ConnectTo(server_->port(), Slow());
   auto v = other->Put("hot", "newer");
   ASSERT_TRUE(v.ok());
   auto g = c.Get("hot");
@@ -252,7 +261,7 @@ TEST_F(ClientE2ETest, LocationCacheMakesTheSecondGetOneRead) {
   EXPECT_GE(c.stats().cache_misses, 1u);
 
   // Without a cache every GET is two READs.
-  ClientOptions o;
+  ClientOptions o = Slow();
   o.location_cache_entries = 0;
   auto nocache = ConnectTo(server_->port(), o);
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(nocache->Get("hot").ok());

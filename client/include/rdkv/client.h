@@ -83,7 +83,8 @@ struct ClientStats {
   uint64_t cache_hits = 0;         // GETs answered by one READ from the location cache
   uint64_t torn_reads = 0;         // items that failed their checksum
   uint64_t writes = 0;
-  uint64_t errors = 0;             // calls that returned an error other than kNotFound
+  uint64_t errors = 0;             // failed calls (kNotFound, kAlreadyExists and
+                                   // kVersionMismatch are answers, not errors)
   uint64_t cache_misses = 0;       // cached locations that no longer held the key (fell back)
   uint64_t slow_reads = 0;         // attempts restarted because they exceeded read_deadline
   uint64_t reconnects = 0;         // connections replaced after a failure
