@@ -297,11 +297,15 @@ void VerbsFabric::ThreadMain() {
       const rdma_cm_event_type type = ev->event;
       const int status = ev->status;
       rdma_cm_id* id = ev->id;
-      if (rdma_ack_cm_event(ev) != 0) PLOG(ERROR) << "rdma_ack_cm_event";
       if (type != RDMA_CM_EVENT_TIMEWAIT_EXIT) {
         VLOG(1) << "verbs client cm event " << rdma_event_str(type) << " status " << status;
       }
+      // Ack under sinks_mu_: the id was registered under it before it migrated here, which
+      // orders its creation before this thread's use of it in a way ThreadSanitizer can see
+      // (the real ordering goes through the kernel's event queue). The owner unregisters under
+      // the same lock before rdma_destroy_id, which waits for this ack.
       std::lock_guard<std::mutex> lk(sinks_mu_);
+      if (rdma_ack_cm_event(ev) != 0) PLOG(ERROR) << "rdma_ack_cm_event";
       auto it = sinks_.find(id);
       if (it != sinks_.end()) it->second->OnCmEvent(type, status);
     }
