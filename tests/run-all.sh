@@ -68,7 +68,7 @@ stage_tsan() {
 }
 stage_fuzz() {
   cmake --preset fuzz >/dev/null
-  cmake --build --preset fuzz -j "$JOBS"
+  cmake --build --preset fuzz -j "$JOBS" --target rdkv_fuzzers
   tests/fuzz/run-fuzzers.sh build/fuzz "${RDKV_FUZZ_SECONDS:-30}"
 }
 stage_vm() {

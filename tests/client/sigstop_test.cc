@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -84,6 +85,7 @@ TEST_F(SigstopTest, GetsNeedNoServerCpuWritesDo) {
   for (int i = 0; i < kKeys; ++i) {
     ASSERT_TRUE(client_->Put("key" + std::to_string(i), "value" + std::to_string(i)).ok());
   }
+  std::fprintf(stderr, "sigstop_test: %d keys stored; stopping kvserver (pid %d)\n", kKeys, pid_);
   ASSERT_EQ(kill(pid_, SIGSTOP), 0);
   // Make sure the process really is stopped before measuring anything.
   for (int i = 0; i < 100; ++i) {
@@ -109,6 +111,7 @@ TEST_F(SigstopTest, GetsNeedNoServerCpuWritesDo) {
     EXPECT_EQ(r->value, "value" + std::to_string(i));
   }
   EXPECT_EQ(client_->Get("never-stored").status().code(), rdkv::StatusCode::kNotFound);
+  std::fprintf(stderr, "sigstop_test: %d GETs answered while stopped; now a PUT (expect a timeout)\n", kKeys);
   auto put = client_->Put("key0", "while-stopped");
   EXPECT_EQ(put.status().code(), rdkv::StatusCode::kTimedOut) << put.status().ToString();
   {
@@ -120,6 +123,8 @@ TEST_F(SigstopTest, GetsNeedNoServerCpuWritesDo) {
     stat >> utime >> stime;
     EXPECT_EQ(utime + stime, server_ticks_before) << "the stopped server used CPU";
   }
+  std::fprintf(stderr, "sigstop_test: PUT while stopped: %s; resuming kvserver\n",
+               put.status().ToString().c_str());
   ASSERT_EQ(kill(pid_, SIGCONT), 0);
   auto after = client_->Put("key0", "after-resume");
   ASSERT_TRUE(after.ok()) << after.status().ToString();
