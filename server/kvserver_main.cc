@@ -11,6 +11,7 @@
 
 #include "common/transport/transport.h"
 #include "common/util/units.h"
+#include "common/cluster/cluster_map.h"
 #include "server/server.h"
 
 DEFINE_string(host, "127.0.0.1", "Address to listen on (verbs: the RDMA device's IP address).");
@@ -30,6 +31,11 @@ DEFINE_string(max_value_size, "1MiB", "Largest value accepted (at most 1MiB).");
 DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply writes.");
 DEFINE_int32(grace_ms, 90, "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");
+DEFINE_string(cluster_map, "", "Cluster map file (JSON, see docs/design.md \"Cluster\"): which "
+              "server owns which shard. Empty: a standalone server owning every key.");
+DEFINE_int32(server_id, -1, "This server's id in --cluster_map (required with it).");
+DEFINE_int32(ownership_lease_ms, 100, "A server that loses a shard waits this long before "
+             "acknowledging the map change; clients trust an ownership READ this long.");
 DEFINE_bool(huge_pages, true, "Back the region with 2 MiB huge pages when the system has them.");
 
 // Persistence (docs/persistence.md).
@@ -120,6 +126,21 @@ int main(int argc, char** argv) {
   if (FLAGS_grace_ms < 1) return fail("--grace_ms must be positive");
   o.grace = std::chrono::milliseconds(FLAGS_grace_ms);
   o.huge_pages = FLAGS_huge_pages;
+  if (!FLAGS_cluster_map.empty()) {
+    rdkv::Result<rdkv::cluster::ClusterMap> map = rdkv::cluster::LoadClusterMap(FLAGS_cluster_map);
+    if (!map.ok()) return fail("--cluster_map: " + map.status().message());
+    if (FLAGS_server_id < 0) return fail("--server_id is required with --cluster_map");
+    if (map->FindServer(static_cast<uint32_t>(FLAGS_server_id)) == nullptr) {
+      return fail("--server_id=" + std::to_string(FLAGS_server_id) + " is not in " +
+                  FLAGS_cluster_map);
+    }
+    o.cluster_map = std::move(*map);
+    o.server_id = static_cast<uint32_t>(FLAGS_server_id);
+  } else if (FLAGS_server_id >= 0) {
+    return fail("--server_id needs --cluster_map");
+  }
+  if (FLAGS_ownership_lease_ms < 1) return fail("--ownership_lease_ms must be positive");
+  o.ownership_lease = std::chrono::milliseconds(FLAGS_ownership_lease_ms);
 
   namespace persistence = rdkv::server::persistence;
   persistence::PersistOptions& p = o.persist;

@@ -16,15 +16,19 @@ class ServerImpl final : public Server {
   ServerImpl(std::unique_ptr<transport::Fabric> fabric,
              std::unique_ptr<transport::MemoryRegion> region, std::unique_ptr<Store> store,
              std::unique_ptr<persistence::Persister> persister,
+             std::unique_ptr<ClusterState> cluster,
              const persistence::RecoveryStats& recovered, const ServerOptions& options)
       : options_(options),
         fabric_(std::move(fabric)),
         region_(std::move(region)),
         store_(std::move(store)),
         persister_(std::move(persister)),
+        cluster_(std::move(cluster)),
         recovered_(recovered),
         service_(store_.get(), kv::WireLimits{kv::kMaxKeyBytes, options.max_value_bytes},
-                 persister_.get()) {}
+                 persister_.get()) {
+    service_.set_cluster(cluster_.get());
+  }
 
   ~ServerImpl() override {
     // Deferred (sync-mode) replies go out while their clients are still connected; then stop
@@ -88,6 +92,7 @@ class ServerImpl final : public Server {
   std::unique_ptr<transport::MemoryRegion> region_;
   std::unique_ptr<Store> store_;
   std::unique_ptr<persistence::Persister> persister_;  // null with durability=none
+  std::unique_ptr<ClusterState> cluster_;              // null when standalone
   persistence::RecoveryStats recovered_;
   Service service_;
   std::unique_ptr<transport::Listener> listener_;
@@ -111,8 +116,24 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   so.index_fraction = options.index_fraction;
   so.max_value_bytes = options.max_value_bytes;
   so.grace = options.grace;
+  if (options.cluster_map) {
+    so.shard_count = options.cluster_map->shards;
+    so.server_id = options.server_id;
+  }
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
                         Store::Format(region->data(), region->size(), so));
+  // Ownership before recovery and listening: a client never sees shards it may not read.
+  std::unique_ptr<ClusterState> cluster;
+  if (options.cluster_map) {
+    RDKV_ASSIGN_OR_RETURN(cluster, ClusterState::Create(store.get(), *options.cluster_map,
+                                                        options.server_id,
+                                                        options.ownership_lease));
+    LOG(INFO) << "cluster: server " << options.server_id << " of "
+              << options.cluster_map->servers.size() << ", map epoch "
+              << options.cluster_map->epoch << ", owns "
+              << options.cluster_map->ShardsOf(options.server_id).size() << " of "
+              << options.cluster_map->shards << " shards";
+  }
   const kv::RegionHeader& h = store->header();
   LOG(INFO) << "region: " << (region->size() >> 20) << " MiB"
             << (region->huge_pages() ? " on huge pages" : "") << ", " << h.bucket_count
@@ -125,8 +146,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<persistence::Persister> persister,
                         persistence::Persister::Start(po, store.get(), &recovered));
   auto server = std::make_unique<ServerImpl>(std::move(fabric), std::move(region),
-                                             std::move(store), std::move(persister), recovered,
-                                             options);
+                                             std::move(store), std::move(persister),
+                                             std::move(cluster), recovered, options);
   RDKV_RETURN_IF_ERROR(server->Listen());
   return std::unique_ptr<Server>(std::move(server));
 }

@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/transport/transport.h"
 #include "rdkv/status.h"
+#include "common/cluster/cluster_map.h"
 #include "server/persistence/persister.h"
 
 namespace rdkv::server {
@@ -30,6 +32,12 @@ struct ServerOptions {
   // Durability, data dir, snapshots, RocksDB tuning (docs/persistence.md). The default is
   // durability=none: nothing on disk. max_value_bytes above is passed on to it.
   persistence::PersistOptions persist;
+  // Cluster (docs/design.md "Cluster"): the map and this server's id in it. No map: standalone.
+  std::optional<cluster::ClusterMap> cluster_map;
+  uint32_t server_id = 0;
+  // A server that loses a shard waits this long before acknowledging the map change; clients
+  // trust an ownership READ for at most this long.
+  std::chrono::milliseconds ownership_lease{100};
 };
 
 struct ServerStats {

@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <charconv>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -72,9 +73,23 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
   uint64_t version = 0;
   std::string body;
   const bool write = r.op == kv::Op::kPut || r.op == kv::Op::kInsert ||
-                     r.op == kv::Op::kCas || r.op == kv::Op::kDelete;
+                     r.op == kv::Op::kCas || r.op == kv::Op::kDelete || r.op == kv::Op::kImport;
   if (write) {
+    // Cluster: the owner check and the apply happen under one guard, so a map change that takes
+    // the shard away waits for this write (and the shard's data is complete when it moves).
+    std::shared_lock<std::shared_mutex> owner_guard;
+    if (cluster_ != nullptr && r.op != kv::Op::kImport) {
+      owner_guard = cluster_->WriteGuard();
+      uint64_t epoch = 0;
+      Status own = cluster_->CheckOwner(r.key, &epoch);
+      if (!own.ok()) {
+        counters_.wrong_owner.fetch_add(1, std::memory_order_relaxed);
+        kv::EncodeResponse(own, epoch, {}, response);
+        return true;
+      }
+    }
     switch (r.op) {
+      case kv::Op::kImport: counters_.imports.fetch_add(1, std::memory_order_relaxed); break;
       case kv::Op::kPut: counters_.puts.fetch_add(1, std::memory_order_relaxed); break;
       case kv::Op::kInsert: counters_.inserts.fetch_add(1, std::memory_order_relaxed); break;
       case kv::Op::kCas: counters_.cas.fetch_add(1, std::memory_order_relaxed); break;
@@ -90,6 +105,9 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
         key_lock = std::unique_lock<std::mutex>(key_stripes_[kv::KeyHash(r.key) % kKeyStripes]);
       }
       switch (r.op) {
+        case kv::Op::kImport:  // a moved item: its version carries over (or grows)
+          if (r.expected_version > 0) store_->EnsureVersionAbove(r.expected_version - 1);
+          [[fallthrough]];
         case kv::Op::kPut: {
           Result<uint64_t> v = store_->Put(r.key, r.value);
           status = v.status();
@@ -157,8 +175,9 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
                              });
         return false;
       case kv::Op::kClusterMap:
-        status = Status::NotSupported(std::string(kv::OpName(r.op)) +
-                                      " is not available on this server");
+      case kv::Op::kShardScan:
+      case kv::Op::kDropShard:
+        status = HandleCluster(r, &version, &body);
         break;
       default:
         status = Status::Internal("unhandled op");
@@ -168,6 +187,59 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
   CountError(status);
   kv::EncodeResponse(status, version, body, response);
   return true;
+}
+
+Status Service::HandleCluster(const kv::Request& r, uint64_t* version, std::string* body) {
+  if (r.op == kv::Op::kClusterMap && r.value.empty()) {
+    if (cluster_ == nullptr) return Status::Ok();  // standalone: empty map, epoch 0
+    std::shared_ptr<const cluster::ClusterMap> m = cluster_->map();
+    *body = m->ToJson();
+    *version = m->epoch;
+    return Status::Ok();
+  }
+  if (cluster_ == nullptr) {
+    return Status::NotSupported("this server is standalone: start it with --cluster_map and "
+                                "--server_id to take part in a cluster");
+  }
+  if (r.op == kv::Op::kClusterMap) {
+    RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap next, cluster::ParseClusterMap(r.value));
+    RDKV_RETURN_IF_ERROR(cluster_->Install(std::move(next)));
+    counters_.map_changes.fetch_add(1, std::memory_order_relaxed);
+    *version = cluster_->map()->epoch;
+    return Status::Ok();
+  }
+  uint32_t shard = 0;
+  auto [p, ec] = std::from_chars(r.key.data(), r.key.data() + r.key.size(), shard);
+  if (ec != std::errc() || p != r.key.data() + r.key.size() || shard >= store_->shard_count()) {
+    return Status::InvalidArgument("'" + std::string(r.key) + "' is not a shard number (0.." +
+                                   std::to_string(store_->shard_count() - 1) + ")");
+  }
+  if (r.op == kv::Op::kShardScan) {
+    *version = store_->ScanShard(shard, r.expected_version,
+                                 kv::kMaxKeyBytes + limits_.max_value_bytes + 16, body);
+    return Status::Ok();
+  }
+  // kDropShard: the shard has moved away; its stale items go, on disk too.
+  if (store_->Owns(shard)) {
+    return Status::InvalidArgument("shard " + std::to_string(shard) +
+                                   " is still owned by this server; move it first");
+  }
+  uint64_t cursor = 0, dropped = 0;
+  std::string batch;
+  do {
+    batch.clear();
+    cursor = store_->ScanShard(shard, cursor, 1 << 20, &batch);
+    RDKV_ASSIGN_OR_RETURN(std::vector<kv::ScanEntry> entries,
+                          kv::DecodeScanEntries(batch, limits_));
+    for (const kv::ScanEntry& e : entries) {
+      std::unique_lock<std::mutex> key_lock(key_stripes_[kv::KeyHash(e.key) % kKeyStripes]);
+      if (!store_->Delete(e.key).ok()) continue;
+      ++dropped;
+      if (persister_ != nullptr) persister_->EnqueueDelete(e.key, nullptr);
+    }
+  } while (cursor != kv::kScanDone);
+  *version = dropped;
+  return Status::Ok();
 }
 
 std::string Service::StatsJson() const {
@@ -186,11 +258,21 @@ std::string Service::StatsJson() const {
   j["ops"] = {{"put", load(counters_.puts)},       {"insert", load(counters_.inserts)},
               {"delete", load(counters_.deletes)}, {"cas", load(counters_.cas)},
               {"stats", load(counters_.stats)},    {"ping", load(counters_.pings)},
-              {"snapshot", load(counters_.snapshots)}};
+              {"snapshot", load(counters_.snapshots)},
+              {"import", load(counters_.imports)},
+              {"map_change", load(counters_.map_changes)}};
   j["errors"] = {{"total", load(counters_.errors)},
                  {"protocol", load(counters_.protocol_errors)},
                  {"out_of_space", load(counters_.out_of_space)},
-                 {"io", load(counters_.io_errors)}};
+                 {"io", load(counters_.io_errors)},
+                 {"wrong_owner", load(counters_.wrong_owner)}};
+  if (cluster_ != nullptr) {
+    std::shared_ptr<const cluster::ClusterMap> m = cluster_->map();
+    j["cluster"] = {{"server_id", cluster_->server_id()},
+                    {"map_epoch", m->epoch},
+                    {"shards", m->shards},
+                    {"owned_shards", m->ShardsOf(cluster_->server_id()).size()}};
+  }
   if (persister_ != nullptr) {
     persistence::PersisterStats p = persister_->stats();
     j["persistence"] = {{"durability", persistence::DurabilityName(p.durability)},

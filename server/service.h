@@ -21,6 +21,7 @@
 
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
+#include "server/cluster_state.h"
 #include "server/persistence/persister.h"
 #include "server/store.h"
 
@@ -29,6 +30,7 @@ namespace rdkv::server {
 struct OpCounters {
   std::atomic<uint64_t> puts{0}, inserts{0}, deletes{0}, cas{0}, stats{0}, pings{0};
   std::atomic<uint64_t> snapshots{0};
+  std::atomic<uint64_t> wrong_owner{0}, map_changes{0}, imports{0};
   std::atomic<uint64_t> errors{0}, protocol_errors{0}, out_of_space{0}, io_errors{0};
 };
 
@@ -48,6 +50,10 @@ class Service {
   // Blocking form (tests, benchmarks): waits for a deferred answer.
   void Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response);
 
+  // Cluster mode: ownership checks on writes, map requests, shard moves. Null = standalone.
+  // Set before the first Handle; `cluster` must outlive the Service.
+  void set_cluster(ClusterState* cluster) { cluster_ = cluster; }
+
   const OpCounters& counters() const { return counters_; }
   // The stats body: JSON with items, bytes, free space, ops by type, errors.
   std::string StatsJson() const;
@@ -57,10 +63,13 @@ class Service {
   bool HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>* response,
                   const std::function<Deliver()>& defer);
   void CountError(const Status& s);
+  // Admin ops of shard moves (kClusterMap, kShardScan, kDropShard); never deferred.
+  Status HandleCluster(const kv::Request& r, uint64_t* version, std::string* body);
 
   Store* store_;
   kv::WireLimits limits_;
   persistence::Persister* persister_;
+  ClusterState* cluster_ = nullptr;
   OpCounters counters_;
   static constexpr size_t kKeyStripes = 1024;
   std::array<std::mutex, kKeyStripes> key_stripes_;

@@ -1,5 +1,7 @@
 #include "server/store.h"
 
+#include "common/kv/wire.h"
+
 #include <algorithm>
 #include <cstring>
 #include <random>
@@ -258,6 +260,61 @@ Result<std::string> Store::Get(std::string_view key, uint64_t* version) const {
   if (version) *version = it->version;
   const char* v = reinterpret_cast<const char*>(it) + sizeof(ItemHeader) + it->key_bytes;
   return std::string(v, it->value_bytes);
+}
+
+uint32_t Store::ShardOfKey(std::string_view key) const {
+  return static_cast<uint32_t>((kv::KeyHash(key) & 0xfffff) % header_->shard_count);
+}
+
+bool Store::Owns(uint32_t shard) const {
+  auto* h = const_cast<kv::RegionHeader*>(header_);
+  uint64_t w = std::atomic_ref<uint64_t>(h->owned_shards[shard / 64]).load(std::memory_order_acquire);
+  return (w >> (shard % 64)) & 1;
+}
+
+void Store::SetOwned(uint32_t shard, bool owned) {
+  auto* h = const_cast<kv::RegionHeader*>(header_);
+  std::atomic_ref<uint64_t> w(h->owned_shards[shard / 64]);
+  uint64_t bit = uint64_t{1} << (shard % 64);
+  if (owned) {
+    w.fetch_or(bit, std::memory_order_acq_rel);
+  } else {
+    w.fetch_and(~bit, std::memory_order_acq_rel);
+  }
+}
+
+void Store::SetMapEpoch(uint64_t epoch) {
+  auto* h = const_cast<kv::RegionHeader*>(header_);
+  StoreWord(&h->map_epoch, epoch);
+}
+
+uint64_t Store::map_epoch() const {
+  auto* h = const_cast<kv::RegionHeader*>(header_);
+  return LoadWord(&h->map_epoch);
+}
+
+uint64_t Store::ScanShard(uint32_t shard, uint64_t cursor, size_t max_bytes,
+                          std::string* out) const {
+  const uint64_t slots = (header_->bucket_count + 1) * kv::kSlotsPerBucket;
+  uint64_t* base = reinterpret_cast<uint64_t*>(region_ + header_->index_offset);
+  while (cursor < slots) {
+    uint64_t bucket = cursor / kv::kSlotsPerBucket;
+    // Every writer that touches this bucket holds its stripe.
+    std::lock_guard lock(stripes_[bucket % kStripes]);
+    for (; cursor < (bucket + 1) * kv::kSlotsPerBucket; ++cursor) {
+      uint64_t word = base[cursor];
+      if (word == 0) continue;
+      const ItemHeader* it = ItemAt(kv::UnpackSlot(word).offset_units);
+      const char* k = reinterpret_cast<const char*>(it) + sizeof(ItemHeader);
+      std::string_view key(k, it->key_bytes);
+      if (ShardOfKey(key) != shard) continue;
+      size_t entry = 16 + size_t{it->key_bytes} + it->value_bytes;
+      if (!out->empty() && out->size() + entry > max_bytes) return cursor;  // next call resumes here
+      kv::AppendScanEntry({key, std::string_view(k + it->key_bytes, it->value_bytes), it->version},
+                          out);
+    }
+  }
+  return kv::kScanDone;
 }
 
 void Store::EnsureVersionAbove(uint64_t v) {

@@ -65,6 +65,19 @@ class Store {
   // Server-side lookup (tests, recovery checks). Not used by clients' GETs.
   Result<std::string> Get(std::string_view key, uint64_t* version = nullptr) const;
 
+  // --- cluster ownership (the region header's ownership part) ---
+  uint32_t shard_count() const { return header_->shard_count; }
+  uint32_t ShardOfKey(std::string_view key) const;
+  bool Owns(uint32_t shard) const;
+  // One aligned store per word; readers re-read it under their lease (docs/design.md).
+  void SetOwned(uint32_t shard, bool owned);
+  void SetMapEpoch(uint64_t epoch);
+  uint64_t map_epoch() const;
+
+  // Appends items of `shard` found at index slots [cursor, ...) to `out` (wire ScanEntry
+  // encoding) until about `max_bytes`; returns the next cursor, or kv::kScanDone.
+  uint64_t ScanShard(uint32_t shard, uint64_t cursor, size_t max_bytes, std::string* out) const;
+
   // Raises the version counter so the next write gets a version above `v` (recovery).
   void EnsureVersionAbove(uint64_t v);
 

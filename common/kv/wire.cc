@@ -15,6 +15,9 @@ std::string_view OpName(Op op) {
     case Op::kPing: return "ping";
     case Op::kSnapshot: return "snapshot";
     case Op::kClusterMap: return "cluster_map";
+    case Op::kShardScan: return "shard_scan";
+    case Op::kImport: return "import";
+    case Op::kDropShard: return "drop_shard";
   }
   return "unknown";
 }
@@ -24,7 +27,7 @@ namespace {
 // little-endian); a static_assert keeps it honest.
 static_assert(std::endian::native == std::endian::little, "rdkv's wire format is little-endian");
 
-bool KnownOp(uint8_t op) { return op >= 1 && op <= 8; }
+bool KnownOp(uint8_t op) { return op >= 1 && op <= kMaxOp; }
 }  // namespace
 
 void EncodeRequest(const Request& r, std::vector<uint8_t>* out) {
@@ -69,7 +72,8 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
   const char* p = reinterpret_cast<const char*>(in.data() + sizeof(h));
   r.key = std::string_view(p, h.key_bytes);
   r.value = std::string_view(p + h.key_bytes, h.value_bytes);
-  bool keyed = r.op == Op::kPut || r.op == Op::kInsert || r.op == Op::kDelete || r.op == Op::kCas;
+  bool keyed = r.op == Op::kPut || r.op == Op::kInsert || r.op == Op::kDelete ||
+               r.op == Op::kCas || r.op == Op::kImport;
   if (keyed) {
     if (r.key.empty()) return Status::InvalidArgument("key is empty (keys are 1..1024 bytes)");
     if (r.key.size() > limits.max_key_bytes) {
@@ -87,6 +91,40 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
     }
   }
   return r;
+}
+
+void AppendScanEntry(const ScanEntry& e, std::string* out) {
+  uint32_t kb = static_cast<uint32_t>(e.key.size()), vb = static_cast<uint32_t>(e.value.size());
+  char head[16];
+  std::memcpy(head, &kb, 4);
+  std::memcpy(head + 4, &vb, 4);
+  std::memcpy(head + 8, &e.version, 8);
+  out->append(head, sizeof(head));
+  out->append(e.key);
+  out->append(e.value);
+}
+
+Result<std::vector<ScanEntry>> DecodeScanEntries(std::string_view in, const WireLimits& limits) {
+  std::vector<ScanEntry> out;
+  size_t pos = 0;
+  while (pos < in.size()) {
+    if (in.size() - pos < 16) return Status::ProtocolError("scan entry header cut short");
+    uint32_t kb, vb;
+    ScanEntry e;
+    std::memcpy(&kb, in.data() + pos, 4);
+    std::memcpy(&vb, in.data() + pos + 4, 4);
+    std::memcpy(&e.version, in.data() + pos + 8, 8);
+    pos += 16;
+    if (kb == 0 || kb > limits.max_key_bytes || vb > limits.max_value_bytes) {
+      return Status::ProtocolError("scan entry breaks the key/value limits");
+    }
+    if (in.size() - pos < uint64_t{kb} + vb) return Status::ProtocolError("scan entry cut short");
+    e.key = in.substr(pos, kb);
+    e.value = in.substr(pos + kb, vb);
+    pos += uint64_t{kb} + vb;
+    out.push_back(e);
+  }
+  return out;
 }
 
 void EncodeResponse(const Status& status, uint64_t version, std::string_view body,

@@ -28,9 +28,19 @@ enum class Op : uint8_t {
   kCas = 4,      // replace only if current version == expected_version (kVersionMismatch)
   kStats = 5,    // body: JSON object
   kPing = 6,
-  kSnapshot = 7,    // body of request: snapshot name (in key field); reserved for persistence
-  kClusterMap = 8,  // body: the cluster map; reserved for the cluster
+  kSnapshot = 7,    // key: snapshot name (may be empty); response body: the snapshot's path
+  kClusterMap = 8,  // value empty: response body = the server's cluster map (JSON; empty when
+                    // standalone), item_version = its epoch. value = a map (JSON): install it
+                    // (admin; its epoch must be higher); answered after lost shards' leases.
+  kShardScan = 9,   // admin: key = shard number (decimal), expected_version = cursor; response
+                    // body = ScanEntry list (EncodeScanEntries), item_version = next cursor
+                    // (kScanDone at the end)
+  kImport = 10,     // admin: store key/value with a version >= expected_version, whether or not
+                    // this server owns the shard yet (shard moves)
+  kDropShard = 11,  // admin: delete every item of shard `key` that this server does not own
 };
+inline constexpr uint64_t kScanDone = ~uint64_t{0};
+inline constexpr uint8_t kMaxOp = 11;
 std::string_view OpName(Op op);
 
 struct RequestHeader {
@@ -78,6 +88,17 @@ void EncodeRequest(const Request& r, std::vector<uint8_t>* out);
 // Views into `in`; valid while `in` is. kProtocolError for malformed input, kInvalidArgument
 // for a well-formed request that breaks a limit (empty/oversize key, oversize value).
 Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& limits);
+
+// One item in a shard scan.
+struct ScanEntry {
+  std::string_view key;
+  std::string_view value;
+  uint64_t version = 0;
+};
+// u32 key_bytes | u32 value_bytes | u64 version | key | value, repeated.
+void AppendScanEntry(const ScanEntry& e, std::string* out);
+// Views into `in`. kProtocolError when an entry runs past the end or breaks the limits.
+Result<std::vector<ScanEntry>> DecodeScanEntries(std::string_view in, const WireLimits& limits);
 
 void EncodeResponse(const Status& status, uint64_t version, std::string_view body,
                     std::vector<uint8_t>* out);

@@ -24,6 +24,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   rdkv::Result<rdkv::kv::Response> resp = rdkv::kv::DecodeResponse(in);
   if (resp.ok() && resp->body.size() > size) std::abort();
+  // Shard scan bodies (admin responses): entries never point outside the input.
+  std::string_view text(reinterpret_cast<const char*>(data), size);
+  auto entries = rdkv::kv::DecodeScanEntries(text, limits);
+  if (entries.ok()) {
+    for (const auto& e : *entries) {
+      if (e.key.data() < text.data() || e.value.data() + e.value.size() > text.data() + size) std::abort();
+    }
+  }
   // Bytes READ from a region: the check must never accept a wrong key.
   std::string_view value;
   uint64_t version = 0;

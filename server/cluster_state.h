@@ -1,0 +1,55 @@
+// This server's view of the cluster: the map it serves and which shards it owns.
+//
+// Ownership lives in two places kept in step: the map (for writes and redirects) and the
+// region header's ownership words (for clients' one-sided GETs, read under a lease). A map
+// change clears lost shards' bits first, then waits one lease before it is acknowledged, so no
+// client can still return a GET from this server for a shard after the move is acknowledged
+// (docs/design.md "Cluster").
+//
+// Thread-safety: all methods are thread-safe. Writes hold WriteGuard() across their ownership
+// check and apply, so Install() never races with a write to a shard it is taking away.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <shared_mutex>
+#include <string_view>
+
+#include "common/cluster/cluster_map.h"
+#include "rdkv/status.h"
+#include "server/store.h"
+
+namespace rdkv::server {
+
+class ClusterState {
+ public:
+  // `map` must contain `server_id` and have the store's shard count.
+  static Result<std::unique_ptr<ClusterState>> Create(Store* store, cluster::ClusterMap map,
+                                                      uint32_t server_id,
+                                                      std::chrono::milliseconds lease);
+
+  std::shared_lock<std::shared_mutex> WriteGuard() const { return std::shared_lock(mu_); }
+  // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
+  // (and *epoch set). Call under WriteGuard().
+  Status CheckOwner(std::string_view key, uint64_t* epoch) const;
+
+  std::shared_ptr<const cluster::ClusterMap> map() const;
+  // Adopts a newer map: kInvalidArgument when its epoch is not higher, its shard count differs
+  // or it lacks this server. Blocks for one lease when shards are lost.
+  Status Install(cluster::ClusterMap map);
+  uint32_t server_id() const { return server_id_; }
+
+ private:
+  ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
+               std::chrono::milliseconds lease)
+      : store_(store), map_(std::move(map)), server_id_(id), lease_(lease) {}
+
+  Store* store_;
+  mutable std::shared_mutex mu_;  // exclusive while ownership changes
+  std::mutex install_mu_;         // one Install at a time
+  std::shared_ptr<const cluster::ClusterMap> map_;
+  const uint32_t server_id_;
+  const std::chrono::milliseconds lease_;
+};
+
+}  // namespace rdkv::server

@@ -1,0 +1,163 @@
+// A server in a cluster: ownership checks and redirects on writes, the map op, and the shard
+// move ops (scan, import, drop), over tcp with raw requests.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <set>
+
+#include "common/cluster/cluster_map.h"
+#include "common/kv/layout.h"
+#include "common/kv/wire.h"
+#include "server/server.h"
+
+namespace rdkv::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class ClusterServerTest : public ::testing::Test {
+ protected:
+  static constexpr uint32_t kShards = 8;
+  std::unique_ptr<Server> StartServer(uint32_t id, const cluster::ClusterMap& map) {
+    ServerOptions o;
+    o.port = 0;
+    o.memory_bytes = 16 << 20;
+    o.cluster_map = map;
+    o.server_id = id;
+    o.ownership_lease = std::chrono::milliseconds(150);
+    auto s = Server::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::unique_ptr<transport::Connection> Connect(const Server& s) {
+    transport::ConnectOptions co;
+    co.host = "127.0.0.1";
+    co.port = s.port();
+    auto c = fabric_->Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  kv::Response Call(transport::Connection& c, const kv::Request& r) {
+    std::vector<uint8_t> req;
+    kv::EncodeRequest(r, &req);
+    Status s = c.Call(req, &buf_, std::chrono::seconds(5));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    auto d = kv::DecodeResponse(buf_);
+    EXPECT_TRUE(d.ok());
+    return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
+  }
+  // A key whose shard is `shard`.
+  static std::string KeyIn(uint32_t shard, int n) {
+    for (int i = 0;; ++i) {
+      std::string k = "k" + std::to_string(n) + "-" + std::to_string(i);
+      if (cluster::ShardOf(kv::KeyHash(k), kShards) == shard) return k;
+    }
+  }
+  void SetUp() override {
+    auto f = transport::Fabric::Create({});
+    ASSERT_TRUE(f.ok());
+    fabric_ = std::move(*f);
+  }
+  std::unique_ptr<transport::Fabric> fabric_;
+  std::vector<uint8_t> buf_;
+};
+
+TEST_F(ClusterServerTest, WritesToOtherShardsAreRedirected) {
+  cluster::ClusterMap map = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, kShards);
+  map.epoch = 5;
+  auto s0 = StartServer(0, map);
+  ASSERT_TRUE(s0);
+  auto c = Connect(*s0);
+  kv::Response r = Call(*c, {kv::Op::kPut, KeyIn(0, 1), "mine", 0});
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  r = Call(*c, {kv::Op::kPut, KeyIn(1, 1), "theirs", 0});
+  EXPECT_EQ(r.status.code(), StatusCode::kWrongOwner);
+  EXPECT_EQ(r.version, 5u) << "a redirect carries the map epoch";
+  EXPECT_NE(r.status.message().find("server 1 (127.0.0.1:2)"), std::string::npos) << r.status.message();
+  r = Call(*c, {kv::Op::kClusterMap, "", "", 0});
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.version, 5u);
+  auto parsed = cluster::ParseClusterMap(r.body);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->owners, map.owners);
+  EXPECT_EQ(s0->stats().items, 1u);
+}
+
+TEST_F(ClusterServerTest, MovingAShardClearsOwnershipAfterTheLeaseAndCarriesTheData) {
+  cluster::ClusterMap map = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, kShards);
+  auto s0 = StartServer(0, map);
+  auto s1 = StartServer(1, map);
+  ASSERT_TRUE(s0 && s1);
+  auto c0 = Connect(*s0);
+  auto c1 = Connect(*s1);
+  std::set<std::string> moved;
+  for (int n = 0; n < 20; ++n) {
+    std::string k = KeyIn(2, n);
+    ASSERT_TRUE(Call(*c0, {kv::Op::kPut, k, "v" + k, 0}).status.ok());
+    moved.insert(k);
+  }
+  ASSERT_TRUE(Call(*c0, {kv::Op::kPut, KeyIn(4, 0), "stays", 0}).status.ok());
+
+  // Shard 2 moves from server 0 to server 1 (epoch 2): the old owner first.
+  cluster::ClusterMap next = map;
+  next.epoch = 2;
+  next.owners[2] = 1;
+  auto t0 = Clock::now();
+  kv::Response r = Call(*c0, {kv::Op::kClusterMap, "", next.ToJson(), 0});
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(150)) << "acknowledged before the lease";
+  EXPECT_EQ(Call(*c0, {kv::Op::kPut, *moved.begin(), "late", 0}).status.code(),
+            StatusCode::kWrongOwner);
+  // An older or equal epoch is refused.
+  EXPECT_EQ(Call(*c0, {kv::Op::kClusterMap, "", map.ToJson(), 0}).status.code(),
+            StatusCode::kInvalidArgument);
+
+  // Copy the shard, then hand it to the new owner.
+  uint64_t cursor = 0;
+  std::set<std::string> copied;
+  do {
+    r = Call(*c0, {kv::Op::kShardScan, "2", "", cursor});
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    auto entries = kv::DecodeScanEntries(r.body, kv::WireLimits{});
+    ASSERT_TRUE(entries.ok());
+    for (const kv::ScanEntry& e : *entries) {
+      EXPECT_EQ(e.value, "v" + std::string(e.key));
+      ASSERT_TRUE(Call(*c1, {kv::Op::kImport, e.key, e.value, e.version}).status.ok());
+      copied.insert(std::string(e.key));
+    }
+    cursor = r.version;
+  } while (cursor != kv::kScanDone);
+  EXPECT_EQ(copied, moved);
+  ASSERT_TRUE(Call(*c1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  r = Call(*c1, {kv::Op::kCas, *moved.begin(), "after-move", 0});
+  EXPECT_EQ(r.status.code(), StatusCode::kVersionMismatch) << "the import kept a real version";
+  EXPECT_GT(r.version, 0u);
+  EXPECT_TRUE(Call(*c1, {kv::Op::kPut, *moved.begin(), "after-move", 0}).status.ok());
+
+  // The old owner drops its stale copy, keeps the rest.
+  r = Call(*c0, {kv::Op::kDropShard, "2", "", 0});
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.version, moved.size());
+  EXPECT_EQ(s0->stats().items, 1u);
+  EXPECT_EQ(Call(*c1, {kv::Op::kDropShard, "2", "", 0}).status.code(), StatusCode::kInvalidArgument)
+      << "an owned shard cannot be dropped";
+  EXPECT_EQ(Call(*c0, {kv::Op::kShardScan, "99", "", 0}).status.code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClusterServerTest, StandaloneServerHasNoMap) {
+  ServerOptions o;
+  o.port = 0;
+  o.memory_bytes = 8 << 20;
+  auto s = Server::Start(o);
+  ASSERT_TRUE(s.ok());
+  auto c = Connect(**s);
+  kv::Response r = Call(*c, {kv::Op::kClusterMap, "", "", 0});
+  EXPECT_TRUE(r.status.ok());
+  EXPECT_TRUE(r.body.empty());
+  EXPECT_EQ(r.version, 0u);
+  cluster::ClusterMap m = cluster::MakeUniformMap({"127.0.0.1:1"}, 4);
+  EXPECT_EQ(Call(*c, {kv::Op::kClusterMap, "", m.ToJson(), 0}).status.code(), StatusCode::kNotSupported);
+}
+
+}  // namespace
+}  // namespace rdkv::server
