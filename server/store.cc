@@ -81,7 +81,6 @@ Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_by
   } else {
     for (uint32_t s : options.owned_shards) h->owned_shards[s / 64] |= uint64_t{1} << (s % 64);
   }
-  std::atomic_thread_fence(std::memory_order_release);
   return std::unique_ptr<Store>(new Store(region, h, options));
 }
 
@@ -119,18 +118,18 @@ uint64_t* Store::FindSlot(uint64_t hash, std::string_view key) const {
   return nullptr;
 }
 
+void Store::Restate(ItemHeader* it, uint32_t to) {
+  // State first, then the checksum that covers it: a READ between the two stores sees a
+  // mismatch and retries; after both, a READ sees a consistent item in the new state.
+  uint64_t sum = kv::RestateChecksum(it->checksum, it->state, to);
+  StoreWord32(&it->state, to);
+  StoreWord(&it->checksum, sum);
+}
+
 Block Store::MarkDead(uint64_t slot_word) {
   kv::SlotFields s = kv::UnpackSlot(slot_word);
   ItemHeader* it = ItemAt(s.offset_units);
-  // State first, then the checksum that covers it: a READ between the two stores sees a
-  // mismatch and retries; after both, a READ sees a consistent DEAD item.
-  ItemHeader copy = *it;
-  copy.state = kv::kStateDead;
-  const char* kp = reinterpret_cast<const char*>(it) + sizeof(ItemHeader);
-  uint64_t sum = kv::ItemChecksum(copy, std::string_view(kp, it->key_bytes),
-                                  std::string_view(kp + it->key_bytes, it->value_bytes));
-  StoreWord32(&it->state, kv::kStateDead);
-  StoreWord(&it->checksum, sum);
+  Restate(it, kv::kStateDead);
   items_.fetch_sub(1, std::memory_order_relaxed);
   item_bytes_.fetch_sub(kv::ItemBytes(it->key_bytes, it->value_bytes), std::memory_order_relaxed);
   return Block{s.offset_units, it->units};
@@ -165,7 +164,9 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   ItemHeader* it = ItemAt(b.offset_units);
   uint8_t* body = reinterpret_cast<uint8_t*>(it) + sizeof(ItemHeader);
   ItemHeader h{};
-  h.state = kv::kStateLive;
+  // PENDING until its slot is stored: a client whose cached location points at this block
+  // (it may have held the same key before) must not see the new value before the index does.
+  h.state = kv::kStatePending;
   h.key_bytes = static_cast<uint32_t>(key.size());
   h.value_bytes = static_cast<uint32_t>(value.size());
   h.units = b.units;
@@ -216,6 +217,8 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
                                 b.offset_units}));
   items_.fetch_add(1, std::memory_order_relaxed);
   item_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  // Now current: LIVE. Between the slot store and this, readers see PENDING and retry.
+  Restate(it, kv::kStateLive);
   // The grace period starts once no slot points at the old block.
   if (old != 0) allocator_.Retire(old_block);
   return h.version;

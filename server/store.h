@@ -98,6 +98,8 @@ class Store {
   kv::ItemHeader* ItemAt(uint32_t offset_units) const;
   // Marks the item a slot word points at DEAD (state, then checksum) and returns its block.
   Block MarkDead(uint64_t slot_word);
+  // Rewrites an item's state and its checksum (two aligned stores).
+  void Restate(kv::ItemHeader* it, uint32_t to);
 
   uint8_t* const region_;
   const kv::RegionHeader* const header_;

@@ -13,14 +13,17 @@ uint64_t KeyHash(std::string_view key) { return XXH3_64bits(key.data(), key.size
 
 uint64_t Checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
+uint64_t StateMix(uint32_t state) { return XXH3_64bits_withSeed(&state, sizeof(state), 0x5eed); }
+
 uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_view value) {
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
-  // Everything in the header except the checksum itself.
-  XXH3_64bits_update(&st, &h, offsetof(ItemHeader, checksum));
+  // The header from key_bytes up to the checksum; the state enters through StateMix.
+  static_assert(offsetof(ItemHeader, state) == 0 && offsetof(ItemHeader, key_bytes) == 4);
+  XXH3_64bits_update(&st, reinterpret_cast<const uint8_t*>(&h) + 4, offsetof(ItemHeader, checksum) - 4);
   XXH3_64bits_update(&st, key.data(), key.size());
   XXH3_64bits_update(&st, value.data(), value.size());
-  return XXH3_64bits_digest(&st);
+  return XXH3_64bits_digest(&st) ^ StateMix(h.state);
 }
 
 uint64_t HeaderChecksum(const RegionHeader& h) {

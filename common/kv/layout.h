@@ -43,6 +43,7 @@ inline constexpr uint32_t kMaxItemUnits = 0xffff;  // 4 MiB - 64 B
 
 inline constexpr uint32_t kStateLive = 0x4556494c;  // "LIVE"
 inline constexpr uint32_t kStateDead = 0x44414544;  // "DEAD"
+inline constexpr uint32_t kStatePending = 0x444e4550;  // "PEND": written, not yet current
 
 // Shards a cluster may have (common/cluster/cluster_map.h keeps the same bound).
 inline constexpr uint32_t kMaxShards = 4096;
@@ -118,11 +119,18 @@ inline uint16_t FingerprintOf(uint64_t hash) {
 
 // --- checksums ---
 uint64_t Checksum(const void* data, size_t n);
-// The item checksum: covers state, key/value sizes, units, version, key and value.
+// The item checksum: covers state, key/value sizes, units, version, key and value, as
+// XXH3(sizes, units, version, key, value) XOR StateMix(state), so the server can change the
+// state (PENDING -> LIVE -> DEAD) without rehashing the value: RestateChecksum.
 uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_view value);
+uint64_t StateMix(uint32_t state);
+inline uint64_t RestateChecksum(uint64_t sum, uint32_t from, uint32_t to) {
+  return sum ^ StateMix(from) ^ StateMix(to);
+}
 uint64_t HeaderChecksum(const RegionHeader& h);
 
 // Why a read item was rejected (for stats and tests).
+// kDead: intact but not LIVE (retired, or written and not yet current).
 enum class ItemCheck : uint8_t { kOk, kTooShort, kBadLengths, kWrongKey, kBadChecksum, kDead };
 
 // Validates `bytes` (what a READ returned for a slot of `units` units) as a live item of

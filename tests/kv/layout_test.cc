@@ -87,5 +87,23 @@ TEST(LayoutTest, TornStateChecksumPairIsRejected) {
   EXPECT_EQ(CheckItem(mix2.data(), mix2.size(), "k", &v, &ver), ItemCheck::kBadChecksum);
 }
 
+TEST(LayoutTest, RestatingTheChecksumEqualsRecomputingIt) {
+  for (uint32_t from : {kStatePending, kStateLive, kStateDead}) {
+    for (uint32_t to : {kStatePending, kStateLive, kStateDead}) {
+      auto a = MakeItem("key", "value", 9, from);
+      auto b = MakeItem("key", "value", 9, to);
+      ItemHeader ha, hb;
+      std::memcpy(&ha, a.data(), sizeof(ha));
+      std::memcpy(&hb, b.data(), sizeof(hb));
+      EXPECT_EQ(RestateChecksum(ha.checksum, from, to), hb.checksum);
+    }
+  }
+  auto pending = MakeItem("key", "value", 9, kStatePending);
+  std::string_view v;
+  uint64_t ver;
+  EXPECT_EQ(CheckItem(pending.data(), pending.size(), "key", &v, &ver), ItemCheck::kDead)
+      << "a PENDING item is not returned";
+}
+
 }  // namespace
 }  // namespace rdkv::kv
