@@ -72,8 +72,10 @@ Status MakeDbOptions(const RocksDbTuning& tuning, rocksdb::Env* env, rocksdb::Op
   // A torn tail of the last WAL (the process died mid-write) ends recovery there: that write
   // was never acknowledged in sync mode.
   o.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
-  o.keep_log_file_num = 4;
-  o.max_log_file_size = 16u << 20;
+  // RocksDB's warnings and errors go to glog; it writes no LOG file of its own. On a full disk
+  // the LOG file is the first to fail, and this librocksdb (7.8, assertions on) aborts the
+  // process when a background job later logs to a LOG writer that has seen an error.
+  o.info_log = MakeGlogLogger();
   rocksdb::BlockBasedTableOptions t;
   t.block_size = 16 * 1024;
   t.block_cache = tuning.block_cache_bytes > 0 ? rocksdb::NewLRUCache(tuning.block_cache_bytes)

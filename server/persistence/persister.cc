@@ -208,6 +208,7 @@ class Persister::Impl {
                                            : o.snapshot_dir;
     last_sync_ = Clock::now();
     thread_ = std::thread([this] { Run(); });
+    if (!sync_) sync_thread_ = std::thread([this] { SyncLoop(); });
     snap_thread_ = std::thread([this] { SnapshotLoop(); });
   }
 
@@ -225,6 +226,7 @@ class Persister::Impl {
     work_cv_.notify_all();
     room_cv_.notify_all();
     thread_.join();
+    if (sync_thread_.joinable()) sync_thread_.join();
     if (db_) {
       rocksdb::Status s = db_->Close();
       if (!s.ok()) LOG(ERROR) << "persister: closing the database: " << s.ToString();
@@ -236,11 +238,11 @@ class Persister::Impl {
 
   Status Admit() {
     std::unique_lock<std::mutex> lk(mu_);
-    if (!failing_.ok()) return failing_;
+    if (Status f = FailingLocked(); !f.ok()) return f;
     bool waited = false;
     for (;;) {
       if (stop_) return Status::Unavailable("the server is stopping");
-      if (!failing_.ok()) return failing_;
+      if (Status f = FailingLocked(); !f.ok()) return f;
       Clock::time_point now = Clock::now();
       bool full = pending_.bytes >= o_.queue_bytes;
       Clock::time_point too_old = pending_.oldest + o_.persist_lag / 2;
@@ -292,13 +294,17 @@ class Persister::Impl {
     std::unique_lock<std::mutex> lk(mu_);
     const uint64_t target = enqueued_seq_;
     if (synced_seq_ >= target) return Status::Ok();
-    if (!failing_.ok()) return failing_;
+    if (Status f = FailingLocked(); !f.ok()) return f;
     ++flush_waiters_;
     work_cv_.notify_one();
-    durable_cv_.wait(lk, [&] { return synced_seq_ >= target || !failing_.ok() || stopped_; });
+    sync_cv_.notify_one();
+    durable_cv_.wait(lk, [&] {
+      return synced_seq_ >= target || !FailingLocked().ok() || stopped_;
+    });
     --flush_waiters_;
     if (synced_seq_ >= target) return Status::Ok();
-    return failing_.ok() ? Status::Unavailable("the persister stopped") : failing_;
+    Status f = FailingLocked();
+    return f.ok() ? Status::Unavailable("the persister stopped") : f;
   }
 
   void Snapshot(std::string name, SnapshotDone done) {
@@ -320,7 +326,7 @@ class Persister::Impl {
       std::lock_guard<std::mutex> l(mu_);
       s.queued_records = pending_.records + in_flight_records_;
       s.queued_bytes = pending_.bytes + in_flight_bytes_;
-      s.failing = !failing_.ok();
+      s.failing = !FailingLocked().ok();
       s.last_error = last_error_;
     }
     s.records = records_.load();
@@ -377,7 +383,10 @@ class Persister::Impl {
     return g;
   }
 
-  bool broken() const { return !retry_.empty() || sync_broken_; }
+  bool broken() const { return !retry_.empty(); }
+
+  // The write failure, else the WAL sync failure, else OK. Under mu_.
+  Status FailingLocked() const { return failing_.ok() ? sync_failing_ : failing_; }
 
   // The persister thread.
   void Run() {
@@ -407,16 +416,8 @@ class Persister::Impl {
         if (stop_ && broken()) break;  // one last attempt was made
         continue;
       }
-      const bool unsynced = !sync_ && written_seq_ > synced_seq_;
-      if (unsynced && !broken() && (stop_ || flush_waiters_ > 0 || now >= last_sync_ + o_.persist_lag)) {
-        lk.unlock();
-        SyncWal();
-        lk.lock();
-        continue;
-      }
       Clock::time_point wake = Clock::time_point::max();
       if (broken()) wake = next_retry_;
-      if (unsynced) wake = std::min(wake, last_sync_ + o_.persist_lag);
       if (wake == Clock::time_point::max()) {
         work_cv_.wait(lk);
       } else {
@@ -429,8 +430,12 @@ class Persister::Impl {
       LOG(ERROR) << "persister: stopping with " << lost << " applied writes that could not be "
                  << "persisted (" << last_error_ << "); they are lost";
     }
-    stopped_ = true;
-    durable_cv_.notify_all();
+    writer_done_ = true;
+    sync_cv_.notify_all();
+    if (sync_) {
+      stopped_ = true;
+      durable_cv_.notify_all();
+    }
   }
 
   rocksdb::WriteOptions WriteOpts() const {
@@ -453,11 +458,6 @@ class Persister::Impl {
           Written(r, /*with_done=*/false);
           retry_.pop_front();
         }
-      }
-      if (s.ok() && sync_broken_) {
-        step = "syncing the WAL in";
-        s = db_->SyncWAL();
-        if (s.ok()) sync_broken_ = false;
       }
       if (s.ok()) {
         LOG(WARNING) << "persister: the data dir is writable again; writes resume";
@@ -540,10 +540,13 @@ class Persister::Impl {
     }
     {
       std::lock_guard<std::mutex> l(mu_);
+      const bool was_synced = written_seq_ == synced_seq_;
       written_seq_ = std::max(written_seq_, g.last_seq);
       if (sync_) {
         synced_seq_ = written_seq_;
         last_sync_ = now;
+      } else if (was_synced || flush_waiters_ > 0) {
+        sync_cv_.notify_one();  // the syncer sleeps without a deadline while all is synced
       }
     }
     if (with_done) {
@@ -558,27 +561,57 @@ class Persister::Impl {
     }
   }
 
-  void SyncWal() {
-    uint64_t target;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      target = written_seq_;
+  // async: the WAL syncer thread. It fsyncs the WAL at least every persist_lag (and at once
+  // for a Flush), on its own thread, so a slow fsync never holds up the WAL writes that make
+  // acknowledged writes survive a killed process.
+  void SyncLoop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    Clock::time_point retry_at{};
+    for (;;) {
+      Clock::time_point now = Clock::now();
+      const bool unsynced = written_seq_ > synced_seq_;
+      if (writer_done_ && (!unsynced || !sync_failing_.ok())) break;
+      const bool due = unsynced && (writer_done_ || flush_waiters_ > 0 ||
+                                    now >= last_sync_ + o_.persist_lag) &&
+                       (sync_failing_.ok() || now >= retry_at);
+      if (!due) {
+        Clock::time_point wake = unsynced ? last_sync_ + o_.persist_lag : Clock::time_point::max();
+        if (!sync_failing_.ok()) wake = std::max(wake, retry_at);
+        if (wake == Clock::time_point::max()) {
+          sync_cv_.wait(lk);
+        } else {
+          sync_cv_.wait_until(lk, wake);
+        }
+        continue;
+      }
+      const uint64_t target = written_seq_;
+      lk.unlock();
+      rocksdb::Status s;
+      {
+        std::shared_lock<std::shared_mutex> db_lock(db_mu_);  // the persister may reopen db_
+        s = db_ ? db_->SyncWAL() : rocksdb::Status::Incomplete("the database is being reopened");
+      }
+      syncs_.fetch_add(1, std::memory_order_relaxed);
+      lk.lock();
+      last_sync_ = Clock::now();
+      if (s.ok()) {
+        synced_seq_ = std::max(synced_seq_, target);
+        if (!sync_failing_.ok()) {
+          LOG(WARNING) << "persister: the WAL can be synced again; writes resume";
+          sync_failing_ = Status::Ok();
+          room_cv_.notify_all();
+        }
+      } else {
+        io_errors_.fetch_add(1, std::memory_order_relaxed);
+        last_error_ = FromRocks("syncing the WAL in " + o_.data_dir, s).message();
+        sync_failing_ = Status::IoError("the data dir cannot be synced (" + last_error_ +
+                                        "): writes are refused until it can be");
+        retry_at = last_sync_ + o_.io_retry;
+        LOG_EVERY_N(ERROR, 10) << "persister: " << sync_failing_.message();
+      }
+      durable_cv_.notify_all();
     }
-    rocksdb::Status s = db_->SyncWAL();
-    syncs_.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> l(mu_);
-    last_sync_ = Clock::now();
-    if (s.ok()) {
-      synced_seq_ = std::max(synced_seq_, target);
-    } else {
-      io_errors_.fetch_add(1, std::memory_order_relaxed);
-      sync_broken_ = true;
-      last_error_ = FromRocks("syncing the WAL in " + o_.data_dir, s).message();
-      failing_ = Status::IoError("the data dir cannot be synced (" + last_error_ +
-                                 "): writes are refused until it can be");
-      next_retry_ = last_sync_ + o_.io_retry;
-      LOG_EVERY_N(ERROR, 10) << "persister: " << failing_.message();
-    }
+    stopped_ = true;
     durable_cv_.notify_all();
   }
 
@@ -709,13 +742,16 @@ class Persister::Impl {
   std::condition_variable work_cv_;     // the persister thread waits here
   std::condition_variable room_cv_;     // writers waiting for room in the queue
   std::condition_variable durable_cv_;  // Flush() callers
+  std::condition_variable sync_cv_;     // async: the WAL syncer thread
   Group pending_;                       // guarded by mu_
   uint64_t in_flight_records_ = 0, in_flight_bytes_ = 0;  // guarded by mu_
   uint64_t enqueued_seq_ = 0, written_seq_ = 0, synced_seq_ = 0;  // guarded by mu_
   uint64_t max_version_;                // guarded by mu_
   int flush_waiters_ = 0;               // guarded by mu_
   bool stop_ = false, stopped_ = false; // guarded by mu_
-  Status failing_;                      // guarded by mu_
+  Status failing_;                      // guarded by mu_: writes to RocksDB fail
+  Status sync_failing_;                 // guarded by mu_: async WAL syncs fail
+  bool writer_done_ = false;            // guarded by mu_: the persister thread has ended
   std::string last_error_;              // guarded by mu_
   Clock::time_point last_sync_;         // guarded by mu_
   Clock::time_point next_retry_{};      // guarded by mu_
@@ -724,7 +760,6 @@ class Persister::Impl {
   // Persister thread only:
   Clock::time_point write_started_{};
   std::deque<Group> retry_;
-  bool sync_broken_ = false;            // written under mu_ by SyncWal, read by the thread
 
   std::atomic<uint64_t> records_{0}, groups_{0}, syncs_{0}, max_group_records_{0};
   std::atomic<uint64_t> admission_waits_{0}, max_lag_us_{0}, io_errors_{0};
@@ -737,6 +772,7 @@ class Persister::Impl {
   std::string last_snapshot_;                                    // guarded by snap_mu_
 
   std::thread thread_;
+  std::thread sync_thread_;  // async only
   std::thread snap_thread_;
 };
 

@@ -35,7 +35,6 @@ Result<ReadOnlyDb> OpenValidated(const std::string& db_dir, rocksdb::Env* env,
   rocksdb::Options options;
   RDKV_RETURN_IF_ERROR(MakeDbOptions(tuning, env, &options));
   options.create_if_missing = false;
-  options.info_log = MakeGlogLogger();
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::OpenForReadOnly(options, db_dir, &raw);
   if (!s.ok()) return FromRocks("cannot open " + db_dir + " read-only", s);
