@@ -2,10 +2,13 @@
 // linearizable") describes, writes by two-sided requests.
 #include <glog/logging.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -15,6 +18,7 @@
 #include "client/read_buffers.h"
 #include "client/seed.h"
 #include "client/session.h"
+#include "common/cluster/cluster_map.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "rdkv/client.h"
@@ -96,7 +100,7 @@ void Add(std::atomic<uint64_t>& c, uint64_t n = 1) {
   if (n != 0) c.fetch_add(n, std::memory_order_relaxed);
 }
 
-enum class Problem : uint8_t { kNone, kSlow, kTorn, kRetired, kBadSlot };
+enum class Problem : uint8_t { kNone, kSlow, kTorn, kRetired, kBadSlot, kLease };
 
 const char* ProblemText(Problem p) {
   switch (p) {
@@ -105,12 +109,33 @@ const char* ProblemText(Problem p) {
     case Problem::kTorn: return "item failed its checksum";
     case Problem::kRetired: return "item retired while being read";
     case Problem::kBadSlot: return "slot points outside the heap or past the largest item";
+    case Problem::kLease: return "the ownership lease expired before the READ completed";
   }
   return "unknown";
 }
 
+// One server: its connection (replaced after a failure), its location cache, and when it was
+// last found unreachable.
+struct Link {
+  Link(uint32_t server_id, ServerAddress a, size_t cache_entries)
+      : id(server_id), address(std::move(a)), cache(cache_entries) {}
+  const uint32_t id;
+  const ServerAddress address;
+  LocationCache cache;  // offsets in this server's region
+  std::mutex mu;
+  std::shared_ptr<Session> session;  // guarded by mu
+  bool connected_once = false;       // guarded by mu
+  uint64_t incarnation = 0;          // guarded by mu
+  bool down = false;                 // guarded by mu: the last connection attempt failed
+  Clock::time_point last_try;        // guarded by mu
+  Status last_error;                 // guarded by mu
+};
+
 // One key being looked up by Get or MultiGet.
 struct KeyJob {
+  Link* link = nullptr;         // the server it is read from
+  uint32_t shard = 0;           // cluster: the key's shard
+  bool wrong_owner = false;     // cluster: the server does not serve the shard (re-route)
   std::string_view key;
   uint64_t hash = 0;
   uint64_t window_offset = 0;   // region offset of the key's 128-byte window
@@ -136,22 +161,48 @@ class ClientImpl final : public Client {
   ClientImpl(const ClientOptions& options, ServerAddress address,
              std::unique_ptr<transport::Fabric> fabric)
       : options_(options),
-        address_(std::move(address)),
         fabric_(std::move(fabric)),
         pool_(fabric_.get()),
-        cache_(options.location_cache_entries),
         batch_limit_(std::max<uint32_t>(
-            1, std::min(options.max_batch_reads, options.max_outstanding_reads))) {}
+            1, std::min(options.max_batch_reads, options.max_outstanding_reads))),
+        lease_(options.ownership_lease) {
+    seed_ = std::make_unique<Link>(0, std::move(address), options.location_cache_entries);
+  }
 
   ~ClientImpl() override {
     // Sessions (connections) go before the pool and the fabric: see member order.
-    std::lock_guard<std::mutex> l(session_mu_);
-    session_.reset();
+    std::lock_guard<std::mutex> l(map_mu_);
+    for (auto& [name, link] : links_) {
+      std::lock_guard<std::mutex> ll(link->mu);
+      link->session.reset();
+    }
+    std::lock_guard<std::mutex> ls(seed_->mu);
+    seed_->session.reset();
   }
 
+  // Connects to the seed and asks it for the cluster map: none (an empty body) is a
+  // standalone server, used exactly as before clusters existed.
   Status Init() {
-    auto s = CurrentSession();
-    return s.status();
+    RDKV_RETURN_IF_ERROR(LinkSession(*seed_).status());
+    std::string body;
+    uint64_t epoch = 0;
+    Status s = CallOn(*seed_, kv::Op::kClusterMap, {}, {}, 0, &epoch, &body);
+    if (!s.ok()) {
+      // A server older than clusters does not know the op: standalone.
+      if (s.Is(StatusCode::kInvalidArgument) || s.Is(StatusCode::kNotSupported)) return Status::Ok();
+      return s;
+    }
+    if (body.empty()) return Status::Ok();
+    auto map = cluster::ParseClusterMap(body);
+    if (!map.ok()) {
+      return Status::ProtocolError("server " + seed_->address.ToString() +
+                                   " sent a cluster map that does not parse: " +
+                                   map.status().message());
+    }
+    cluster_ = true;
+    std::lock_guard<std::mutex> l(map_mu_);
+    map_ = std::make_shared<const cluster::ClusterMap>(std::move(map).value());
+    return Status::Ok();
   }
 
   Result<GetResult> Get(std::string_view key) override {
@@ -208,13 +259,60 @@ class ClientImpl final : public Client {
   }
 
   Result<std::string> Stats() override {
-    std::string body;
-    Status s = Call(kv::Op::kStats, {}, {}, 0, nullptr, &body);
-    if (!s.ok()) return s;
-    return body;
+    if (!cluster_) {
+      std::string body;
+      Status s = CallOn(*seed_, kv::Op::kStats, {}, {}, 0, nullptr, &body);
+      if (!s.ok()) return s;
+      return body;
+    }
+    std::vector<ServerInfo> servers = Servers(true);
+    return AggregateStats(servers);
   }
 
-  Status Ping() override { return Call(kv::Op::kPing, {}, {}, 0, nullptr, nullptr); }
+  std::vector<ServerInfo> Servers(bool with_stats) override {
+    std::vector<ServerInfo> out;
+    std::shared_ptr<const cluster::ClusterMap> map = CurrentMap();
+    std::vector<std::pair<Link*, std::vector<uint32_t>>> targets;
+    if (map == nullptr) {
+      targets.push_back({seed_.get(), {0}});
+    } else {
+      for (const cluster::ServerEntry& e : map->servers) {
+        targets.push_back({LinkFor(e.id, e.address), map->ShardsOf(e.id)});
+      }
+    }
+    uint64_t newest = 0;
+    Link* newest_link = nullptr;
+    for (auto& [link, shards] : targets) {
+      ServerInfo info;
+      info.id = link->id;
+      info.address = link->address.ToString();
+      info.shards = shards;
+      std::string body;
+      uint64_t epoch = 0;
+      Status s = CallOn(*link, kv::Op::kClusterMap, {}, {}, 0, &epoch, &body);
+      if (s.ok() && with_stats) s = CallOn(*link, kv::Op::kStats, {}, {}, 0, nullptr, &info.stats);
+      info.reachable = s.ok();
+      if (!s.ok()) info.error = s.ToString();
+      info.map_epoch = epoch;
+      if (s.ok() && epoch > newest) {
+        newest = epoch;
+        newest_link = link;
+      }
+      out.push_back(std::move(info));
+    }
+    if (map != nullptr && newest > map->epoch) {
+      Status r = RefreshMap(newest_link);
+      if (!r.ok()) LOG(WARNING) << "rdkv client: refreshing the cluster map: " << r.ToString();
+    }
+    return out;
+  }
+
+  uint64_t map_epoch() const override {
+    std::lock_guard<std::mutex> l(map_mu_);
+    return map_ == nullptr ? 0 : map_->epoch;
+  }
+
+  Status Ping() override { return CallOn(*seed_, kv::Op::kPing, {}, {}, 0, nullptr, nullptr); }
 
   ClientStats stats() const override {
     ClientStats s;
@@ -232,8 +330,7 @@ class ClientImpl final : public Client {
   }
 
   uint64_t max_value_bytes() const override {
-    std::lock_guard<std::mutex> l(session_mu_);
-    return max_value_bytes_;
+    return max_value_bytes_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -252,49 +349,165 @@ class ClientImpl final : public Client {
     return Status::Ok();
   }
 
-  // The live session, reconnecting when the current one is broken.
-  Result<std::shared_ptr<Session>> CurrentSession() {
-    std::lock_guard<std::mutex> l(session_mu_);
-    if (session_ != nullptr && session_->usable()) return session_;
-    bool reconnect = connected_once_;
-    session_.reset();  // the old connection closes once its last user is done
-    auto opened = OpenSession(fabric_.get(), address_, options_, &pool_);
+  // "server 10.0.0.1:7400", or in a cluster "server 2 (10.0.0.1:7400)".
+  std::string Name(const Link& link) const {
+    if (!cluster_ || &link == seed_.get()) return "server " + link.address.ToString();
+    return "server " + std::to_string(link.id) + " (" + link.address.ToString() + ")";
+  }
+
+  // The live session of `link`, reconnecting when the current one is broken. In a cluster a
+  // server that could not be reached is tried again at most every 500 ms; meanwhile its
+  // calls fail fast with the last error.
+  Result<std::shared_ptr<Session>> LinkSession(Link& link) {
+    std::lock_guard<std::mutex> l(link.mu);
+    if (link.session != nullptr && link.session->usable()) return link.session;
+    Clock::time_point now = Clock::now();
+    if (cluster_ && link.down && now - link.last_try < std::chrono::milliseconds(500)) {
+      return link.last_error;
+    }
+    link.last_try = now;
+    bool reconnect = link.connected_once;
+    link.session.reset();  // the old connection closes once its last user is done
+    auto opened = OpenSession(fabric_.get(), link.address, options_, &pool_);
     if (!opened.ok()) {
       Status s = opened.status();
       // The server's own refusals keep their code; anything about reaching it is kUnavailable.
       bool keep = s.Is(StatusCode::kPermissionDenied) || s.Is(StatusCode::kProtocolError) ||
                   s.Is(StatusCode::kInvalidArgument) || s.Is(StatusCode::kNotSupported);
       std::string msg = s.message();
-      if (msg.find(address_.ToString()) == std::string::npos) {
-        msg = "server " + address_.ToString() + ": " + msg;
+      std::string name = Name(link);
+      if (cluster_) {
+        msg = name + ": " + msg;
+      } else if (msg.find(link.address.ToString()) == std::string::npos) {
+        msg = name + ": " + msg;
       }
       if (reconnect) msg = "reconnecting: " + msg;
       if (!keep && !s.Is(StatusCode::kUnavailable)) {
         msg += " (" + std::string(StatusCodeName(s.code())) + ")";
       }
-      return Status(keep ? s.code() : StatusCode::kUnavailable, std::move(msg));
+      link.down = true;
+      link.last_error = Status(keep ? s.code() : StatusCode::kUnavailable, std::move(msg));
+      return link.last_error;
     }
+    link.down = false;
     std::shared_ptr<Session> session = std::move(opened).value();
     const kv::RegionHeader& h = session->header();
-    connected_once_ = true;
+    link.connected_once = true;
     if (reconnect) {
       Add(stats_.reconnects);
       LOG(INFO) << "rdkv client: reconnected to " << session->conn().peer()
-                << (h.incarnation != incarnation_ ? " (new server incarnation)" : "");
+                << (h.incarnation != link.incarnation ? " (new server incarnation)" : "");
     }
-    if (h.incarnation != incarnation_) {
-      cache_.Clear();  // every cached offset belongs to the old table
-      incarnation_ = h.incarnation;
+    if (h.incarnation != link.incarnation) {
+      link.cache.Clear();  // every cached offset belongs to the old table
+      link.incarnation = h.incarnation;
     }
-    max_value_bytes_ = h.max_value_bytes;
+    max_value_bytes_.store(h.max_value_bytes, std::memory_order_relaxed);
     ScratchShape shape;
     shape.window_capacity = batch_limit_;
     size_t max_item = kv::UnitsFor(kv::ItemBytes(kv::kMaxKeyBytes, h.max_value_bytes)) * kv::kUnit;
     shape.item_capacity = max_item + (64u << 10);
     shape.op_capacity = std::max<size_t>(batch_limit_, kMaxCandidates + 1);
-    pool_.SetShape(shape);
-    session_ = session;
+    // In a cluster the scratches fit the largest items of every server.
+    if (!cluster_ || shape.item_capacity > pool_.shape().item_capacity) pool_.SetShape(shape);
+    link.session = session;
     return session;
+  }
+
+  // --- cluster: the map and the links ---
+
+  std::shared_ptr<const cluster::ClusterMap> CurrentMap() const {
+    std::lock_guard<std::mutex> l(map_mu_);
+    return map_;
+  }
+
+  // The link of server `id` at `address` (created on first use; links live as long as the
+  // client).
+  Link* LinkFor(uint32_t id, const std::string& address) {
+    std::lock_guard<std::mutex> l(map_mu_);
+    std::string name = std::to_string(id) + "@" + address;
+    auto it = links_.find(name);
+    if (it != links_.end()) return it->second.get();
+    auto parsed = ParseServerAddress(address);
+    ServerAddress a = parsed.ok() ? parsed.value() : ServerAddress{address, 0};
+    auto link = std::make_unique<Link>(id, std::move(a), options_.location_cache_entries);
+    Link* raw = link.get();
+    links_.emplace(name, std::move(link));
+    return raw;
+  }
+
+  // The owner of `shard` under `map`.
+  Link* OwnerLink(const cluster::ClusterMap& map, uint32_t shard) {
+    uint32_t id = map.OwnerOf(shard);
+    const cluster::ServerEntry* e = map.FindServer(id);
+    return LinkFor(id, e != nullptr ? e->address : std::string("?"));
+  }
+
+  // Fetches the map from `from` (the server that redirected), else the seed, else any server
+  // of the map, and keeps it when its epoch is newer. OK when some server answered.
+  Status RefreshMap(Link* from) {
+    std::vector<Link*> order;
+    if (from != nullptr) order.push_back(from);
+    order.push_back(seed_.get());
+    if (auto map = CurrentMap(); map != nullptr) {
+      for (const auto& e : map->servers) order.push_back(LinkFor(e.id, e.address));
+    }
+    Status last = Status::Unavailable("no server to ask for the cluster map");
+    for (Link* link : order) {
+      std::string body;
+      uint64_t epoch = 0;
+      Status s = CallOn(*link, kv::Op::kClusterMap, {}, {}, 0, &epoch, &body);
+      if (!s.ok()) {
+        last = s;
+        continue;
+      }
+      auto parsed = cluster::ParseClusterMap(body);
+      if (!parsed.ok()) {
+        last = Status::ProtocolError(Name(*link) + " sent a cluster map that does not parse: " +
+                                     parsed.status().message());
+        continue;
+      }
+      std::lock_guard<std::mutex> l(map_mu_);
+      if (map_ == nullptr || parsed->epoch > map_->epoch) {
+        map_ = std::make_shared<const cluster::ClusterMap>(std::move(parsed).value());
+      }
+      return Status::Ok();
+    }
+    return last;
+  }
+
+  // Stats() in a cluster: numeric fields summed over the reachable servers.
+  static Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
+    nlohmann::json total = nlohmann::json::object();
+    nlohmann::json per = nlohmann::json::array();
+    size_t reachable = 0;
+    std::string first_error;
+    for (const ServerInfo& info : servers) {
+      nlohmann::json one = {{"id", info.id}, {"address", info.address}};
+      if (!info.reachable) {
+        one["error"] = info.error;
+        if (first_error.empty()) first_error = info.error;
+        per.push_back(std::move(one));
+        continue;
+      }
+      nlohmann::json st = nlohmann::json::parse(info.stats, nullptr, false);
+      if (st.is_object()) {
+        ++reachable;
+        for (auto& [k, v] : st.items()) {
+          if (v.is_number_unsigned() || v.is_number_integer()) {
+            total[k] = (total.contains(k) ? total[k].get<int64_t>() : 0) + v.get<int64_t>();
+          } else if (v.is_number_float()) {
+            total[k] = (total.contains(k) ? total[k].get<double>() : 0.0) + v.get<double>();
+          }
+        }
+      }
+      one["stats"] = std::move(st);
+      per.push_back(std::move(one));
+    }
+    if (reachable == 0) return Status::Unavailable("no server of the cluster is reachable: " + first_error);
+    nlohmann::json out = {{"servers", servers.size()}, {"reachable", reachable},
+                          {"total", std::move(total)}, {"per_server", std::move(per)}};
+    return out.dump();
   }
 
   // Posts scratch->batch and waits. OK when every READ completed OK; otherwise the error for
@@ -366,7 +579,7 @@ class ClientImpl final : public Client {
   void Retry(KeyJob& job, bool* any_retry) {
     if (job.attempts >= options_.max_get_attempts) {
       bool slow = job.slow_attempts == job.attempts;
-      std::string what = "GET of " + DescribeKey(job.key) + " from " + address_.ToString() +
+      std::string what = "GET of " + DescribeKey(job.key) + " from " + Name(*job.link) +
                          " failed " + std::to_string(job.attempts) + " attempts";
       if (slow) {
         Finish(job, Status::TimedOut(what + ": every attempt took longer than read_deadline (" +
@@ -383,10 +596,62 @@ class ClientImpl final : public Client {
     *any_retry = true;
   }
 
-  // Resolves every job (each ends done, with its result in *out) or returns the error that
-  // stopped them all (a READ failure, no connection).
+  // Resolves every job (each ends done, with its result in *out). Standalone: or returns the
+  // error that stopped them all (a READ failure, no connection). In a cluster the jobs are
+  // grouped by owner; a server's failure ends only its own jobs (with the error naming it),
+  // and jobs whose server no longer serves their shard are re-routed after a map refresh
+  // until op_timeout.
   Status RunJobs(std::span<KeyJob> jobs) {
-    RDKV_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, CurrentSession());
+    if (!cluster_) {
+      for (KeyJob& job : jobs) job.link = seed_.get();
+      return RunJobsOn(*seed_, jobs);
+    }
+    Clock::time_point deadline = Clock::now() + options_.op_timeout;
+    for (KeyJob& job : jobs) job.shard = 0;
+    for (int round = 0;; ++round) {
+      std::shared_ptr<const cluster::ClusterMap> map = CurrentMap();
+      std::map<Link*, std::vector<size_t>> groups;
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        KeyJob& job = jobs[i];
+        if (job.done) continue;
+        job.shard = cluster::ShardOf(kv::KeyHash(job.key), map->shards);
+        job.link = OwnerLink(*map, job.shard);
+        groups[job.link].push_back(i);
+      }
+      if (groups.empty()) return Status::Ok();
+      Link* redirected = nullptr;
+      for (auto& [link, idx] : groups) {
+        std::vector<KeyJob> sub;
+        sub.reserve(idx.size());
+        for (size_t i : idx) sub.push_back(jobs[i]);
+        Status s = RunJobsOn(*link, sub);
+        for (size_t n = 0; n < idx.size(); ++n) {
+          KeyJob& job = sub[n];
+          if (!job.done && !s.ok()) Finish(job, s);
+          if (job.wrong_owner) {
+            redirected = link;
+            if (Clock::now() < deadline) {
+              // Not done: re-routed with the refreshed map.
+              job.out->reset();
+              job.done = false;
+              job.wrong_owner = false;
+              job.attempts = 0;
+              job.cached.reset();
+            }
+          }
+          jobs[idx[n]] = job;
+        }
+      }
+      if (redirected == nullptr) return Status::Ok();
+      Status r = RefreshMap(redirected);
+      if (!r.ok()) LOG(WARNING) << "rdkv client: refreshing the cluster map: " << r.ToString();
+      Backoff(round + 1);
+    }
+  }
+
+  // The jobs of one server.
+  Status RunJobsOn(Link& link, std::span<KeyJob> jobs) {
+    RDKV_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, LinkSession(link));
     RDKV_ASSIGN_OR_RETURN(std::unique_ptr<ReadScratch> raw, pool_.Acquire());
     ScratchLease scratch(&pool_, std::move(raw));
     const kv::RegionHeader& h = session->header();
@@ -398,7 +663,7 @@ class ClientImpl final : public Client {
       job.deadline = start + options_.op_timeout;
     }
     Add(stats_.gets, jobs.size());
-    if (cache_.entries() > 0) RDKV_RETURN_IF_ERROR(CachePass(*session, scratch, jobs));
+    if (link.cache.entries() > 0) RDKV_RETURN_IF_ERROR(CachePass(*session, scratch, jobs));
     for (int round = 0;; ++round) {
       bool any_retry = false;
       bool any_work = false;
@@ -422,6 +687,49 @@ class ClientImpl final : public Client {
     std::this_thread::sleep_for(std::chrono::microseconds(std::min(10 << shift, 2000)));
   }
 
+  // --- the ownership lease (cluster) ---
+
+  // Where an ownership READ lands in a scratch: the tail of the item buffer, which the cache
+  // pass leaves free in a cluster (the index pass reads candidates only after it completed).
+  static size_t OwnershipOffset(const ReadScratch& x) {
+    return (x.item_capacity - kv::kOwnershipBytes) & ~size_t{63};
+  }
+  size_t CacheItemLimit(const ReadScratch& x) const {
+    return cluster_ ? OwnershipOffset(x) : x.item_capacity;
+  }
+
+  // Whether a result of `job` read from `session` (completed at `completed`) may be returned.
+  Session::LeaseVerdict LeaseOf(const Session& session, const KeyJob& job,
+                                Clock::time_point completed) const {
+    if (!cluster_) return Session::LeaseVerdict::kOk;
+    return session.CheckLease(job.shard, completed, lease_);
+  }
+
+  // The server does not serve the job's shard: done here, re-routed by RunJobs.
+  void WrongOwner(KeyJob& job) {
+    job.wrong_owner = true;
+    Finish(job, Status::WrongOwner(Name(*job.link) + " no longer serves shard " +
+                                   std::to_string(job.shard) + " of " + DescribeKey(job.key)));
+  }
+
+  // A result (a value or NotFound) read at `completed`: true when it may be returned;
+  // otherwise the job is re-routed (kNotOwned) or retried (kExpired).
+  bool LeaseGate(const Session& session, KeyJob& job, Clock::time_point completed,
+                 bool* any_retry) {
+    switch (LeaseOf(session, job, completed)) {
+      case Session::LeaseVerdict::kOk:
+        return true;
+      case Session::LeaseVerdict::kNotOwned:
+        WrongOwner(job);
+        return false;
+      case Session::LeaseVerdict::kExpired:
+        job.problem = Problem::kLease;
+        Retry(job, any_retry);
+        return false;
+    }
+    return false;
+  }
+
   // One READ per job with a cached location, in batches (with cache_checks_slot, also the
   // key's window in the same batch). Accepted jobs are done; the rest forget the stale
   // location and go through the index.
@@ -438,16 +746,16 @@ class ClientImpl final : public Client {
       size_t j = i;
       for (; j < jobs.size(); ++j) {
         KeyJob& job = jobs[j];
-        job.cached = cache_.Lookup(job.hash);
+        job.cached = job.link->cache.Lookup(job.hash);
         if (!job.cached.has_value()) continue;
         uint32_t len = uint32_t{job.cached->units} * kv::kUnit;
         auto off = ItemOffset(h, job.cached->offset_units, job.cached->units);
         if (!off.has_value() || len > x->item_capacity) {
-          cache_.Erase(job.hash, job.cached);
+          job.link->cache.Erase(job.hash, job.cached);
           job.cached.reset();
           continue;
         }
-        if (x->batch.size() + per_job > max_ops || bytes + len > x->item_capacity ||
+        if (x->batch.size() + per_job > max_ops || bytes + len > CacheItemLimit(*x) ||
             (check_slot && windows == x->window_capacity)) {
           break;
         }
@@ -460,10 +768,19 @@ class ClientImpl final : public Client {
         }
       }
       if (!x->batch.empty()) {
+        const size_t job_ops = x->batch.size();
         Clock::time_point t0 = Clock::now();
+        // Cluster: the ownership READ rides along when the lease is older than lease / 2.
+        const bool probe = cluster_ && session.LeaseStale(t0, lease_ / 2);
+        uint8_t* own = x->items + OwnershipOffset(*x);
+        if (probe) {
+          AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, ~uint64_t{0});
+        }
         RDKV_RETURN_IF_ERROR(RunReads(session, x));
-        bool in_time = !check_slot || Clock::now() - t0 <= options_.read_deadline;
-        for (size_t k = 0; k < x->batch.size(); k += per_job) {
+        Clock::time_point completed = Clock::now();
+        if (probe) session.UpdateLease(t0, own);
+        bool in_time = !check_slot || completed - t0 <= options_.read_deadline;
+        for (size_t k = 0; k < job_ops; k += per_job) {
           KeyJob& job = jobs[x->tags[k] >> 32];
           const uint8_t* item = x->items + static_cast<uint32_t>(x->tags[k]);
           std::string_view value;
@@ -475,11 +792,17 @@ class ClientImpl final : public Client {
                         (in_time && WindowHolds(x->windows + x->tags[k + 1] * kv::kWindowBytes,
                                                 job.fingerprint, *job.cached));
           if (v == Verdict::kAccept && linked) {
-            Add(stats_.cache_hits);
-            Accept(job, value, version);
+            Session::LeaseVerdict lv = LeaseOf(session, job, completed);
+            if (lv == Session::LeaseVerdict::kOk) {
+              Add(stats_.cache_hits);
+              Accept(job, value, version);
+            } else if (lv == Session::LeaseVerdict::kNotOwned) {
+              WrongOwner(job);
+            }
+            // kExpired: the index pass reads it again with a fresh lease.
           } else {
             Add(stats_.cache_misses);
-            cache_.Erase(job.hash, job.cached);
+            job.link->cache.Erase(job.hash, job.cached);
           }
         }
       }
@@ -507,17 +830,21 @@ class ClientImpl final : public Client {
   Status IndexChunk(Session& session, ScratchLease& x, std::span<KeyJob> jobs, size_t i,
                     size_t* end, bool* any_work, bool* any_retry) {
     const kv::RegionHeader& h = session.header();
-    const size_t max_windows = std::min({x->window_capacity, x->op_capacity, batch_limit_});
+    size_t max_windows = std::min({x->window_capacity, x->op_capacity, batch_limit_});
     x->batch.clear();
     x->tags.clear();
     Clock::time_point t0 = Clock::now();
+    // Cluster: the ownership READ rides in the window batch when the lease is older than
+    // lease / 2 (t0, taken before posting, is its time).
+    const bool probe = cluster_ && session.LeaseStale(t0, lease_ / 2);
+    if (probe && max_windows > 1) --max_windows;
     size_t j = i;
     for (; j < jobs.size() && x->batch.size() < max_windows; ++j) {
       KeyJob& job = jobs[j];
       if (job.done) continue;
       if (job.attempts > 0 && t0 > job.deadline) {
         Finish(job, Status::TimedOut("GET of " + DescribeKey(job.key) + " from " +
-                                     address_.ToString() + " did not succeed within " +
+                                     Name(*job.link) + " did not succeed within " +
                                      std::to_string(options_.op_timeout.count()) + " ms (" +
                                      std::to_string(job.attempts) + " attempts)"));
         continue;
@@ -531,10 +858,14 @@ class ClientImpl final : public Client {
     *end = j;
     if (x->batch.empty()) return Status::Ok();
     *any_work = true;
+    const size_t nwindows = x->batch.size();
+    uint8_t* own = x->items + OwnershipOffset(*x);
+    if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, ~uint64_t{0});
     RDKV_RETURN_IF_ERROR(RunReads(session, x));
+    const Clock::time_point windows_done = Clock::now();
+    if (probe) session.UpdateLease(t0, own);
 
     // Candidates: the slots whose fingerprint matches.
-    size_t nwindows = x->batch.size();
     for (size_t k = 0; k < nwindows; ++k) {
       KeyJob& job = jobs[x->tags[k]];
       const uint8_t* w = x->windows + k * kv::kWindowBytes;
@@ -551,8 +882,10 @@ class ClientImpl final : public Client {
       job.unresolved = job.ncand;
       if (job.ncand == 0) {
         // No slot of the window held the key's fingerprint when it was read: absent then.
-        cache_.Erase(job.hash);
-        Finish(job, Status::NotFound("key not found"));  // short: no allocation
+        job.link->cache.Erase(job.hash);
+        if (LeaseGate(session, job, windows_done, any_retry)) {
+          Finish(job, Status::NotFound("key not found"));  // short: no allocation
+        }
       }
     }
 
@@ -586,7 +919,9 @@ class ClientImpl final : public Client {
                 (uint64_t{k} << 40) | (uint64_t{c} << 32) | bytes);
         bytes += len;
       }
-      if (!job.done && job.unresolved == 0) EndAttempt(job, any_retry);  // all unreadable
+      if (!job.done && job.unresolved == 0) {
+        EndAttempt(session, job, Clock::now(), any_retry);  // all unreadable
+      }
     }
     if (!x->batch.empty()) RDKV_RETURN_IF_ERROR(JudgeCandidates(session, x, jobs, any_retry));
     return Status::Ok();
@@ -594,12 +929,15 @@ class ClientImpl final : public Client {
 
   // Nothing accepted and no candidate left: NotFound if every candidate was another key's,
   // else retry.
-  void EndAttempt(KeyJob& job, bool* any_retry) {
+  void EndAttempt(const Session& session, KeyJob& job, Clock::time_point completed,
+                  bool* any_retry) {
     if (job.retry) {
       Retry(job, any_retry);
     } else {
-      cache_.Erase(job.hash);
-      Finish(job, Status::NotFound("key not found"));
+      job.link->cache.Erase(job.hash);
+      if (LeaseGate(session, job, completed, any_retry)) {
+        Finish(job, Status::NotFound("key not found"));
+      }
     }
   }
 
@@ -634,17 +972,26 @@ class ClientImpl final : public Client {
           job.problem = Problem::kTorn;
         }
         if (v == Verdict::kAccept) {
-          const kv::SlotFields& f = job.cand[c];
-          cache_.Store(job.hash, CachedLocation{f.offset_units, f.units});
-          Accept(job, value, version);
-          continue;
+          Session::LeaseVerdict lv = LeaseOf(session, job, now);
+          if (lv == Session::LeaseVerdict::kOk) {
+            const kv::SlotFields& f = job.cand[c];
+            job.link->cache.Store(job.hash, CachedLocation{f.offset_units, f.units});
+            Accept(job, value, version);
+            continue;
+          }
+          if (lv == Session::LeaseVerdict::kNotOwned) {
+            WrongOwner(job);
+            continue;
+          }
+          job.problem = Problem::kLease;  // retried with a fresh lease
+          job.retry = true;
         }
         if (v == Verdict::kRetry) {
           if (!torn) job.problem = Problem::kRetired;
           job.retry = true;
         }
       }
-      if (job.unresolved == 0) EndAttempt(job, any_retry);
+      if (job.unresolved == 0) EndAttempt(session, job, now, any_retry);
     }
     return Status::Ok();
   }
@@ -656,16 +1003,35 @@ class ClientImpl final : public Client {
     Status bad = CheckKey(key);
     if (!bad.ok()) return Fail(bad);
     uint64_t version = 0;
-    Status s = Call(op, key, value, expected, &version, nullptr);
-    if (!s.ok()) return s;
-    return version;
+    if (!cluster_) {
+      Status s = CallOn(*seed_, op, key, value, expected, &version, nullptr);
+      if (!s.ok()) return s;
+      return version;
+    }
+    // Cluster: to the key's owner; a redirect (kWrongOwner) refreshes the map (from the
+    // server that redirected) and retries, until op_timeout.
+    Clock::time_point deadline = Clock::now() + options_.op_timeout;
+    uint64_t hash = kv::KeyHash(key);
+    for (int round = 0;; ++round) {
+      std::shared_ptr<const cluster::ClusterMap> map = CurrentMap();
+      Link* link = OwnerLink(*map, cluster::ShardOf(hash, map->shards));
+      Status s = CallOn(*link, op, key, value, expected, &version, nullptr);
+      if (s.ok()) return version;
+      if (!s.Is(StatusCode::kWrongOwner) || Clock::now() >= deadline) {
+        if (s.Is(StatusCode::kWrongOwner)) Add(stats_.errors);
+        return s;
+      }
+      Status r = RefreshMap(link);
+      if (!r.ok()) LOG(WARNING) << "rdkv client: refreshing the cluster map: " << r.ToString();
+      Backoff(round + 1);
+    }
   }
 
-  // One request/response. Counts errors (not kNotFound / kAlreadyExists / kVersionMismatch,
-  // which are answers).
-  Status Call(kv::Op op, std::string_view key, std::string_view value, uint64_t expected,
-              uint64_t* version, std::string* body) {
-    auto session_or = CurrentSession();
+  // One request/response to `link`'s server. Counts errors (not kNotFound / kAlreadyExists
+  // / kVersionMismatch, which are answers, nor kWrongOwner, which the caller follows).
+  Status CallOn(Link& link, kv::Op op, std::string_view key, std::string_view value,
+                uint64_t expected, uint64_t* version, std::string* body) {
+    auto session_or = LinkSession(link);
     if (!session_or.ok()) return Fail(session_or.status());
     std::shared_ptr<Session> session = std::move(session_or).value();
     bool keyed = !key.empty();
@@ -685,7 +1051,7 @@ class ClientImpl final : public Client {
     Status s = session->conn().Call(request, &response, options_.op_timeout);
     if (keyed) {
       // This client's cached location of the key is (or is about to be) stale.
-      cache_.Erase(kv::KeyHash(key));
+      link.cache.Erase(kv::KeyHash(key));
     }
     auto what = [&] {
       return std::string(kv::OpName(op)) + (keyed ? " of " + DescribeKey(key) : "") + " to " +
@@ -708,8 +1074,9 @@ class ClientImpl final : public Client {
         msg += " (current version " + std::to_string(r.version) + ")";
       }
       Status out(r.status.code(), std::move(msg));
+      if (out.Is(StatusCode::kWrongOwner) && version != nullptr) *version = r.version;
       bool answer = out.Is(StatusCode::kNotFound) || out.Is(StatusCode::kAlreadyExists) ||
-                    out.Is(StatusCode::kVersionMismatch);
+                    out.Is(StatusCode::kVersionMismatch) || out.Is(StatusCode::kWrongOwner);
       return answer ? out : Fail(out);
     }
     if (version != nullptr) *version = r.version;
@@ -717,19 +1084,19 @@ class ClientImpl final : public Client {
     return Status::Ok();
   }
 
-  // Members are destroyed bottom-up: the session (connection) first, the fabric last.
+  // Members are destroyed bottom-up: the links (connections) first, the fabric last.
   const ClientOptions options_;
-  const ServerAddress address_;
   std::unique_ptr<transport::Fabric> fabric_;
   ScratchPool pool_;
-  LocationCache cache_;
   const size_t batch_limit_;
+  const Clock::duration lease_;
   Counters stats_;
-  mutable std::mutex session_mu_;
-  bool connected_once_ = false;   // guarded by session_mu_
-  uint64_t incarnation_ = 0;      // guarded by session_mu_
-  uint64_t max_value_bytes_ = 0;  // guarded by session_mu_
-  std::shared_ptr<Session> session_;  // guarded by session_mu_
+  std::atomic<uint64_t> max_value_bytes_{0};
+  bool cluster_ = false;  // set by Init (the seed served a map), constant afterwards
+  mutable std::mutex map_mu_;
+  std::shared_ptr<const cluster::ClusterMap> map_;           // guarded by map_mu_
+  std::map<std::string, std::unique_ptr<Link>> links_;        // guarded by map_mu_; "id@address"
+  std::unique_ptr<Link> seed_;  // the seed (standalone: the only server)
 };
 
 Status ValidateOptions(const ClientOptions& o) {
@@ -738,6 +1105,9 @@ Status ValidateOptions(const ClientOptions& o) {
     return Status::InvalidArgument("connect_timeout must be positive");
   }
   if (o.read_deadline.count() <= 0) return Status::InvalidArgument("read_deadline must be positive");
+  if (o.ownership_lease.count() <= 0) {
+    return Status::InvalidArgument("ownership_lease must be positive");
+  }
   if (o.max_get_attempts < 1) return Status::InvalidArgument("max_get_attempts must be at least 1");
   if (o.max_batch_reads < 1) return Status::InvalidArgument("max_batch_reads must be at least 1");
   if (o.max_outstanding_reads < kMaxCandidates + 1) {

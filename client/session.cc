@@ -38,6 +38,36 @@ void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
   for (auto& s : ready) pool_->Release(std::move(s));
 }
 
+bool Session::LeaseStale(std::chrono::steady_clock::time_point now,
+                         std::chrono::steady_clock::duration half_lease) const {
+  std::lock_guard<std::mutex> l(lease_mu_);
+  return !lease_valid_ || now - lease_posted_ > half_lease;
+}
+
+void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const uint8_t* ownership) {
+  std::lock_guard<std::mutex> l(lease_mu_);
+  if (lease_valid_ && posted < lease_posted_) return;
+  lease_valid_ = true;
+  lease_posted_ = posted;
+  std::memcpy(&lease_epoch_, ownership, 8);
+  std::memcpy(owned_, ownership + 8, sizeof(owned_));
+}
+
+Session::LeaseVerdict Session::CheckLease(uint32_t shard,
+                                          std::chrono::steady_clock::time_point completed,
+                                          std::chrono::steady_clock::duration lease) const {
+  std::lock_guard<std::mutex> l(lease_mu_);
+  if (!lease_valid_ || shard >= kv::kMaxShards) return LeaseVerdict::kExpired;
+  if (!kv::OwnsShard(owned_, shard)) return LeaseVerdict::kNotOwned;
+  if (completed >= lease_posted_ + lease) return LeaseVerdict::kExpired;
+  return LeaseVerdict::kOk;
+}
+
+uint64_t Session::lease_epoch() const {
+  std::lock_guard<std::mutex> l(lease_mu_);
+  return lease_epoch_;
+}
+
 Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDescriptor& region) {
   auto bad = [](const std::string& why) {
     return Status::ProtocolError("server region header: " + why);

@@ -43,6 +43,23 @@ class Session {
   // they complete or the connection is closed; then it goes back to the pool.
   void Quarantine(std::unique_ptr<ReadScratch> scratch);
 
+  // --- the ownership lease (cluster mode; docs/design.md "Stale maps and one-sided GETs") ---
+  enum class LeaseVerdict : uint8_t { kOk, kExpired, kNotOwned };
+  // True when no ownership READ was taken yet, or the last one was posted more than
+  // `half_lease` before `now`: the next batch should carry one.
+  bool LeaseStale(std::chrono::steady_clock::time_point now,
+                  std::chrono::steady_clock::duration half_lease) const;
+  // Records an ownership READ (kOwnershipBytes) posted at `posted` (client clock, taken before
+  // posting). An older READ than the one recorded is ignored.
+  void UpdateLease(std::chrono::steady_clock::time_point posted, const uint8_t* ownership);
+  // Whether a READ that completed at `completed` may be used for `shard`: kOk when the last
+  // ownership READ showed the shard owned and completed < posted + lease; kNotOwned when it
+  // showed it not owned; kExpired otherwise (no lease, or too old).
+  LeaseVerdict CheckLease(uint32_t shard, std::chrono::steady_clock::time_point completed,
+                          std::chrono::steady_clock::duration lease) const;
+  // The map epoch the last ownership READ showed (0 when none).
+  uint64_t lease_epoch() const;
+
  private:
   std::unique_ptr<transport::Connection> conn_;
   const kv::RegionHeader header_;
@@ -51,6 +68,11 @@ class Session {
   std::atomic<bool> broken_{false};
   std::mutex quarantine_mu_;
   std::vector<std::unique_ptr<ReadScratch>> quarantine_;
+  mutable std::mutex lease_mu_;
+  bool lease_valid_ = false;                          // guarded by lease_mu_
+  std::chrono::steady_clock::time_point lease_posted_;  // guarded by lease_mu_
+  uint64_t lease_epoch_ = 0;                          // guarded by lease_mu_
+  uint64_t owned_[kv::kMaxShards / 64] = {};          // guarded by lease_mu_
 };
 
 // Validates a region header READ from a server (magic, layout version, checksum, geometry

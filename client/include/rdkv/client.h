@@ -68,6 +68,20 @@ struct ClientOptions {
   uint32_t max_batch_reads = 256;
   // READs in flight at once on one connection, shared by all threads.
   uint32_t max_outstanding_reads = 1024;
+  // Cluster: the ownership lease of one-sided GETs (docs/design.md "Stale maps and one-sided
+  // GETs"). Must not exceed the servers' --ownership_lease (default 100 ms).
+  std::chrono::milliseconds ownership_lease{100};
+};
+
+// One server of the cluster as this client sees it (Client::Servers).
+struct ServerInfo {
+  uint32_t id = 0;
+  std::string address;            // host:port from the map (the seed when standalone)
+  bool reachable = false;
+  std::string error;              // why it is not reachable
+  std::vector<uint32_t> shards;   // shards the client's map gives it
+  uint64_t map_epoch = 0;         // the map epoch the server reports (0: standalone)
+  std::string stats;              // its statistics JSON (when asked for)
 };
 
 struct GetResult {
@@ -120,8 +134,16 @@ class Client {
   virtual Result<uint64_t> Cas(std::string_view key, uint64_t expected_version,
                                std::string_view value) = 0;
 
-  // The server's statistics as a JSON object (per server; "all" in a cluster).
+  // The server's statistics as a JSON object. In a cluster: {"servers": n, "reachable": k,
+  // "total": {every numeric field summed over the reachable servers}, "per_server": [{"id",
+  // "address", "stats" or "error"}, ...]}; an error only when no server is reachable.
   virtual Result<std::string> Stats() = 0;
+  // Every server of the map (standalone: the seed), contacted now: reachable or not (with the
+  // error), its shards in this client's map, the map epoch it reports and, when with_stats,
+  // its statistics JSON. Refreshes this client's map when a server reports a newer epoch.
+  virtual std::vector<ServerInfo> Servers(bool with_stats) = 0;
+  // The epoch of the map this client routes by (0 standalone).
+  virtual uint64_t map_epoch() const = 0;
   // Round trip to the seed server.
   virtual Status Ping() = 0;
 

@@ -1,0 +1,363 @@
+// The client in a cluster: three in-process servers on 127.0.0.1 (tcp) with a map listing
+// them. Routing of every operation, any server as seed, a server down and back, a write
+// redirect after a map change, and the stale-map test: a client holding the old map and the
+// old owner's lease never returns the old owner's value after the move was acknowledged.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster/cluster_map.h"
+#include "common/kv/layout.h"
+#include "common/kv/wire.h"
+#include "rdkv/client.h"
+#include "server/server.h"
+
+namespace rdkv {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kShards = 16;
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A key whose shard is `shard`.
+std::string KeyIn(uint32_t shard, int n) {
+  for (int i = 0;; ++i) {
+    std::string k = "key" + std::to_string(n) + "-" + std::to_string(i);
+    if (cluster::ShardOf(kv::KeyHash(k), kShards) == shard) return k;
+  }
+}
+
+class ClusterClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<std::string> addrs;
+    for (int i = 0; i < 3; ++i) {
+      ports_[i] = FreePort();
+      addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
+    }
+    map_ = cluster::MakeUniformMap(addrs, kShards);
+    for (uint32_t i = 0; i < 3; ++i) {
+      servers_[i] = StartServer(i);
+      ASSERT_NE(servers_[i], nullptr);
+    }
+    auto f = transport::Fabric::Create({});
+    ASSERT_TRUE(f.ok());
+    fabric_ = std::move(*f);
+  }
+
+  std::unique_ptr<server::Server> StartServer(uint32_t id) {
+    server::ServerOptions o;
+    o.port = ports_[id];
+    o.transport = transport::TransportKind::kTcp;
+    o.memory_bytes = 16ull << 20;
+    o.huge_pages = false;
+    o.cluster_map = map_;
+    o.server_id = id;
+    for (int i = 0;; ++i) {  // a just-closed listener may hold the port briefly
+      auto s = server::Server::Start(o);
+      if (s.ok()) return std::move(s).value();
+      if (i == 50) {
+        ADD_FAILURE() << "server " << id << " did not start: " << s.status().ToString();
+        return nullptr;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+
+  std::unique_ptr<Client> NewClient(int seed, ClientOptions o = {}) {
+    o.seed = "127.0.0.1:" + std::to_string(ports_[seed]);
+    o.transport = "tcp";
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // Raw admin requests, as an operator's tool sends them.
+  std::unique_ptr<transport::Connection> Raw(int id) {
+    transport::ConnectOptions co;
+    co.host = "127.0.0.1";
+    co.port = ports_[id];
+    auto c = fabric_->Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  kv::Response Call(transport::Connection& c, const kv::Request& r) {
+    std::vector<uint8_t> req, buf;
+    kv::EncodeRequest(r, &req);
+    Status s = c.Call(req, &buf, std::chrono::seconds(5));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    auto d = kv::DecodeResponse(buf);
+    EXPECT_TRUE(d.ok());
+    return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
+  }
+  // Copies shard `shard` from `from` to `to` (scan + import); `rewrite` may change values.
+  void CopyShard(transport::Connection& from, transport::Connection& to, uint32_t shard,
+                 const std::function<std::string(std::string_view, std::string_view)>& rewrite) {
+    uint64_t cursor = 0;
+    do {
+      kv::Response r = Call(from, {kv::Op::kShardScan, std::to_string(shard), "", cursor});
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      auto entries = kv::DecodeScanEntries(r.body, kv::WireLimits{});
+      ASSERT_TRUE(entries.ok());
+      for (const kv::ScanEntry& e : *entries) {
+        std::string v = rewrite(e.key, e.value);
+        ASSERT_TRUE(Call(to, {kv::Op::kImport, e.key, v, e.version}).status.ok());
+      }
+      cursor = r.version;
+    } while (cursor != kv::kScanDone);
+  }
+
+  uint16_t ports_[3] = {};
+  cluster::ClusterMap map_;
+  std::unique_ptr<server::Server> servers_[3];
+  std::unique_ptr<transport::Fabric> fabric_;
+};
+
+TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->map_epoch(), 1u);
+  std::vector<std::string> keys;
+  for (int i = 0; i < 200; ++i) keys.push_back("user:" + std::to_string(i));
+  for (const auto& k : keys) ASSERT_TRUE(c->Put(k, "v-" + k).ok()) << k;
+  for (int i = 0; i < 3; ++i) EXPECT_GT(servers_[i]->stats().items, 0u) << "server " << i;
+  uint64_t total = 0;
+  for (int i = 0; i < 3; ++i) total += servers_[i]->stats().items;
+  EXPECT_EQ(total, keys.size()) << "each key on exactly one server";
+
+  for (int seed = 0; seed < 3; ++seed) {
+    auto r = NewClient(seed);
+    ASSERT_NE(r, nullptr);
+    for (const auto& k : keys) {
+      auto g = r->Get(k);
+      ASSERT_TRUE(g.ok()) << "seed " << seed << " " << k << ": " << g.status().ToString();
+      EXPECT_EQ(g->value, "v-" + k);
+    }
+    std::vector<std::string_view> views(keys.begin(), keys.end());
+    views.push_back("absent-key");
+    auto many = r->MultiGet(views);
+    ASSERT_EQ(many.size(), views.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_TRUE(many[i].ok()) << keys[i] << ": " << many[i].status().ToString();
+      EXPECT_EQ(many[i]->value, "v-" + keys[i]);
+    }
+    EXPECT_EQ(many.back().status().code(), StatusCode::kNotFound);
+  }
+
+  EXPECT_EQ(c->Insert(keys[0], "x").status().code(), StatusCode::kAlreadyExists);
+  auto v = c->Get(keys[1]);
+  ASSERT_TRUE(v.ok());
+  auto cas = c->Cas(keys[1], v->version, "cas");
+  ASSERT_TRUE(cas.ok()) << cas.status().ToString();
+  EXPECT_EQ(c->Cas(keys[1], v->version, "again").status().code(), StatusCode::kVersionMismatch);
+  EXPECT_EQ(c->Get(keys[1])->value, "cas");
+  EXPECT_TRUE(c->Delete(keys[2]).ok());
+  EXPECT_EQ(c->Get(keys[2]).status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(c->Insert(keys[2], "back").ok());
+  EXPECT_TRUE(c->Ping().ok());
+
+  auto servers = c->Servers(true);
+  ASSERT_EQ(servers.size(), 3u);
+  size_t shards = 0;
+  for (const ServerInfo& s : servers) {
+    EXPECT_TRUE(s.reachable) << s.error;
+    EXPECT_EQ(s.map_epoch, 1u);
+    EXPECT_NE(s.stats.find("items"), std::string::npos) << s.stats;
+    shards += s.shards.size();
+  }
+  EXPECT_EQ(shards, kShards);
+  auto stats = c->Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_NE(stats->find("\"reachable\":3"), std::string::npos) << *stats;
+  EXPECT_NE(stats->find("\"items\":" + std::to_string(keys.size())), std::string::npos) << *stats;
+}
+
+TEST_F(ClusterClientTest, ServerDownFailsOnlyItsKeysThenReconnects) {
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  std::string k1 = KeyIn(1, 0), k0 = KeyIn(0, 0), k2 = KeyIn(2, 0);  // shard s -> server s % 3
+  for (const auto& k : {k0, k1, k2}) ASSERT_TRUE(c->Put(k, "v").ok());
+  ASSERT_TRUE(c->Get(k1).ok());
+
+  servers_[1].reset();
+  // The first call may see the broken connection; then it fails fast, naming the server.
+  Status last;
+  auto until = Clock::now() + 5s;
+  while (Clock::now() < until) {
+    last = c->Get(k1).status();
+    if (last.Is(StatusCode::kUnavailable)) break;
+  }
+  ASSERT_EQ(last.code(), StatusCode::kUnavailable) << last.ToString();
+  EXPECT_NE(last.message().find("server 1 (127.0.0.1:" + std::to_string(ports_[1]) + ")"),
+            std::string::npos)
+      << last.message();
+  auto t0 = Clock::now();
+  EXPECT_EQ(c->Put(k1, "w").status().code(), StatusCode::kUnavailable);
+  EXPECT_LT(Clock::now() - t0, 400ms) << "fails fast";
+  // Other shards keep working.
+  EXPECT_TRUE(c->Put(k0, "w0").ok());
+  EXPECT_EQ(c->Get(k2)->value, "v");
+  std::vector<std::string_view> ks = {k0, k1, k2};
+  auto many = c->MultiGet(ks);
+  EXPECT_TRUE(many[0].ok());
+  EXPECT_EQ(many[1].status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(many[2].ok());
+  auto servers = c->Servers(false);
+  ASSERT_EQ(servers.size(), 3u);
+  EXPECT_FALSE(servers[1].reachable);
+  EXPECT_TRUE(servers[0].reachable && servers[2].reachable);
+
+  servers_[1] = StartServer(1);  // same port, fresh empty store
+  ASSERT_NE(servers_[1], nullptr);
+  Status put;
+  until = Clock::now() + 5s;
+  while (Clock::now() < until) {
+    put = c->Put(k1, "again").status();
+    if (put.ok()) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  EXPECT_EQ(c->Get(k1)->value, "again");
+  EXPECT_GE(c->stats().reconnects, 1u);
+}
+
+TEST_F(ClusterClientTest, WriteFollowsRedirectAfterMapChange) {
+  auto c = NewClient(2);
+  ASSERT_NE(c, nullptr);
+  std::string k = KeyIn(3, 0);  // shard 3: server 0
+  ASSERT_TRUE(c->Put(k, "before").ok());
+  auto raw0 = Raw(0), raw1 = Raw(1), raw2 = Raw(2);
+  cluster::ClusterMap next = map_;
+  next.epoch = 2;
+  next.owners[3] = 1;
+  ASSERT_TRUE(Call(*raw0, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  CopyShard(*raw0, *raw1, 3, [](std::string_view, std::string_view v) { return std::string(v); });
+  ASSERT_TRUE(Call(*raw1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*raw2, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+
+  EXPECT_EQ(c->map_epoch(), 1u);
+  auto put = c->Put(k, "after");
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  EXPECT_EQ(c->map_epoch(), 2u);
+  auto got = c->Get(k);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "after");
+  // The write landed on the new owner.
+  kv::Response r = Call(*raw1, {kv::Op::kCas, k, "x", 1});
+  EXPECT_EQ(r.status.code(), StatusCode::kVersionMismatch);
+  EXPECT_EQ(put.value(), r.version);
+}
+
+TEST_F(ClusterClientTest, StaleMapNeverReturnsTheOldOwnersValue) {
+  const std::string k = KeyIn(3, 7);  // shard 3: server 0 (A) -> server 1 (B)
+  auto writer = NewClient(0);
+  ASSERT_NE(writer, nullptr);
+  ASSERT_TRUE(writer->Put(k, "old").ok());
+
+  // Readers created before the move: they hold the old map, A's lease and the cached location.
+  constexpr int kReaders = 2;
+  std::vector<std::unique_ptr<Client>> readers;
+  for (int i = 0; i < kReaders; ++i) {
+    readers.push_back(NewClient(i));
+    ASSERT_NE(readers.back(), nullptr);
+    auto g = readers.back()->Get(k);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_EQ(g->value, "old");
+  }
+
+  std::atomic<bool> stop{false};
+  // Client-clock instants (steady_clock ticks; 0 = not yet).
+  std::atomic<int64_t> acked{0}, new_written{0};
+  std::mutex mu;
+  std::vector<std::string> violations;
+  std::atomic<uint64_t> after_ack{0}, new_seen{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kReaders; ++i) {
+    threads.emplace_back([&, i] {
+      while (!stop.load()) {
+        int64_t started = Clock::now().time_since_epoch().count();
+        int64_t a = acked.load(), n = new_written.load();
+        auto g = readers[i]->Get(k);
+        if (a != 0 && started > a) {
+          after_ack.fetch_add(1);
+          if (g.ok() && g->value == "old") {
+            std::lock_guard<std::mutex> l(mu);
+            violations.push_back("reader " + std::to_string(i) +
+                                 " returned A's old value after the move was acknowledged");
+          }
+          if (n != 0 && started > n && !(g.ok() && g->value == "new") && g.ok()) {
+            std::lock_guard<std::mutex> l(mu);
+            violations.push_back("reader " + std::to_string(i) + " returned '" + g->value +
+                                 "' after the new value was written");
+          }
+          if (g.ok() && g->value == "new") new_seen.fetch_add(1);
+        }
+      }
+    });
+  }
+
+  std::this_thread::sleep_for(50ms);
+  auto raw0 = Raw(0), raw1 = Raw(1), raw2 = Raw(2);
+  cluster::ClusterMap next = map_;
+  next.epoch = 2;
+  next.owners[3] = 1;
+  // A clears its bit, waits the lease, then acknowledges.
+  ASSERT_TRUE(Call(*raw0, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  acked.store(Clock::now().time_since_epoch().count());
+  // The copy is marked, so a value from A and one from B can be told apart.
+  CopyShard(*raw0, *raw1, 3, [](std::string_view, std::string_view v) {
+    return std::string(v) == "old" ? std::string("copied") : std::string(v);
+  });
+  ASSERT_TRUE(Call(*raw1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*raw2, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(Call(*raw1, {kv::Op::kPut, k, "new", 0}).status.ok());
+  new_written.store(Clock::now().time_since_epoch().count());
+  std::this_thread::sleep_for(500ms);
+  stop.store(true);
+  for (auto& t : threads) t.join();
+
+  std::lock_guard<std::mutex> l(mu);
+  for (const auto& v : violations) ADD_FAILURE() << v;
+  EXPECT_GT(after_ack.load(), 0u);
+  EXPECT_GT(new_seen.load(), 0u) << "readers followed the move";
+  // A still holds its stale copy (not dropped): only the lease kept readers away from it.
+  auto a = Call(*raw0, {kv::Op::kShardScan, "3", "", 0});
+  EXPECT_TRUE(a.status.ok());
+  for (auto& r : readers) {
+    auto g = r->Get(k);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->value, "new");
+    EXPECT_EQ(r->map_epoch(), 2u);
+  }
+}
+
+}  // namespace
+}  // namespace rdkv
