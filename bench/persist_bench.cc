@@ -412,10 +412,12 @@ void RecoveryPhase(const std::string& work) {
   std::printf("  recovered %llu keys, %.0f MiB (keys + values) in %.2f s: %.0f keys/s, %.0f MiB/s\n",
               static_cast<unsigned long long>(rs.keys), mib, rs.seconds, rs.keys / rs.seconds,
               mib / rs.seconds);
-  std::printf("    reading RocksDB %.2f s (%.0f keys/s), ordering + applying to the region %.2f s "
-              "(%.0f keys/s)\n",
-              rs.read_seconds, rs.keys / rs.read_seconds, rs.apply_seconds,
-              rs.keys / rs.apply_seconds);
+  std::printf("    reading RocksDB: %.2f s (%.0f keys/s) on %d threads, %.2f s of CPU\n",
+              rs.read_seconds, rs.keys / rs.read_seconds, rs.read_threads, rs.read_cpu_seconds);
+  std::printf("    ordering + applying to the region: %.2f s (%.0f keys/s), %.2f s of CPU (%.0f "
+              "keys per CPU second)\n",
+              rs.apply_seconds, rs.keys / rs.apply_seconds, rs.apply_cpu_seconds,
+              rs.keys / rs.apply_cpu_seconds);
   std::printf("  whole start (load + reopen for writing): %.2f s wall, %.2f s of CPU (all threads; "
               "%.0f keys per CPU second)\n",
               start_s, cpu_s, rs.keys / cpu_s);

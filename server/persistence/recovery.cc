@@ -3,13 +3,17 @@
 #include <glog/logging.h>
 #include <rocksdb/db.h>
 #include <rocksdb/iterator.h>
+#include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "common/kv/layout.h"
@@ -67,18 +71,20 @@ Result<ReadOnlyDb> OpenValidated(const std::string& db_dir, rocksdb::Env* env,
   return out;
 }
 
-// Iterates the data keys; `fn` returns a non-OK Status to stop.
+// Iterates the data keys in [begin, end) (RocksDB keys; defaults: all data keys); `fn`
+// returns a non-OK Status to stop.
 template <typename Fn>
-Status ForEachItem(rocksdb::DB* db, const std::string& db_dir, Fn&& fn) {
+Status ForEachItem(rocksdb::DB* db, const std::string& db_dir, Fn&& fn,
+                   std::string_view begin = std::string_view(&kDataPrefix, 1),
+                   std::string_view end = kDataEnd) {
   rocksdb::ReadOptions ro;
   ro.fill_cache = false;
   ro.readahead_size = 4u << 20;
   ro.verify_checksums = true;
-  rocksdb::Slice upper(kDataEnd.data(), kDataEnd.size());
+  rocksdb::Slice upper(end.data(), end.size());
   ro.iterate_upper_bound = &upper;
   std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
-  const char start[1] = {kDataPrefix};
-  for (it->Seek(rocksdb::Slice(start, 1)); it->Valid(); it->Next()) {
+  for (it->Seek(rocksdb::Slice(begin.data(), begin.size())); it->Valid(); it->Next()) {
     rocksdb::Slice k = it->key();
     rocksdb::Slice v = it->value();
     if (v.size() < kVersionBytes) {
@@ -139,6 +145,31 @@ class Arena {
   size_t cap_ = 0;
 };
 
+// Up to `parts` - 1 data keys that cut the database into ranges of about equal size: the
+// smallest keys of its table files. Fewer (none) when it has few table files.
+std::vector<std::string> SplitKeys(rocksdb::DB* db, size_t parts) {
+  std::vector<rocksdb::LiveFileMetaData> files;
+  db->GetLiveFilesMetaData(&files);
+  std::vector<std::string> starts;
+  for (const rocksdb::LiveFileMetaData& f : files) {
+    if (!f.smallestkey.empty() && f.smallestkey[0] == kDataPrefix) starts.push_back(f.smallestkey);
+  }
+  std::sort(starts.begin(), starts.end());
+  starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+  std::vector<std::string> out;
+  for (size_t i = 1; i < parts && starts.size() > 1; ++i) {
+    const std::string& k = starts[i * starts.size() / parts];
+    if (k > std::string(1, kDataPrefix) && (out.empty() || k > out.back())) out.push_back(k);
+  }
+  return out;
+}
+
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 std::string Eta(uint64_t done, uint64_t total, double rate) {
   if (total <= done || rate <= 0) return "soon";
   return std::to_string(static_cast<uint64_t>((total - done) / rate) + 1) + " s";
@@ -174,67 +205,148 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
     return Status::Internal("recovery needs an empty store");
   }
 
-  // Phase 1: read every item (checking it fits), in key order.
+  // Phase 1: read every item (checking it fits), key ranges on parallel threads.
   const uint64_t heap_units = store->header().heap_bytes / kv::kUnit;
   const uint64_t slots = store->header().bucket_count * kv::kSlotsPerBucket;
-  uint64_t need_units = 0;
-  Arena arena;
-  std::vector<std::pair<uint64_t, const char*>> order;
-  order.reserve(estimate);
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  std::vector<std::string> splits = SplitKeys(rodb.db.get(), threads);
+  const size_t parts = splits.size() + 1;
+  struct Part {
+    Arena arena;
+    std::vector<std::pair<uint64_t, const char*>> order;
+    uint64_t keys = 0, bytes = 0, max_version = 0;
+    double cpu_seconds = 0;
+    Status status;
+  };
+  std::vector<Part> part(parts);
+  std::atomic<uint64_t> total_keys{0}, total_units{0}, total_bytes{0};
+  std::atomic<bool> stop{false};
   Clock::time_point next_log = start + options.progress_interval;
-  auto progress = [&](const char* phase, uint64_t done, uint64_t total) {
+  auto progress = [&](const char* phase, uint64_t done, uint64_t total, uint64_t bytes) {
     Clock::time_point now = Clock::now();
     if (now < next_log) return;
     next_log = now + options.progress_interval;
     double secs = std::chrono::duration<double>(now - start).count();
     double rate = done / std::max(secs, 1e-9);
     LOG(INFO) << "recovery (" << phase << "): " << done << " of ~" << total << " keys, "
-              << static_cast<uint64_t>(stats.bytes / kMiB) << " MiB, "
-              << static_cast<uint64_t>(rate) << " keys/s, ETA " << Eta(done, total, rate);
+              << static_cast<uint64_t>(bytes / kMiB) << " MiB, " << static_cast<uint64_t>(rate)
+              << " keys/s, ETA " << Eta(done, total, rate);
   };
-  Status s = ForEachItem(
-      rodb.db.get(), db_dir, [&](std::string_view k, uint64_t version, std::string_view v) {
-        if (k.empty() || k.size() > kv::kMaxKeyBytes) {
-          return Status::Corruption(db_dir + ": a key of " + std::to_string(k.size()) +
-                                    " bytes (keys are 1..1024 bytes)");
-        }
-        if (version == 0) return Status::Corruption(db_dir + ": an item with version 0");
-        if (v.size() > options.max_value_bytes) {
-          return Status::InvalidArgument(
-              db_dir + " holds a value of " + std::to_string(v.size()) +
-              " bytes, more than --max_value_size=" + std::to_string(options.max_value_bytes) +
-              "; start with a larger --max_value_size");
-        }
-        uint32_t units = kv::UnitsFor(kv::ItemBytes(k.size(), v.size()));
-        need_units += Allocator::ClassUnits(Allocator::ClassOf(units));
-        ++stats.keys;
-        stats.bytes += k.size() + v.size();
-        if (need_units > heap_units || stats.keys > slots) {
-          return Status::OutOfSpace(
-              db_dir + " holds more than the region can: after " + std::to_string(stats.keys) +
-              " keys the items need " + std::to_string(need_units * kv::kUnit >> 20) +
-              " MiB of the " + std::to_string(heap_units * kv::kUnit >> 20) + " MiB heap (" +
-              std::to_string(slots) + " index slots); start with a larger --memory");
-        }
-        const char* entry = arena.Add(k, v);
-        if (entry == nullptr) {
-          return Status::OutOfSpace("recovery: no memory to stage " + db_dir + " (after " +
-                                    std::to_string(stats.keys) + " keys)");
-        }
-        order.emplace_back(version, entry);
-        stats.max_version = std::max(stats.max_version, version);
-        if ((stats.keys & 0xfff) == 0) progress("reading", stats.keys, std::max(estimate, stats.keys));
-        return Status::Ok();
-      });
-  if (!s.ok()) return s;
+  auto too_large = [&](uint64_t keys, uint64_t units) {
+    return Status::OutOfSpace(
+        db_dir + " holds more than the region can: after " + std::to_string(keys) +
+        " keys the items need " + std::to_string(units * kv::kUnit >> 20) + " MiB of the " +
+        std::to_string(heap_units * kv::kUnit >> 20) + " MiB heap (" + std::to_string(slots) +
+        " index slots); start with a larger --memory");
+  };
+  auto read_part = [&](size_t pi) {
+    const double cpu0 = ThreadCpuSeconds();
+    Part& me = part[pi];
+    std::string_view begin = pi == 0 ? std::string_view(&kDataPrefix, 1) : splits[pi - 1];
+    std::string_view end = pi + 1 == parts ? kDataEnd : std::string_view(splits[pi]);
+    me.order.reserve(estimate / parts + 1024);
+    uint64_t units_batch = 0, keys_batch = 0, bytes_batch = 0;
+    // Adds this thread's counts to the totals (every 4096 items and at the end) and checks
+    // that everything read so far fits.
+    auto publish = [&]() -> Status {
+      uint64_t keys = total_keys.fetch_add(keys_batch) + keys_batch;
+      uint64_t units = total_units.fetch_add(units_batch) + units_batch;
+      uint64_t bytes = total_bytes.fetch_add(bytes_batch) + bytes_batch;
+      keys_batch = units_batch = bytes_batch = 0;
+      if (units > heap_units || keys > slots) return too_large(keys, units);
+      if (stop.load(std::memory_order_relaxed)) return Status::Internal("stopped");
+      if (pi == 0) progress("reading", keys, std::max(estimate, keys), bytes);
+      return Status::Ok();
+    };
+    me.status = ForEachItem(
+        rodb.db.get(), db_dir,
+        [&](std::string_view k, uint64_t version, std::string_view v) {
+          if (k.empty() || k.size() > kv::kMaxKeyBytes) {
+            return Status::Corruption(db_dir + ": a key of " + std::to_string(k.size()) +
+                                      " bytes (keys are 1..1024 bytes)");
+          }
+          if (version == 0) return Status::Corruption(db_dir + ": an item with version 0");
+          if (v.size() > options.max_value_bytes) {
+            return Status::InvalidArgument(
+                db_dir + " holds a value of " + std::to_string(v.size()) +
+                " bytes, more than --max_value_size=" + std::to_string(options.max_value_bytes) +
+                "; start with a larger --max_value_size");
+          }
+          uint32_t units = kv::UnitsFor(kv::ItemBytes(k.size(), v.size()));
+          units_batch += Allocator::ClassUnits(Allocator::ClassOf(units));
+          ++keys_batch;
+          bytes_batch += k.size() + v.size();
+          ++me.keys;
+          me.bytes += k.size() + v.size();
+          const char* entry = me.arena.Add(k, v);
+          if (entry == nullptr) {
+            return Status::OutOfSpace("recovery: no memory to stage " + db_dir + " (after " +
+                                      std::to_string(total_keys.load()) + " keys)");
+          }
+          me.order.emplace_back(version, entry);
+          me.max_version = std::max(me.max_version, version);
+          return (me.keys & 0xfff) == 0 ? publish() : Status::Ok();
+        },
+        begin, end);
+    if (me.status.ok()) me.status = publish();
+    if (!me.status.ok()) {
+      stop = true;
+      return;
+    }
+    // Each range is sorted by version here, in parallel; the ranges are merged below.
+    std::sort(me.order.begin(), me.order.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    me.cpu_seconds = ThreadCpuSeconds() - cpu0;
+  };
+  {
+    std::vector<std::thread> readers;
+    for (size_t pi = 1; pi < parts; ++pi) readers.emplace_back(read_part, pi);
+    read_part(0);
+    for (std::thread& t : readers) t.join();
+  }
+  // The first real error (a thread that stopped because another failed says "stopped").
+  for (Part& p : part) {
+    if (!p.status.ok() && p.status.message() != "stopped") return p.status;
+  }
+  const double apply_cpu0 = ThreadCpuSeconds();
+  std::vector<std::pair<uint64_t, const char*>> order = std::move(part[0].order);
+  stats.read_threads = static_cast<int>(parts);
+  for (size_t pi = 0; pi < parts; ++pi) {
+    stats.read_cpu_seconds += part[pi].cpu_seconds;
+    stats.keys += part[pi].keys;
+    stats.bytes += part[pi].bytes;
+    stats.max_version = std::max(stats.max_version, part[pi].max_version);
+    if (pi == 0) continue;
+    size_t mid = order.size();
+    order.insert(order.end(), part[pi].order.begin(), part[pi].order.end());
+    std::vector<std::pair<uint64_t, const char*>>().swap(part[pi].order);
+    std::inplace_merge(order.begin(), order.begin() + mid, order.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+  }
+  if (parts > 1) {
+    LOG(INFO) << "recovery: read " << stats.keys << " keys on " << parts << " threads";
+  }
   rodb.db.reset();  // the RocksDB side is done: free its memtables and caches
   const Clock::time_point read_done = Clock::now();
   stats.read_seconds = std::chrono::duration<double>(read_done - start).count();
 
   // Phase 2: apply in version order, so every item gets exactly its version back.
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  // In version order the staged items and their index windows are visited at random: each
+  // would be a cache miss. Prefetch the item kPrefetch*2 ahead, and the index window of the
+  // one kPrefetch ahead (the region starts with its header; the window's place is the
+  // documented layout: docs/design.md "Region layout").
+  constexpr size_t kPrefetch = 8;
+  const kv::RegionHeader& header = store->header();
+  const uint8_t* index = reinterpret_cast<const uint8_t*>(&header) + header.index_offset;
   for (size_t i = 0; i < order.size(); ++i) {
+    if (i + 2 * kPrefetch < order.size()) __builtin_prefetch(order[i + 2 * kPrefetch].second);
+    if (i + kPrefetch < order.size()) {
+      std::string_view pk, pv;
+      Arena::Read(order[i + kPrefetch].second, &pk, &pv);
+      __builtin_prefetch(pv.data());
+      __builtin_prefetch(index + kv::BucketOf(kv::KeyHash(pk), header.bucket_count) *
+                                     kv::kBucketBytes);
+    }
     auto [version, entry] = order[i];
     if (i > 0 && order[i - 1].first == version) {
       return Status::Corruption(db_dir + ": two items share version " + std::to_string(version));
@@ -255,13 +367,14 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
       return Status::Internal("recovery gave a key version " + std::to_string(*got) + ", not " +
                               std::to_string(version));
     }
-    if ((i & 0xffff) == 0) progress("loading", i, order.size());
+    if ((i & 0xffff) == 0) progress("loading", i, order.size(), stats.bytes);
   }
   stats.max_version = std::max(stats.max_version, rodb.meta_max_version);
   store->EnsureVersionAbove(stats.max_version + kVersionGapAfterRecovery);
   const Clock::time_point end = Clock::now();
   stats.seconds = std::chrono::duration<double>(end - start).count();
   stats.apply_seconds = std::chrono::duration<double>(end - read_done).count();
+  stats.apply_cpu_seconds = ThreadCpuSeconds() - apply_cpu0;
   return stats;
 }
 

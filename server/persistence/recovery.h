@@ -31,8 +31,11 @@ struct RecoveryStats {
   uint64_t max_version = 0;    // the largest version the database remembers (items and meta)
   uint64_t sequence = 0;       // RocksDB's last sequence number: identifies the state loaded
   double seconds = 0;           // in all: open, read, order, apply
-  double read_seconds = 0;      // reading RocksDB (and copying items out)
-  double apply_seconds = 0;     // ordering by version and writing into the region
+  double read_seconds = 0;      // reading RocksDB (and copying items out), wall clock
+  double apply_seconds = 0;     // ordering by version and writing into the region, wall clock
+  double read_cpu_seconds = 0;  // CPU time of the reading threads (all of them)
+  double apply_cpu_seconds = 0; // CPU time of the applying thread
+  int read_threads = 1;
 };
 
 struct LoadOptions {
