@@ -377,6 +377,8 @@ class ClientImpl final : public Client {
       std::string msg = s.message();
       std::string name = Name(link);
       if (cluster_) {
+        std::string dup = "server " + link.address.ToString() + ": ";
+        if (msg.rfind(dup, 0) == 0) msg = msg.substr(dup.size());
         msg = name + ": " + msg;
       } else if (msg.find(link.address.ToString()) == std::string::npos) {
         msg = name + ": " + msg;
@@ -476,6 +478,20 @@ class ClientImpl final : public Client {
     return last;
   }
 
+  // Adds every numeric field of `from` (nested objects too) into `total`.
+  static void SumInto(nlohmann::json* total, const nlohmann::json& from) {
+    for (auto& [k, v] : from.items()) {
+      if (v.is_object()) {
+        if (!total->contains(k)) (*total)[k] = nlohmann::json::object();
+        SumInto(&(*total)[k], v);
+      } else if (v.is_number_integer()) {
+        (*total)[k] = (total->contains(k) ? (*total)[k].get<int64_t>() : 0) + v.get<int64_t>();
+      } else if (v.is_number_float()) {
+        (*total)[k] = (total->contains(k) ? (*total)[k].get<double>() : 0.0) + v.get<double>();
+      }
+    }
+  }
+
   // Stats() in a cluster: numeric fields summed over the reachable servers.
   static Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
     nlohmann::json total = nlohmann::json::object();
@@ -493,13 +509,7 @@ class ClientImpl final : public Client {
       nlohmann::json st = nlohmann::json::parse(info.stats, nullptr, false);
       if (st.is_object()) {
         ++reachable;
-        for (auto& [k, v] : st.items()) {
-          if (v.is_number_unsigned() || v.is_number_integer()) {
-            total[k] = (total.contains(k) ? total[k].get<int64_t>() : 0) + v.get<int64_t>();
-          } else if (v.is_number_float()) {
-            total[k] = (total.contains(k) ? total[k].get<double>() : 0.0) + v.get<double>();
-          }
-        }
+        SumInto(&total, st);
       }
       one["stats"] = std::move(st);
       per.push_back(std::move(one));

@@ -40,6 +40,8 @@ DEFINE_bool(newline, true,
             "Text mode: end a GET's value with a newline. --nonewline prints the exact bytes.");
 DEFINE_int32(timeout_ms, 2000, "Deadline of one operation, in milliseconds.");
 DEFINE_int32(connect_timeout_ms, 5000, "Deadline of connecting to the server, in milliseconds.");
+DEFINE_bool(all, false,
+            "stats: every server of the cluster, each with its statistics, and their totals.");
 DEFINE_bool(verbose, false, "Log the client library's progress (transport choice, reconnects).");
 
 namespace {
@@ -60,7 +62,12 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                mismatch; the current version is printed).
   mget KEY...                  Print several keys, one "KEY<TAB>VALUE" line each (exit 1 if any
                                is absent).
-  stats                        The server's statistics (JSON).
+  stats                        The server's statistics (JSON); in a cluster the totals over
+                               every server and each server's own ("total", "per_server").
+  stats --all                  Every server (standalone: the one), each with its statistics or
+                               its error, and the totals.
+  cluster                      The cluster's servers: id, address, reachable or not (why),
+                               shards owned in the map, map epoch each reports.
   ping                         Round trip to the server.
   help                         This text (interactive mode).
   quit, exit                   Leave interactive mode (also Ctrl-D).
@@ -257,8 +264,13 @@ class Cli {
       return MultiGet(std::vector<std::string>(args.begin() + 1, args.end()));
     }
     if (cmd == "stats") {
-      if (n != 0) return usage("stats");
-      return Stats();
+      bool all = FLAGS_all || (n == 1 && args[1] == "--all");
+      if (n != 0 && !(n == 1 && args[1] == "--all")) return usage("stats [--all]");
+      return all ? StatsAll() : Stats();
+    }
+    if (cmd == "cluster") {
+      if (n != 0) return usage("cluster");
+      return Cluster();
     }
     if (cmd == "ping") {
       if (n != 0) return usage("ping");
@@ -422,6 +434,95 @@ class Cli {
     std::cout << j.dump(FLAGS_json ? -1 : 2, ' ', false, json::error_handler_t::replace) << "\n"
               << std::flush;
     return kExitOk;
+  }
+
+  static std::string ShardList(const std::vector<uint32_t>& shards) {
+    std::string out;
+    for (size_t i = 0; i < shards.size(); ++i) {
+      size_t j = i;
+      while (j + 1 < shards.size() && shards[j + 1] == shards[j] + 1) ++j;
+      if (!out.empty()) out += ",";
+      out += std::to_string(shards[i]);
+      if (j > i) out += "-" + std::to_string(shards[j]);
+      i = j;
+    }
+    return out.empty() ? "-" : out;
+  }
+
+  // Adds every numeric field of `from` (nested objects too) into `total`.
+  static void SumInto(json* total, const json& from) {
+    for (auto& [k, v] : from.items()) {
+      if (v.is_object()) {
+        if (!total->contains(k)) (*total)[k] = json::object();
+        SumInto(&(*total)[k], v);
+      } else if (v.is_number_integer()) {
+        (*total)[k] = (total->contains(k) ? (*total)[k].get<int64_t>() : 0) + v.get<int64_t>();
+      } else if (v.is_number_float()) {
+        (*total)[k] = (total->contains(k) ? (*total)[k].get<double>() : 0.0) + v.get<double>();
+      }
+    }
+  }
+
+  int StatsAll() {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    std::vector<rdkv::ServerInfo> servers = c->Servers(true);
+    json per = json::array();
+    json total = json::object();
+    size_t reachable = 0;
+    for (const rdkv::ServerInfo& s : servers) {
+      json one = {{"id", s.id}, {"address", s.address}, {"reachable", s.reachable}};
+      if (!s.reachable) {
+        one["error"] = s.error;
+      } else {
+        json st = json::parse(s.stats, nullptr, /*allow_exceptions=*/false);
+        if (st.is_object()) {
+          ++reachable;
+          SumInto(&total, st);
+        }
+        one["stats"] = st;
+      }
+      per.push_back(std::move(one));
+    }
+    json j = {{"servers", servers.size()}, {"reachable", reachable}, {"total", total},
+              {"per_server", per}};
+    std::cout << j.dump(FLAGS_json ? -1 : 2, ' ', false, json::error_handler_t::replace) << "\n"
+              << std::flush;
+    return reachable == servers.size() ? kExitOk : kExitError;
+  }
+
+  int Cluster() {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    std::vector<rdkv::ServerInfo> servers = c->Servers(false);
+    bool all_up = true;
+    for (const auto& s : servers) all_up = all_up && s.reachable;
+    if (FLAGS_json) {
+      json arr = json::array();
+      for (const auto& s : servers) {
+        json one = {{"id", s.id}, {"address", s.address}, {"reachable", s.reachable},
+                    {"shards", s.shards}, {"map_epoch", s.map_epoch}};
+        if (!s.reachable) one["error"] = s.error;
+        arr.push_back(std::move(one));
+      }
+      EmitJson({{"ok", all_up}, {"map_epoch", c->map_epoch()}, {"standalone", c->map_epoch() == 0},
+                {"servers", arr}});
+    } else {
+      std::cout << (c->map_epoch() == 0 ? std::string("standalone server")
+                                        : "cluster map epoch " + std::to_string(c->map_epoch()))
+                << "\n";
+      for (const auto& s : servers) {
+        std::cout << "server " << s.id << "  " << s.address << "  "
+                  << (s.reachable ? "reachable" : "UNREACHABLE") << "  epoch " << s.map_epoch
+                  << "  shards " << ShardList(s.shards) << " (" << s.shards.size() << ")";
+        if (!s.reachable) std::cout << "  error: " << s.error;
+        std::cout << "\n";
+      }
+      std::cout << std::flush;
+    }
+    return all_up ? kExitOk : kExitError;
   }
 
   int Ping() {
