@@ -164,6 +164,7 @@ Status CreateDatabase(const fs::path& data_dir, const fs::path& db_dir, rocksdb:
   std::error_code ec;
   fs::path staging = data_dir / "db.new";
   fs::remove_all(staging, ec);  // a leftover of an interrupted creation: ours
+  fs::create_directories(staging, ec);  // (RocksDB logs an error when it has to create it)
   options.create_if_missing = true;
   options.error_if_exists = true;
   rocksdb::DB* raw = nullptr;
