@@ -13,10 +13,13 @@ OUT=$PWD/build/bench-verbs
 rm -rf "$OUT" && mkdir -p "$OUT"
 tests/rxe/vm.sh --timeout 1800 --out "$OUT" -- bench/verbs-bench-guest.sh "$B" "$OUT"
 
-j() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
-p64=$(j "$OUT/perftest-64.json" p50_us)
-p128=$(j "$OUT/perftest-128.json" p50_us)
-bw64=$(j "$OUT/perftest-64.json" reads_per_s 2>/dev/null || echo 0)
+# j FILE a.b.c: a field of a JSON file.
+j() {
+  python3 -c "import json,sys,functools; print(functools.reduce(lambda d,k: d[k], sys.argv[2].split('.'), json.load(open(sys.argv[1]))))" "$1" "$2"
+}
+p64=$(j "$OUT/perftest-64.json" ib_read_lat.p50_us)
+p128=$(j "$OUT/perftest-128.json" ib_read_lat.p50_us)
+bw64=$(j "$OUT/perftest-64.json" ib_read_bw.reads_per_s)
 t50=$(j "$OUT/transport-64.json" p50_us)
 t99=$(j "$OUT/transport-64.json" p99_us)
 trate=$(j "$OUT/transport-64.json" reads_per_s)
