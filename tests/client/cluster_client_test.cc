@@ -109,11 +109,11 @@ class ClusterClientTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
   kv::Response Call(transport::Connection& c, const kv::Request& r) {
-    std::vector<uint8_t> req, buf;
+    std::vector<uint8_t> req;
     kv::EncodeRequest(r, &req);
-    Status s = c.Call(req, &buf, std::chrono::seconds(5));
+    Status s = c.Call(req, &buf_, std::chrono::seconds(5));  // the response's body views buf_
     EXPECT_TRUE(s.ok()) << s.ToString();
-    auto d = kv::DecodeResponse(buf);
+    auto d = kv::DecodeResponse(buf_);
     EXPECT_TRUE(d.ok());
     return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
   }
@@ -124,13 +124,14 @@ class ClusterClientTest : public ::testing::Test {
     do {
       kv::Response r = Call(from, {kv::Op::kShardScan, std::to_string(shard), "", cursor});
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-      auto entries = kv::DecodeScanEntries(r.body, kv::WireLimits{});
+      const std::string body(r.body);  // the imports below reuse the response buffer
+      cursor = r.version;
+      auto entries = kv::DecodeScanEntries(body, kv::WireLimits{});
       ASSERT_TRUE(entries.ok());
       for (const kv::ScanEntry& e : *entries) {
         std::string v = rewrite(e.key, e.value);
         ASSERT_TRUE(Call(to, {kv::Op::kImport, e.key, v, e.version}).status.ok());
       }
-      cursor = r.version;
     } while (cursor != kv::kScanDone);
   }
 
@@ -138,6 +139,7 @@ class ClusterClientTest : public ::testing::Test {
   cluster::ClusterMap map_;
   std::unique_ptr<server::Server> servers_[3];
   std::unique_ptr<transport::Fabric> fabric_;
+  std::vector<uint8_t> buf_;
 };
 
 TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {
@@ -197,6 +199,39 @@ TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_NE(stats->find("\"reachable\":3"), std::string::npos) << *stats;
   EXPECT_NE(stats->find("\"items\":" + std::to_string(keys.size())), std::string::npos) << *stats;
+}
+
+TEST_F(ClusterClientTest, ThreadsShareOneClientAcrossServers) {
+  auto c = NewClient(1);
+  ASSERT_NE(c, nullptr);
+  constexpr int kThreads = 4, kKeys = 50;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::string> keys;
+      for (int i = 0; i < kKeys; ++i) keys.push_back("t" + std::to_string(t) + ":" + std::to_string(i));
+      for (int round = 0; round < 3; ++round) {
+        for (const auto& k : keys) {
+          if (!c->Put(k, k + "/" + std::to_string(round)).ok()) failures.fetch_add(1);
+        }
+        std::vector<std::string_view> views(keys.begin(), keys.end());
+        auto many = c->MultiGet(views);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (!many[i].ok() || many[i]->value != keys[i] + "/" + std::to_string(round)) {
+            failures.fetch_add(1);
+          }
+        }
+        for (const auto& k : keys) {
+          auto g = c->Get(k);
+          if (!g.ok() || g->value != k + "/" + std::to_string(round)) failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (int i = 0; i < 3; ++i) EXPECT_GT(servers_[i]->stats().items, 0u) << "server " << i;
 }
 
 TEST_F(ClusterClientTest, ServerDownFailsOnlyItsKeysThenReconnects) {
