@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The main job on an embedded default: installs dependencies, builds, starts a local kvserver
-# (tcp transport on 127.0.0.1 unless an RDMA device is active), does a kvcli round trip, and
-# runs a short GET/PUT benchmark. Everything stops when the script ends.
+# The main job on an embedded default: installs dependencies, builds, starts a local cluster of
+# three kvservers (tcp transport on 127.0.0.1; durability none), does a kvcli round trip through
+# one seed, shows the cluster, and runs a short YCSB workload A with kvbench. Everything it
+# started is stopped when it ends.
 #
-#   deploy/demo.sh            (RDKV_DEMO_PORT=7400 by default)
+#   deploy/demo.sh            (RDKV_DEMO_PORT=7400: the servers use 7400, 7401, 7402)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${RDKV_DEMO_PORT:-7400}
@@ -11,36 +12,38 @@ BUILD=build/default
 
 deploy/install-deps.sh
 cmake --preset default >/dev/null
-cmake --build --preset default -j "$(nproc)" --target kvserver kvcli kv_bench
+cmake --build --preset default -j "$(nproc)" --target kvserver kvcli kvbench
 
-work=$(mktemp -d)
-server_pid=""
+state=$(mktemp -d)
+export RDKV_CLUSTER_DIR=$state RDKV_BASE_PORT=$PORT RDKV_BIN=$BUILD
 cleanup() {
-  if [[ -n $server_pid ]]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
+  deploy/local-cluster.sh stop >/dev/null 2>&1 || true
+  rm -rf "$state"
 }
 trap cleanup EXIT
 
-echo "== starting kvserver on 127.0.0.1:$PORT"
-"$BUILD/server/kvserver" --host=127.0.0.1 --port="$PORT" --memory=256MiB \
-  --port_file="$work/port" 2>"$work/kvserver.log" &
-server_pid=$!
-for _ in $(seq 1 100); do [[ -s $work/port ]] && break; sleep 0.1; done
-[[ -s $work/port ]] || { cat "$work/kvserver.log"; echo "kvserver did not start" >&2; exit 1; }
-grep -m1 "serving on" "$work/kvserver.log" || true
+echo "== starting a local cluster of 3 kvservers"
+deploy/local-cluster.sh start 3
+seed=127.0.0.1:$PORT
 
-cli() { "$BUILD/tools/kvcli" --server="127.0.0.1:$PORT" "$@"; }
-echo "== kvcli round trip"
+cli() { "$BUILD/tools/kvcli" --server="$seed" "$@"; }
+echo "== kvcli round trip through the seed $seed (keys are routed to their owners)"
 set -x
 cli ping
 cli put greeting "hello from rdkv"
 cli get greeting
 cli --json get greeting
+for i in 1 2 3 4 5 6; do cli put "user:$i" "value $i" >/dev/null; done
+cli mget user:1 user:2 user:3 user:4 user:5 user:6
 cli del greeting
 set +x
 if cli get greeting; then echo "deleted key still found" >&2; exit 1; fi
 echo "(exit 1 above = not found, as expected)"
+cli cluster
 
-echo "== short benchmark (GET and PUT, embedded server, tcp)"
-"$BUILD/bench/kv_bench" --keys=5000 --ops=3000 --seconds=1 --threads=2
+echo "== short benchmark: YCSB workload A (50% reads, 50% updates, zipfian) against the cluster"
+"$BUILD/bench/kvbench/kvbench" load -db rdkv -P bench/workloads/workloada -p rdkv.seed="$seed" \
+  -p rdkv.transport=tcp -p recordcount=2000 -threads 2 >/dev/null
+"$BUILD/bench/kvbench/kvbench" run -db rdkv -P bench/workloads/workloada -p rdkv.seed="$seed" \
+  -p rdkv.transport=tcp -p recordcount=2000 -p operationcount=20000 -threads 2
 echo "== demo done"
