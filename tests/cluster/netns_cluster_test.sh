@@ -5,6 +5,7 @@
 # fail naming it, the others work) and restarted (served again).
 # Usage: netns_cluster_test.sh BUILD_DIR. Exit 77 (SKIPPED) when namespaces cannot be made.
 set -u
+export TZ=${TZ:-UTC}  # glog formats times with mktime: racy under TSan without TZ
 B=${1:?usage: netns_cluster_test.sh BUILD_DIR}
 KV=$B/server/kvserver
 CLI=$B/tools/kvcli
