@@ -91,9 +91,25 @@ out=$("$B/tools/kvcli" --transport=verbs --server="$RDKV_RXE_ADDR:$port" --auth_
 rc=$?
 if [[ $rc == 2 && $out == *PermissionDenied* ]]; then pass "wrong token refused"; else fail "wrong token: exit $rc: $out"; fi
 
-# One-sidedness (SIGSTOP) needs a client connected before the stop: its own test.
+# A full region over verbs: writes fail with OutOfSpace, stored keys stay readable.
 cleanup
 server_pid=""
+"$B/server/kvserver" --transport=verbs --host="$RDKV_RXE_ADDR" --port=0 --port_file="$work/port2" \
+  --memory=1MiB --auth_token=vm-secret --max_value_size=64KiB 2>"$work/kvserver2.log" &
+server_pid=$!
+for _ in $(seq 1 300); do [[ -s $work/port2 ]] && break; sleep 0.1; done
+port=$(cat "$work/port2" 2>/dev/null || echo 0)
+head -c 30000 /dev/zero | tr '\0' x >"$work/v30k"
+full=""
+for i in $(seq 1 60); do
+  out=$(cli put "fill$i" "@$work/v30k" 2>&1) || { full=$out; break; }
+done
+if [[ $full == *OutOfSpace* ]]; then pass "full region: $full"; else fail "no OutOfSpace after 60 x 30 KB in 1 MiB: $full"; fi
+expect 0 "xxxx" -- get fill1
+cleanup
+server_pid=""
+
+# One-sidedness (SIGSTOP) needs a client connected before the stop: its own test.
 run_gtest sigstop_test
 
 echo "verbs-suite: $failures failure(s)"
