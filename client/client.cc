@@ -655,7 +655,7 @@ class ClientImpl final : public Client {
       if (redirected == nullptr) return Status::Ok();
       Status r = RefreshMap(redirected);
       if (!r.ok()) LOG(WARNING) << "rdkv client: refreshing the cluster map: " << r.ToString();
-      Backoff(round + 1);
+      RerouteBackoff(round);
     }
   }
 
@@ -686,6 +686,12 @@ class ClientImpl final : public Client {
       if (any_retry) Backoff(round);
     }
     return Status::Ok();
+  }
+
+  // Between re-routes of a moving shard (the new owner may still be installing the map):
+  // 0.5 ms, doubling up to 20 ms.
+  static void RerouteBackoff(int round) {
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(500 << std::min(round, 6), 20000)));
   }
 
   static void Backoff(int round) {
@@ -1033,7 +1039,7 @@ class ClientImpl final : public Client {
       }
       Status r = RefreshMap(link);
       if (!r.ok()) LOG(WARNING) << "rdkv client: refreshing the cluster map: " << r.ToString();
-      Backoff(round + 1);
+      RerouteBackoff(round);
     }
   }
 
