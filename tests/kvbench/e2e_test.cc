@@ -1,10 +1,15 @@
-// kvbench end to end against a real rdkv server (in this process, tcp transport on loopback):
+// kvbench end to end against a real rdkv cluster (three servers in this process, one cluster
+// map, tcp transport on loopback; the client routes each key to its owner):
 // every supported workload (A, B, C, D, F) loads and runs briefly through the rdkv backend; the
 // counts add up and no operation fails; after D the latest inserts are readable. Then the
 // kvbench binary itself runs against the server and its YCSB text and JSON output are parsed
 // back.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -14,6 +19,7 @@
 #include "bench/kvbench/driver.h"
 #include "bench/kvbench/report.h"
 #include "rdkv/client.h"
+#include "common/cluster/cluster_map.h"
 #include "server/server.h"
 
 namespace rdkv::kvbench {
@@ -21,14 +27,52 @@ namespace {
 
 const std::string kWorkloads = KVBENCH_WORKLOADS_DIR;
 
-std::unique_ptr<server::Server> StartServer() {
-  server::ServerOptions o;
-  o.port = 0;
-  o.memory_bytes = 64ull << 20;
-  o.huge_pages = false;
-  auto s = server::Server::Start(o);
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return s.ok() ? std::move(*s) : nullptr;
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Three servers sharing one cluster map; port() is the seed's.
+struct LocalCluster {
+  std::vector<std::unique_ptr<server::Server>> servers;
+  uint16_t port() const { return servers.front()->port(); }
+  // Every server holds some of the keys.
+  void ExpectKeysOnEveryServer() const {
+    for (size_t i = 0; i < servers.size(); ++i) {
+      EXPECT_GT(servers[i]->stats().items, 0u) << "server " << i << " got no keys";
+    }
+  }
+};
+
+std::unique_ptr<LocalCluster> StartServer() {
+  std::vector<std::string> addresses;
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < 3; ++i) {
+    ports.push_back(FreePort());
+    addresses.push_back("127.0.0.1:" + std::to_string(ports.back()));
+  }
+  cluster::ClusterMap map = cluster::MakeUniformMap(addresses, 16);
+  auto c = std::make_unique<LocalCluster>();
+  for (uint32_t i = 0; i < 3; ++i) {
+    server::ServerOptions o;
+    o.port = ports[i];
+    o.memory_bytes = 64ull << 20;
+    o.huge_pages = false;
+    o.cluster_map = map;
+    o.server_id = i;
+    auto s = server::Server::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return nullptr;
+    c->servers.push_back(std::move(*s));
+  }
+  return c;
 }
 
 Properties Props(const std::string& file, uint16_t port) {
@@ -83,6 +127,7 @@ TEST(KvbenchE2E, EveryWorkloadAgainstRdkv) {
     ASSERT_NE(Find(*lr, "INSERT"), nullptr);
     EXPECT_EQ(Find(*lr, "INSERT")->returns.at("OK"), 300u);
     EXPECT_TRUE(lr->errors.empty()) << FormatText(*lr);
+    server->ExpectKeysOnEveryServer();
 
     DriverOptions run;
     run.status_out = nullptr;
