@@ -131,6 +131,12 @@ struct Link {
   Status last_error;                 // guarded by mu
 };
 
+// A cluster map with the link of each shard's owner, built once per map.
+struct Routing {
+  std::shared_ptr<const cluster::ClusterMap> map;
+  std::vector<Link*> owners;  // per shard
+};
+
 // One key being looked up by Get or MultiGet.
 struct KeyJob {
   Link* link = nullptr;         // the server it is read from
@@ -201,7 +207,7 @@ class ClientImpl final : public Client {
     }
     cluster_ = true;
     std::lock_guard<std::mutex> l(map_mu_);
-    map_ = std::make_shared<const cluster::ClusterMap>(std::move(map).value());
+    InstallMapLocked(std::move(map).value());
     return Status::Ok();
   }
 
@@ -423,10 +429,33 @@ class ClientImpl final : public Client {
     return map_;
   }
 
+  std::shared_ptr<const Routing> CurrentRouting() const {
+    std::lock_guard<std::mutex> l(map_mu_);
+    return routing_;
+  }
+
+  // Requires map_mu_.
+  void InstallMapLocked(cluster::ClusterMap map) {
+    auto rt = std::make_shared<Routing>();
+    rt->map = std::make_shared<const cluster::ClusterMap>(std::move(map));
+    rt->owners.reserve(rt->map->shards);
+    for (uint32_t s = 0; s < rt->map->shards; ++s) {
+      uint32_t id = rt->map->OwnerOf(s);
+      const cluster::ServerEntry* e = rt->map->FindServer(id);
+      rt->owners.push_back(LinkForLocked(id, e != nullptr ? e->address : std::string("?")));
+    }
+    map_ = rt->map;
+    routing_ = std::move(rt);
+  }
+
   // The link of server `id` at `address` (created on first use; links live as long as the
   // client).
   Link* LinkFor(uint32_t id, const std::string& address) {
     std::lock_guard<std::mutex> l(map_mu_);
+    return LinkForLocked(id, address);
+  }
+  // Requires map_mu_.
+  Link* LinkForLocked(uint32_t id, const std::string& address) {
     std::string name = std::to_string(id) + "@" + address;
     auto it = links_.find(name);
     if (it != links_.end()) return it->second.get();
@@ -436,13 +465,6 @@ class ClientImpl final : public Client {
     Link* raw = link.get();
     links_.emplace(name, std::move(link));
     return raw;
-  }
-
-  // The owner of `shard` under `map`.
-  Link* OwnerLink(const cluster::ClusterMap& map, uint32_t shard) {
-    uint32_t id = map.OwnerOf(shard);
-    const cluster::ServerEntry* e = map.FindServer(id);
-    return LinkFor(id, e != nullptr ? e->address : std::string("?"));
   }
 
   // Fetches the map from `from` (the server that redirected), else the seed, else any server
@@ -471,7 +493,7 @@ class ClientImpl final : public Client {
       }
       std::lock_guard<std::mutex> l(map_mu_);
       if (map_ == nullptr || parsed->epoch > map_->epoch) {
-        map_ = std::make_shared<const cluster::ClusterMap>(std::move(parsed).value());
+        InstallMapLocked(std::move(parsed).value());
       }
       return Status::Ok();
     }
@@ -619,13 +641,13 @@ class ClientImpl final : public Client {
     Clock::time_point deadline = Clock::now() + options_.op_timeout;
     for (KeyJob& job : jobs) job.shard = 0;
     for (int round = 0;; ++round) {
-      std::shared_ptr<const cluster::ClusterMap> map = CurrentMap();
+      std::shared_ptr<const Routing> rt = CurrentRouting();
       std::map<Link*, std::vector<size_t>> groups;
       for (size_t i = 0; i < jobs.size(); ++i) {
         KeyJob& job = jobs[i];
         if (job.done) continue;
-        job.shard = cluster::ShardOf(kv::KeyHash(job.key), map->shards);
-        job.link = OwnerLink(*map, job.shard);
+        job.shard = cluster::ShardOf(kv::KeyHash(job.key), rt->map->shards);
+        job.link = rt->owners[job.shard];
         groups[job.link].push_back(i);
       }
       if (groups.empty()) return Status::Ok();
@@ -1029,8 +1051,8 @@ class ClientImpl final : public Client {
     Clock::time_point deadline = Clock::now() + options_.op_timeout;
     uint64_t hash = kv::KeyHash(key);
     for (int round = 0;; ++round) {
-      std::shared_ptr<const cluster::ClusterMap> map = CurrentMap();
-      Link* link = OwnerLink(*map, cluster::ShardOf(hash, map->shards));
+      std::shared_ptr<const Routing> rt = CurrentRouting();
+      Link* link = rt->owners[cluster::ShardOf(hash, rt->map->shards)];
       Status s = CallOn(*link, op, key, value, expected, &version, nullptr);
       if (s.ok()) return version;
       if (!s.Is(StatusCode::kWrongOwner) || Clock::now() >= deadline) {
@@ -1111,6 +1133,7 @@ class ClientImpl final : public Client {
   bool cluster_ = false;  // set by Init (the seed served a map), constant afterwards
   mutable std::mutex map_mu_;
   std::shared_ptr<const cluster::ClusterMap> map_;           // guarded by map_mu_
+  std::shared_ptr<const Routing> routing_;                   // guarded by map_mu_
   std::map<std::string, std::unique_ptr<Link>> links_;        // guarded by map_mu_; "id@address"
   std::unique_ptr<Link> seed_;  // the seed (standalone: the only server)
 };
