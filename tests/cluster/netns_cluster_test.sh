@@ -102,4 +102,41 @@ for k in $(seq $N); do
   [ "$v" = "again$k" ] || fail "key$k after restart: '$v'"
 done
 echo "server 1 restarted: every key served again"
+
+# One client (an interactive kvcli session) that keeps running while server 2 is killed and
+# restarted: errors only for server 2's keys, then it reconnects by itself.
+{
+  for k in $(seq $N); do echo "put key$k live$k"; done
+  sleep 0.5
+  kill "${pids[2]}"
+  sleep 0.5
+  for k in $(seq $N); do echo "get key$k"; done
+  start 2
+  echo "${pids[2]}" >"$work/pid2"
+  wait_up 2 >&2
+  sleep 0.7  # the client retries a down server at most every 500 ms
+  for k in $(seq $N); do echo "put key$k back$k"; done
+  for k in $(seq $N); do echo "get key$k"; done
+} | cli --server="$(addr 0):7400" --json >"$work/live.out" 2>"$work/live.err"
+pids[2]=$(cat "$work/pid2")
+python3 - "$work/live.out" "$N" "$(addr 2):7400" <<'PY' || fail "the running client did not ride out server 2's restart"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+n, addr2 = int(sys.argv[2]), sys.argv[3]
+assert len(lines) == 4 * n, len(lines)
+assert all(l["ok"] for l in lines[:n]), "puts before the kill"
+down = lines[n:2 * n]
+served = [l for l in down if l["ok"]]
+failed = [l for l in down if not l["ok"]]
+for l in served:
+    assert l["value"] == "live" + l["key"][3:], l
+for l in failed:
+    assert addr2 in l["message"], l
+print(f"server 2 down: {len(served)} keys served, {len(failed)} failed naming {addr2}")
+assert served and failed
+assert all(l["ok"] for l in lines[2 * n:3 * n]), [l for l in lines[2 * n:3 * n] if not l["ok"]][:3]
+for l in lines[3 * n:]:
+    assert l["ok"] and l["value"] == "back" + l["key"][3:], l
+print("server 2 restarted: the same client served every key again")
+PY
 echo PASSED
