@@ -270,7 +270,7 @@ bool DecodeFragmentHeader(const uint8_t* data, size_t byte_len, size_t max_messa
     return false;
   }
   if (out->type == MsgType::kCredit) {
-    if (out->total != 0 || out->length != 0) {
+    if (out->total != 0 || out->length != 0 || out->offset != 0) {
       *why = "credit fragment with payload";
       return false;
     }
