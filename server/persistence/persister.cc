@@ -402,7 +402,8 @@ class Persister::Impl {
       // only until as many writes are pending as that group had) lets one sync cover them
       // all, instead of closed-loop clients splitting into two groups that alternate.
       const bool gathering = sync_ && have && !broken() && !stop_ &&
-                             pending_.records < gather_target_ && now < gather_deadline_;
+                             pending_.records < gather_target_ && now < gather_deadline_ &&
+                             pending_.bytes < o_.queue_bytes;
       if (gathering) {
         work_cv_.wait_until(lk, gather_deadline_);
         continue;
