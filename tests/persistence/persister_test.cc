@@ -4,10 +4,13 @@
 // directory untouched.
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
+#include <signal.h>
 #include <sys/mount.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -408,9 +411,26 @@ TEST(PersistSync, AVersionSeenButLostIsNeverReused) {
   EXPECT_GT(r.version, lost_version);
 }
 
+// Unmounts the tmpfs mounts of earlier runs of RealFullDiskOnTmpfs whose process died before
+// its cleanup ran (an abort skips destructors); their paths carry the pid that made them.
+void UnmountStaleTestTmpfs() {
+  std::ifstream mounts("/proc/self/mounts");
+  std::string dev, dir, rest;
+  while (mounts >> dev >> dir && std::getline(mounts, rest)) {
+    size_t at = dir.find("/rdkv-tmpfs-");
+    if (at == std::string::npos) continue;
+    pid_t pid = static_cast<pid_t>(std::atol(dir.c_str() + at + 12));
+    if (pid <= 0 || pid == getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    ::umount2(dir.c_str(), MNT_DETACH);
+    std::error_code ec;
+    fs::remove_all(fs::path(dir).parent_path(), ec);
+  }
+}
+
 TEST(PersistSync, RealFullDiskOnTmpfs) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a tmpfs";
-  TempDir dir;
+  UnmountStaleTestTmpfs();
+  TempDir dir("rdkv-tmpfs-" + std::to_string(getpid()));
   std::string mnt = dir.sub("tiny");
   fs::create_directory(mnt);
   if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=3m") != 0) {

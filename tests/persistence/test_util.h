@@ -33,9 +33,9 @@ using server::persistence::RecoveryStats;
 
 class TempDir {
  public:
-  TempDir() {
+  explicit TempDir(const std::string& prefix = "rdkv-persist") {
     const char* base = std::getenv("TMPDIR");
-    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/rdkv-persist-XXXXXX";
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/" + prefix + "-XXXXXX";
     char* p = mkdtemp(tmpl.data());
     EXPECT_NE(p, nullptr);
     path_ = tmpl;
