@@ -275,6 +275,31 @@ class ClientImpl final : public Client {
     return AggregateStats(servers);
   }
 
+  Result<std::string> Snapshot(std::string_view name) override {
+    std::vector<std::pair<Link*, std::string>> targets;
+    std::shared_ptr<const cluster::ClusterMap> map = cluster_ ? CurrentMap() : nullptr;
+    if (map == nullptr) {
+      targets.push_back({seed_.get(), seed_->address.ToString()});
+    } else {
+      for (const cluster::ServerEntry& e : map->servers) {
+        targets.push_back({LinkFor(e.id, e.address), e.address});
+      }
+    }
+    std::string out;
+    Status first;
+    for (auto& [link, address] : targets) {
+      std::string path;
+      Status s = CallOn(*link, kv::Op::kSnapshot, name, {}, 0, nullptr, &path);
+      if (!s.ok()) {
+        if (first.ok()) first = Status(s.code(), address + ": " + s.message());
+        continue;
+      }
+      out += address + " " + path + "\n";
+    }
+    if (!first.ok()) return first;
+    return out;
+  }
+
   std::vector<ServerInfo> Servers(bool with_stats) override {
     std::vector<ServerInfo> out;
     std::shared_ptr<const cluster::ClusterMap> map = CurrentMap();

@@ -68,6 +68,9 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                its error, and the totals.
   cluster                      The cluster's servers: id, address, reachable or not (why),
                                shards owned in the map, map epoch each reports.
+  snapshot [NAME]              Each server takes a consistent snapshot of its data (a RocksDB
+                               checkpoint under its --snapshot_dir); prints "ADDRESS PATH" lines.
+                               Needs --durability=sync|async on the servers.
   ping                         Round trip to the server.
   help                         This text (interactive mode).
   quit, exit                   Leave interactive mode (also Ctrl-D).
@@ -272,6 +275,10 @@ class Cli {
       if (n != 0) return usage("cluster");
       return Cluster();
     }
+    if (cmd == "snapshot") {
+      if (n > 1) return usage("snapshot [NAME]");
+      return Snapshot(n == 1 ? args[1] : std::string());
+    }
     if (cmd == "ping") {
       if (n != 0) return usage("ping");
       return Ping();
@@ -419,6 +426,27 @@ class Cli {
     if (FLAGS_json) EmitJson({{"ok", worst != kExitError}, {"results", arr}});
     std::cout << std::flush;
     return worst;
+  }
+
+  int Snapshot(const std::string& name) {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    auto r = c->Snapshot(name);
+    if (!r.ok()) return Report(r.status(), "snapshot");
+    if (FLAGS_json) {
+      json lines = json::array();
+      std::string text = *r;
+      for (size_t pos = 0, nl; (nl = text.find('\n', pos)) != std::string::npos; pos = nl + 1) {
+        std::string line = text.substr(pos, nl - pos);
+        size_t sp = line.find(' ');
+        lines.push_back({{"server", line.substr(0, sp)}, {"path", line.substr(sp + 1)}});
+      }
+      std::cout << json{{"ok", true}, {"snapshots", lines}}.dump() << "\n";
+    } else {
+      std::cout << *r;
+    }
+    return kExitOk;
   }
 
   int Stats() {

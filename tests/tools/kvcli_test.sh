@@ -144,6 +144,25 @@ for word in --server --transport --auth_token --json --value_file --timeout_ms g
   grep -q -- "$word" "$work/out" || fail "--help does not mention $word"
 done
 
+# --- snapshot: refused by this durability=none server, taken by a persisting one ---
+run 2 snapshot
+expect_err 'NotSupported.*durability=none' "snapshot without persistence"
+"$kvserver" --port=0 --port_file="$work/port2" --transport=tcp --memory=16MiB --huge_pages=false \
+  --data_dir="$work/data" --durability=sync 2>"$work/server2.log" &
+server2_pid=$!
+for _ in $(seq 1 100); do [[ -s $work/port2 ]] && break; sleep 0.1; done
+saved_server=$server
+server="127.0.0.1:$(cat "$work/port2")"
+run 0 put snapkey snapvalue
+run 0 snapshot first
+expect_out "^127\.0\.0\.1:[0-9]+ $work/data/snapshots/first$" "snapshot path"
+[[ -d $work/data/snapshots/first ]] || fail "no snapshot directory"
+run 1 snapshot first
+expect_err 'AlreadyExists' "snapshot name taken"
+kill "$server2_pid" 2>/dev/null
+wait "$server2_pid" 2>/dev/null
+server=$saved_server
+
 # --- the shell, scripted through stdin ---
 printf 'put "two words" "a b c"\nget "two words"\nhelp\nget nosuchkey\nquit\n' >"$work/script"
 "$kvcli" --server="$server" --transport=tcp <"$work/script" >"$work/out" 2>"$work/err"

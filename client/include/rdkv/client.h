@@ -138,6 +138,12 @@ class Client {
   // "total": {every numeric field summed over the reachable servers}, "per_server": [{"id",
   // "address", "stats" or "error"}, ...]}; an error only when no server is reachable.
   virtual Result<std::string> Stats() = 0;
+
+  // Asks every server (in a cluster) or the seed to take a consistent snapshot of its data (a
+  // RocksDB checkpoint; docs/persistence.md) named `name` (empty: a generated name). Returns
+  // one line per server, "<address> <snapshot path>". kNotSupported from a server that runs
+  // with durability=none; the first error stops nothing, it is returned after all were asked.
+  virtual Result<std::string> Snapshot(std::string_view name) = 0;
   // Every server of the map (standalone: the seed), contacted now: reachable or not (with the
   // error), its shards in this client's map, the map epoch it reports and, when with_stats,
   // its statistics JSON. Refreshes this client's map when a server reports a newer epoch.
