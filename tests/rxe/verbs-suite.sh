@@ -109,6 +109,35 @@ expect 0 "xxxx" -- get fill1
 cleanup
 server_pid=""
 
+# A 3-server cluster over verbs: one rxe device, three ports, one map; kvcli routes by shard.
+ports=()
+for i in 0 1 2; do ports+=($((17400 + i))); done
+cat >"$work/map.json" <<MAP
+{"epoch": 1, "shards": 16, "servers": [
+  {"id": 0, "address": "$RDKV_RXE_ADDR:${ports[0]}"},
+  {"id": 1, "address": "$RDKV_RXE_ADDR:${ports[1]}"},
+  {"id": 2, "address": "$RDKV_RXE_ADDR:${ports[2]}"}]}
+MAP
+cluster_pids=()
+for i in 0 1 2; do
+  "$B/server/kvserver" --transport=verbs --host="$RDKV_RXE_ADDR" --port="${ports[$i]}" \
+    --port_file="$work/cport$i" --memory=32MiB --auth_token=vm-secret \
+    --cluster_map="$work/map.json" --server_id=$i 2>"$work/cluster$i.log" &
+  cluster_pids+=($!)
+done
+for i in 0 1 2; do
+  for _ in $(seq 1 300); do [[ -s $work/cport$i ]] && break; sleep 0.1; done
+done
+port=${ports[1]}  # any server is a seed
+for k in $(seq 1 12); do expect 0 "" -- put "ckey$k" "cval$k"; done
+port=${ports[2]}
+for k in $(seq 1 12); do expect 0 "cval$k" -- get "ckey$k"; done
+out=$(cli --json cluster 2>&1)
+if [[ $(grep -o '"reachable":true' <<<"$out" | wc -l) == 3 ]]; then pass "kvcli cluster: 3 reachable servers over verbs"; else fail "kvcli cluster: $out"; fi
+spread=$(cli --json stats 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(1 for s in d["per_server"] if s.get("stats",{}).get("items",0) > 0))' || echo 0)
+if [[ $spread == 3 ]]; then pass "keys spread over all 3 servers"; else fail "keys on only $spread of 3 servers"; fi
+for p in "${cluster_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+
 # One-sidedness (SIGSTOP) needs a client connected before the stop: its own test.
 run_gtest sigstop_test
 
