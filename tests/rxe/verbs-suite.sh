@@ -3,7 +3,8 @@
 #   1. the transport conformance suite, verbs instances, RDKV_REQUIRE_VERBS=1 (no skipping)
 #   2. verbs-only transport tests (smoke, a refused RDMA WRITE)
 #   3. kvserver + kvcli over verbs: every operation and its errors
-#   4. one-sidedness (sigstop_test): with kvserver stopped by SIGSTOP, GETs of stored keys still
+#   4. a full region over verbs (OutOfSpace, stored keys intact); a 3-server cluster over verbs
+#   5. one-sidedness (sigstop_test): with kvserver stopped by SIGSTOP, GETs of stored keys still
 #      return the right values while a PUT times out; SIGCONT and everything resumes
 #
 #   tests/rxe/verbs-suite.sh BUILD_DIR
