@@ -29,20 +29,44 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
   return n << shift;
 }
 
-Status ParseHostPort(std::string_view text, std::string* host, uint16_t* port) {
-  size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 == text.size()) {
-    return Status::InvalidArgument("'" + std::string(text) + "' is not host:port");
+Status ParseHostPort(std::string_view text, std::string* host_out, uint16_t* port_out) {
+  auto bad = [&](std::string_view why) {
+    return Status::InvalidArgument("server address '" + std::string(text) + "' " +
+                                   std::string(why) + " (expected host:port, e.g. 10.0.0.5:7400)");
+  };
+  if (text.empty()) return bad("is empty");
+  std::string_view host, port;
+  if (text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string_view::npos) return bad("has an unclosed '['");
+    host = text.substr(1, close - 1);
+    std::string_view rest = text.substr(close + 1);
+    if (rest.empty() || rest.front() != ':') return bad("has no ':port' after the ']'");
+    port = rest.substr(1);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos) return bad("has no ':port'");
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    if (host.find(':') != std::string_view::npos) {
+      return bad("has more than one ':' (write IPv6 addresses as [addr]:port)");
+    }
   }
+  if (host.empty()) return bad("has an empty host");
+  for (char c : host) {
+    if (c == ' ' || c == '\t' || c == '/' || c == '[' || c == ']') {
+      return bad("has an invalid character in its host");
+    }
+  }
+  if (port.empty()) return bad("has an empty port");
   unsigned value = 0;
-  std::string_view ps = text.substr(colon + 1);
-  auto [p, ec] = std::from_chars(ps.data(), ps.data() + ps.size(), value);
-  if (ec != std::errc() || p != ps.data() + ps.size() || value == 0 || value > 65535) {
-    return Status::InvalidArgument("'" + std::string(ps) + "' in '" + std::string(text) +
-                                   "' is not a port (1..65535)");
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc() || end != port.data() + port.size()) {
+    return bad("has a port that is not a number");
   }
-  *host = std::string(text.substr(0, colon));
-  *port = static_cast<uint16_t>(value);
+  if (value == 0 || value > 65535) return bad("has a port outside 1..65535");
+  *host_out = std::string(host);
+  *port_out = static_cast<uint16_t>(value);
   return Status::Ok();
 }
 

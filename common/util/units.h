@@ -12,7 +12,8 @@ namespace rdkv {
 // (all binary: 1K = 1024), case-insensitive. kInvalidArgument with the input quoted otherwise.
 Result<uint64_t> ParseByteSize(std::string_view text);
 
-// Splits "host:port" (port 1..65535). kInvalidArgument otherwise.
+// Splits "host:port" or "[ipv6]:port" (port 1..65535; IPv6 hosts come back without the
+// brackets). kInvalidArgument quoting the input and saying what is wrong otherwise.
 Status ParseHostPort(std::string_view text, std::string* host, uint16_t* port);
 
 }  // namespace rdkv
