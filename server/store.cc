@@ -177,7 +177,7 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   if (slot != nullptr) {
     const ItemHeader* cur = ItemAt(kv::UnpackSlot(*slot).offset_units);
     if (current_version) *current_version = cur->version;
-    if (mode == Mode::kInsert) {
+    if (mode == Mode::kInsert || mode == Mode::kRestore) {
       allocator_.Release(b);
       return Status::AlreadyExists("key exists (version " + std::to_string(cur->version) + ")");
     }
@@ -201,7 +201,8 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
                                 "larger share of the region (--index_fraction) or more memory");
     }
   }
-  h.version = version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
+  h.version = mode == Mode::kRestore ? expected
+                                     : version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
   std::memcpy(body, key.data(), key.size());
   if (!value.empty()) std::memcpy(body + key.size(), value.data(), value.size());
   h.checksum = kv::ItemChecksum(h, key, value);
@@ -236,6 +237,12 @@ Result<uint64_t> Store::Insert(std::string_view key, std::string_view value,
 Result<uint64_t> Store::Cas(std::string_view key, uint64_t expected, std::string_view value,
                             uint64_t* current_version) {
   return Write(Mode::kCas, key, value, expected, current_version);
+}
+
+Status Store::Restore(std::string_view key, std::string_view value, uint64_t version) {
+  if (version == 0) return Status::InvalidArgument("version 0 is not a stored version");
+  Result<uint64_t> r = Write(Mode::kRestore, key, value, version, nullptr);
+  return r.ok() ? Status::Ok() : r.status();
 }
 
 Status Store::Delete(std::string_view key) {

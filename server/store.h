@@ -78,6 +78,12 @@ class Store {
   // encoding) until about `max_bytes`; returns the next cursor, or kv::kScanDone.
   uint64_t ScanShard(uint32_t shard, uint64_t cursor, size_t max_bytes, std::string* out) const;
 
+  // Recovery: stores an absent key with exactly `version` (> 0), leaving the version counter
+  // alone; the caller raises it afterwards with EnsureVersionAbove. Keys of different index
+  // windows restore in parallel. kAlreadyExists when the key is present, kInvalidArgument
+  // for version 0 or a bad key/value, kOutOfSpace when the heap or the key's window is full.
+  Status Restore(std::string_view key, std::string_view value, uint64_t version);
+
   // Raises the version counter so the next write gets a version above `v` (recovery).
   void EnsureVersionAbove(uint64_t v);
 
@@ -86,8 +92,9 @@ class Store {
   AllocatorStats allocator_stats() const { return allocator_.stats(); }
 
  private:
-  enum class Mode { kUpsert, kInsert, kCas };
+  enum class Mode { kUpsert, kInsert, kCas, kRestore };
   Store(uint8_t* region, const kv::RegionHeader* header, const StoreOptions& options);
+  // `expected`: the version to match (kCas) or to give the item (kRestore).
   Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value,
                          uint64_t expected, uint64_t* current_version);
 

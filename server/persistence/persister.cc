@@ -829,7 +829,8 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
               << " MiB) in " << r->seconds << " s ("
               << static_cast<uint64_t>(r->keys / std::max(r->seconds, 1e-9)) << " keys/s, "
               << static_cast<uint64_t>(mib / std::max(r->seconds, 1e-9))
-              << " MiB/s); versions continue above " << r->max_version;
+              << " MiB/s, " << r->threads << " threads); versions continue above "
+              << r->max_version;
     if (recovered) *recovered = *r;
     return r;
   };

@@ -6,7 +6,6 @@
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 
-#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -98,53 +97,6 @@ Status ForEachItem(rocksdb::DB* db, const std::string& db_dir, Fn&& fn,
   return FromRocks("reading " + db_dir, it->status());
 }
 
-// Items copied out of RocksDB, to be applied in version order. Chunks are anonymous mappings
-// with transparent-huge-page advice: a 5-million-item load otherwise spends a tenth of its
-// time in page faults.
-class Arena {
- public:
-  static constexpr size_t kChunk = 64u << 20;
-  Arena() = default;
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-  ~Arena() {
-    for (auto& [p, n] : chunks_) munmap(p, n);
-  }
-  // nullptr when memory runs out.
-  const char* Add(std::string_view key, std::string_view value) {
-    size_t need = 8 + key.size() + value.size();
-    if (chunks_.empty() || used_ + need > cap_) {
-      size_t n = std::max(kChunk, need);
-      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) return nullptr;
-      madvise(p, n, MADV_HUGEPAGE);
-      chunks_.emplace_back(static_cast<char*>(p), n);
-      cap_ = n;
-      used_ = 0;
-    }
-    char* p = chunks_.back().first + used_;
-    uint32_t kb = static_cast<uint32_t>(key.size()), vb = static_cast<uint32_t>(value.size());
-    std::memcpy(p, &kb, 4);
-    std::memcpy(p + 4, &vb, 4);
-    std::memcpy(p + 8, key.data(), key.size());
-    if (!value.empty()) std::memcpy(p + 8 + key.size(), value.data(), value.size());
-    used_ += need;
-    return p;
-  }
-  static void Read(const char* p, std::string_view* key, std::string_view* value) {
-    uint32_t kb, vb;
-    std::memcpy(&kb, p, 4);
-    std::memcpy(&vb, p + 4, 4);
-    *key = std::string_view(p + 8, kb);
-    *value = std::string_view(p + 8 + kb, vb);
-  }
-
- private:
-  std::vector<std::pair<char*, size_t>> chunks_;
-  size_t used_ = 0;
-  size_t cap_ = 0;
-};
-
 // Up to `parts` - 1 data keys that cut the database into ranges of about equal size: the
 // smallest keys of its table files. Fewer (none) when it has few table files.
 std::vector<std::string> SplitKeys(rocksdb::DB* db, size_t parts) {
@@ -205,15 +157,17 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
     return Status::Internal("recovery needs an empty store");
   }
 
-  // Phase 1: read every item (checking it fits), key ranges on parallel threads.
+  // Key ranges (cut at table-file boundaries) load on parallel threads, each writing its items
+  // straight from RocksDB's iterator into the region with their persisted versions
+  // (Store::Restore). Keys are unique in the database, so no order between ranges matters.
   const uint64_t heap_units = store->header().heap_bytes / kv::kUnit;
   const uint64_t slots = store->header().bucket_count * kv::kSlotsPerBucket;
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  const size_t threads =
+      options.threads > 0 ? static_cast<size_t>(options.threads)
+                          : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
   std::vector<std::string> splits = SplitKeys(rodb.db.get(), threads);
   const size_t parts = splits.size() + 1;
   struct Part {
-    Arena arena;
-    std::vector<std::pair<uint64_t, const char*>> order;
     uint64_t keys = 0, bytes = 0, max_version = 0;
     double cpu_seconds = 0;
     Status status;
@@ -222,13 +176,13 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   std::atomic<uint64_t> total_keys{0}, total_units{0}, total_bytes{0};
   std::atomic<bool> stop{false};
   Clock::time_point next_log = start + options.progress_interval;
-  auto progress = [&](const char* phase, uint64_t done, uint64_t total, uint64_t bytes) {
+  auto progress = [&](uint64_t done, uint64_t total, uint64_t bytes) {
     Clock::time_point now = Clock::now();
     if (now < next_log) return;
     next_log = now + options.progress_interval;
     double secs = std::chrono::duration<double>(now - start).count();
     double rate = done / std::max(secs, 1e-9);
-    LOG(INFO) << "recovery (" << phase << "): " << done << " of ~" << total << " keys, "
+    LOG(INFO) << "recovery: " << done << " of ~" << total << " keys, "
               << static_cast<uint64_t>(bytes / kMiB) << " MiB, " << static_cast<uint64_t>(rate)
               << " keys/s, ETA " << Eta(done, total, rate);
   };
@@ -239,15 +193,14 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
         std::to_string(heap_units * kv::kUnit >> 20) + " MiB heap (" + std::to_string(slots) +
         " index slots); start with a larger --memory");
   };
-  auto read_part = [&](size_t pi) {
+  auto load_part = [&](size_t pi) {
     const double cpu0 = ThreadCpuSeconds();
     Part& me = part[pi];
     std::string_view begin = pi == 0 ? std::string_view(&kDataPrefix, 1) : splits[pi - 1];
     std::string_view end = pi + 1 == parts ? kDataEnd : std::string_view(splits[pi]);
-    me.order.reserve(estimate / parts + 1024);
     uint64_t units_batch = 0, keys_batch = 0, bytes_batch = 0;
-    // Adds this thread's counts to the totals (every 4096 items and at the end) and checks
-    // that everything read so far fits.
+    // Adds this thread's counts to the totals (every 4096 items and at the end), checks that
+    // everything loaded so far fits, and stops when another thread failed.
     auto publish = [&]() -> Status {
       uint64_t keys = total_keys.fetch_add(keys_batch) + keys_batch;
       uint64_t units = total_units.fetch_add(units_batch) + units_batch;
@@ -255,7 +208,7 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
       keys_batch = units_batch = bytes_batch = 0;
       if (units > heap_units || keys > slots) return too_large(keys, units);
       if (stop.load(std::memory_order_relaxed)) return Status::Internal("stopped");
-      if (pi == 0) progress("reading", keys, std::max(estimate, keys), bytes);
+      if (pi == 0) progress(keys, std::max(estimate, keys), bytes);
       return Status::Ok();
     };
     me.status = ForEachItem(
@@ -276,105 +229,50 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
           units_batch += Allocator::ClassUnits(Allocator::ClassOf(units));
           ++keys_batch;
           bytes_batch += k.size() + v.size();
+          Status r = store->Restore(k, v, version);
+          if (!r.ok()) {
+            uint64_t keys = total_keys.load() + keys_batch;
+            if (r.code() == StatusCode::kOutOfSpace &&
+                r.message().find("window") == std::string::npos) {
+              return too_large(keys, total_units.load() + units_batch);
+            }
+            if (r.code() == StatusCode::kAlreadyExists) {
+              return Status::Corruption(db_dir + ": a key of " + std::to_string(k.size()) +
+                                        " bytes appears twice");
+            }
+            return Status(r.code(), "loading " + db_dir + " into the region failed after " +
+                                        std::to_string(keys) + " keys: " + r.message());
+          }
           ++me.keys;
           me.bytes += k.size() + v.size();
-          const char* entry = me.arena.Add(k, v);
-          if (entry == nullptr) {
-            return Status::OutOfSpace("recovery: no memory to stage " + db_dir + " (after " +
-                                      std::to_string(total_keys.load()) + " keys)");
-          }
-          me.order.emplace_back(version, entry);
           me.max_version = std::max(me.max_version, version);
           return (me.keys & 0xfff) == 0 ? publish() : Status::Ok();
         },
         begin, end);
     if (me.status.ok()) me.status = publish();
-    if (!me.status.ok()) {
-      stop = true;
-      return;
-    }
-    // Each range is sorted by version here, in parallel; the ranges are merged below.
-    std::sort(me.order.begin(), me.order.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (!me.status.ok()) stop = true;
     me.cpu_seconds = ThreadCpuSeconds() - cpu0;
   };
   {
-    std::vector<std::thread> readers;
-    for (size_t pi = 1; pi < parts; ++pi) readers.emplace_back(read_part, pi);
-    read_part(0);
-    for (std::thread& t : readers) t.join();
+    std::vector<std::thread> loaders;
+    for (size_t pi = 1; pi < parts; ++pi) loaders.emplace_back(load_part, pi);
+    load_part(0);
+    for (std::thread& t : loaders) t.join();
   }
   // The first real error (a thread that stopped because another failed says "stopped").
   for (Part& p : part) {
     if (!p.status.ok() && p.status.message() != "stopped") return p.status;
   }
-  const double apply_cpu0 = ThreadCpuSeconds();
-  std::vector<std::pair<uint64_t, const char*>> order = std::move(part[0].order);
-  stats.read_threads = static_cast<int>(parts);
-  for (size_t pi = 0; pi < parts; ++pi) {
-    stats.read_cpu_seconds += part[pi].cpu_seconds;
-    stats.keys += part[pi].keys;
-    stats.bytes += part[pi].bytes;
-    stats.max_version = std::max(stats.max_version, part[pi].max_version);
-    if (pi == 0) continue;
-    size_t mid = order.size();
-    order.insert(order.end(), part[pi].order.begin(), part[pi].order.end());
-    std::vector<std::pair<uint64_t, const char*>>().swap(part[pi].order);
-    std::inplace_merge(order.begin(), order.begin() + mid, order.end(),
-                       [](const auto& a, const auto& b) { return a.first < b.first; });
-  }
-  if (parts > 1) {
-    LOG(INFO) << "recovery: read " << stats.keys << " keys on " << parts << " threads";
-  }
-  rodb.db.reset();  // the RocksDB side is done: free its memtables and caches
-  const Clock::time_point read_done = Clock::now();
-  stats.read_seconds = std::chrono::duration<double>(read_done - start).count();
-
-  // Phase 2: apply in version order, so every item gets exactly its version back.
-  // In version order the staged items and their index windows are visited at random: each
-  // would be a cache miss. Prefetch the item kPrefetch*2 ahead, and the index window of the
-  // one kPrefetch ahead (the region starts with its header; the window's place is the
-  // documented layout: docs/design.md "Region layout").
-  constexpr size_t kPrefetch = 8;
-  const kv::RegionHeader& header = store->header();
-  const uint8_t* index = reinterpret_cast<const uint8_t*>(&header) + header.index_offset;
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (i + 2 * kPrefetch < order.size()) __builtin_prefetch(order[i + 2 * kPrefetch].second);
-    if (i + kPrefetch < order.size()) {
-      std::string_view pk, pv;
-      Arena::Read(order[i + kPrefetch].second, &pk, &pv);
-      __builtin_prefetch(pv.data());
-      __builtin_prefetch(index + kv::BucketOf(kv::KeyHash(pk), header.bucket_count) *
-                                     kv::kBucketBytes);
-    }
-    auto [version, entry] = order[i];
-    if (i > 0 && order[i - 1].first == version) {
-      return Status::Corruption(db_dir + ": two items share version " + std::to_string(version));
-    }
-    std::string_view k, v;
-    Arena::Read(entry, &k, &v);
-    store->EnsureVersionAbove(version - 1);
-    Result<uint64_t> got = store->Put(k, v);
-    if (!got.ok()) {
-      return Status(got.status().code(),
-                    "loading " + db_dir + " into the region failed after " + std::to_string(i) +
-                        " keys: " + got.status().message() +
-                        (got.status().code() == StatusCode::kOutOfSpace
-                             ? " (start with a larger --memory or --index_fraction)"
-                             : ""));
-    }
-    if (*got != version) {
-      return Status::Internal("recovery gave a key version " + std::to_string(*got) + ", not " +
-                              std::to_string(version));
-    }
-    if ((i & 0xffff) == 0) progress("loading", i, order.size(), stats.bytes);
+  stats.threads = static_cast<int>(parts);
+  for (const Part& p : part) {
+    stats.cpu_seconds += p.cpu_seconds;
+    stats.keys += p.keys;
+    stats.bytes += p.bytes;
+    stats.max_version = std::max(stats.max_version, p.max_version);
   }
   stats.max_version = std::max(stats.max_version, rodb.meta_max_version);
   store->EnsureVersionAbove(stats.max_version + kVersionGapAfterRecovery);
-  const Clock::time_point end = Clock::now();
-  stats.seconds = std::chrono::duration<double>(end - start).count();
-  stats.apply_seconds = std::chrono::duration<double>(end - read_done).count();
-  stats.apply_cpu_seconds = ThreadCpuSeconds() - apply_cpu0;
+  stats.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return stats;
 }
 

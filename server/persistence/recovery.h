@@ -1,9 +1,9 @@
 // Recovery: loads a kvserver database (docs/persistence.md, "Recovery") into an empty Store.
 //
 // The database is opened READ-ONLY: whatever goes wrong (damaged files, another format version,
-// more data than the region holds), nothing in the directory changes. Items are loaded in
-// version order, so each gets back exactly its persisted version (Store::EnsureVersionAbove
-// before each Put), and the counter then restarts kVersionGapAfterRecovery above the largest
+// more data than the region holds), nothing in the directory changes. Key ranges load on
+// parallel threads straight into the region, each item with exactly its persisted version
+// (Store::Restore), and the counter then restarts kVersionGapAfterRecovery above the largest
 // version the database remembers.
 //
 // Thread-safety: one call at a time per store; the store must not be serving yet.
@@ -30,12 +30,9 @@ struct RecoveryStats {
   uint64_t bytes = 0;          // key + value bytes loaded
   uint64_t max_version = 0;    // the largest version the database remembers (items and meta)
   uint64_t sequence = 0;       // RocksDB's last sequence number: identifies the state loaded
-  double seconds = 0;           // in all: open, read, order, apply
-  double read_seconds = 0;      // reading RocksDB (and copying items out), wall clock
-  double apply_seconds = 0;     // ordering by version and writing into the region, wall clock
-  double read_cpu_seconds = 0;  // CPU time of the reading threads (all of them)
-  double apply_cpu_seconds = 0; // CPU time of the applying thread
-  int read_threads = 1;
+  double seconds = 0;          // wall clock, in all: open, read and write into the region
+  double cpu_seconds = 0;      // CPU time of the loading threads (all of them)
+  int threads = 1;             // key ranges loaded in parallel
 };
 
 struct LoadOptions {
@@ -43,6 +40,9 @@ struct LoadOptions {
   RocksDbTuning tuning;
   uint64_t max_value_bytes = 1u << 20;  // the server's --max_value_size
   std::chrono::milliseconds progress_interval{2000};  // progress log period on long loads
+  // Key ranges loaded in parallel at most (fewer when the database has few table files);
+  // 0: the number of CPUs, at most 8.
+  int threads = 0;
 };
 
 // True when `db_dir` holds a RocksDB database (its CURRENT file exists).
@@ -50,7 +50,7 @@ bool HasDatabase(const std::string& db_dir);
 
 // Loads every item of the database in `db_dir` into `store`, which must be empty.
 // Errors (nothing on disk is changed by any of them):
-//   kCorruption       damaged files, a malformed record, two items with one version
+//   kCorruption       damaged files, a malformed record
 //   kNotSupported     not an rdkv database, or another format version
 //   kOutOfSpace       the items need more heap (or index) than the region has
 //   kInvalidArgument  a value larger than `max_value_bytes`

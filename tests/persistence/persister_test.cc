@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "server/persistence/format.h"
+#include "server/persistence/recovery.h"
 #include "tests/persistence/fault_fs.h"
 #include "tests/persistence/test_util.h"
 
@@ -720,6 +721,56 @@ TEST(Recovery, ManyKeysLoadWithTheirVersions) {
     EXPECT_EQ(GetValue(*n, "key:" + std::to_string(i * 7919 % 30000), &v), std::to_string(i));
     EXPECT_EQ(v, static_cast<uint64_t>(i + 1));  // the versions of a fresh server: 1, 2, ...
   }
+}
+
+// Several table files, so the load is cut into key ranges that run on parallel threads: every
+// key comes back with its value and version, and versions continue above the largest. Each
+// session writes its own key prefix (and overwrites some keys of the one before); a restart
+// flushes the memtable, so each session leaves one table file starting at its own prefix.
+TEST(Recovery, ParallelKeyRangesLoadEveryKeyWithItsVersion) {
+  TempDir dir;
+  PersistOptions o = Opts(Durability::kAsync, dir.path());
+  o.tuning.compression = "none";
+  std::map<std::string, std::pair<std::string, uint64_t>> expect;
+  for (int session = 0; session < 3; ++session) {
+    auto n = MustStart(o, 32u << 20);
+    ASSERT_NE(n, nullptr);
+    for (int i = 0; i < 6000; ++i) {
+      int prefix = (i % 10 == 5 && session > 0) ? session - 1 : session;  // some overwrites
+      std::string key = "key:" + std::to_string(prefix) + ":" + std::to_string(i * 7919 % 3000);
+      std::string value = std::string(100, static_cast<char>('a' + i % 26)) + std::to_string(i);
+      Reply r = n->Put(key, value);
+      ASSERT_TRUE(r.status.ok());
+      expect[key] = {value, r.version};
+    }
+    ASSERT_TRUE(n->Delete("key:" + std::to_string(session) + ":17").status.ok());
+    expect.erase("key:" + std::to_string(session) + ":17");
+  }
+  std::vector<uint8_t> region(32u << 20);
+  server::StoreOptions so;
+  auto store = Store::Format(region.data(), region.size(), so);
+  ASSERT_TRUE(store.ok());
+  server::persistence::LoadOptions lo;
+  lo.threads = 4;
+  lo.tuning = o.tuning;
+  Result<RecoveryStats> rs = server::persistence::LoadDatabase(dir.sub("db"), store->get(), lo);
+  ASSERT_TRUE(rs.ok()) << rs.status().ToString();
+  EXPECT_GT(rs->threads, 1) << "the database should have been cut into key ranges";
+  EXPECT_EQ(rs->keys, expect.size());
+  EXPECT_EQ((*store)->counters().items, expect.size());
+  uint64_t max_version = 0;
+  for (const auto& [key, vv] : expect) {
+    uint64_t v = 0;
+    Result<std::string> got = (*store)->Get(key, &v);
+    ASSERT_TRUE(got.ok()) << key;
+    EXPECT_EQ(*got, vv.first) << key;
+    EXPECT_EQ(v, vv.second) << key;
+    max_version = std::max(max_version, vv.second);
+  }
+  EXPECT_EQ((*store)->Get("key:1:17").status().code(), StatusCode::kNotFound);
+  Result<uint64_t> next = (*store)->Put("new", "x");
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(*next, max_version + kVersionGapAfterRecovery - 1);
 }
 
 }  // namespace

@@ -167,5 +167,64 @@ TEST_F(StoreTest, ConcurrentWritersKeepOneSlotPerKey) {
   EXPECT_EQ(present, used);
 }
 
+TEST_F(StoreTest, RestoreKeepsTheVersionAndLeavesTheCounterAlone) {
+  Make(1 << 20);
+  ASSERT_TRUE(store_->Restore("a", "alpha", 1000).ok());
+  ASSERT_TRUE(store_->Restore("b", "", 7).ok());
+  std::string value;
+  uint64_t ver = 0;
+  ASSERT_EQ(ClientRead("a", &value, &ver), kv::ItemCheck::kOk) << "restored items are LIVE";
+  EXPECT_EQ(value, "alpha");
+  EXPECT_EQ(ver, 1000u);
+  ASSERT_EQ(ClientRead("b", &value, &ver), kv::ItemCheck::kOk);
+  EXPECT_EQ(value, "");
+  EXPECT_EQ(ver, 7u);
+  EXPECT_EQ(store_->counters().items, 2u);
+  // The counter did not move: the caller raises it after recovery.
+  Result<uint64_t> next = store_->Put("c", "x");
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(*next, 1u);
+  store_->EnsureVersionAbove(1000);
+  Result<uint64_t> after = store_->Put("a", "beta");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, 1001u);
+}
+
+TEST_F(StoreTest, RestoreRefusesPresentKeysVersionZeroAndBadInput) {
+  Make(1 << 20);
+  ASSERT_TRUE(store_->Restore("a", "1", 5).ok());
+  EXPECT_EQ(store_->Restore("a", "2", 6).code(), StatusCode::kAlreadyExists);
+  uint64_t ver = 0;
+  EXPECT_EQ(*store_->Get("a", &ver), "1") << "a refused restore changes nothing";
+  EXPECT_EQ(ver, 5u);
+  EXPECT_EQ(store_->Restore("z", "1", 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Restore("", "1", 3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->Restore(std::string(kv::kMaxKeyBytes + 1, 'k'), "1", 3).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_->counters().items, 1u);
+}
+
+TEST_F(StoreTest, ConcurrentRestoresOfDisjointKeys) {
+  Make(16 << 20);
+  constexpr int kThreads = 4, kKeys = 5000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < kKeys; i += kThreads) {
+        ASSERT_TRUE(store_->Restore("k" + std::to_string(i), std::to_string(i * 3), 10 + i).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(store_->counters().items, static_cast<uint64_t>(kKeys));
+  for (int i = 0; i < kKeys; ++i) {
+    std::string value;
+    uint64_t ver = 0;
+    ASSERT_EQ(ClientRead("k" + std::to_string(i), &value, &ver), kv::ItemCheck::kOk) << i;
+    EXPECT_EQ(value, std::to_string(i * 3));
+    EXPECT_EQ(ver, static_cast<uint64_t>(10 + i));
+  }
+}
+
 }  // namespace
 }  // namespace rdkv::server
