@@ -596,5 +596,78 @@ TEST_F(TcpListenerInput, ConnectionToNothingIsUnavailable) {
   EXPECT_TRUE(c.status().Is(StatusCode::kUnavailable)) << c.status().ToString();
 }
 
+// A peer that completes the handshake and then never reads: once the socket buffers are full,
+// a Call must still return by its deadline (not block in send), and the connection is closed
+// when a frame was left half-written; READs then fail fast instead of hanging.
+TEST_F(TcpListenerInput, CallToAPeerThatStopsReadingReturnsByItsDeadline) {
+  int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(server, 0);
+  fds_.push_back(server);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(server, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(server, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  std::atomic<int> peer{-1};
+  std::thread acceptor([&] {
+    int fd = accept4(server, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    int small = 4096;  // keep the peer's receive buffer small: the client fills it sooner
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    FrameHeader h;
+    std::vector<uint8_t> body;
+    if (RecvFrame(fd, &h, &body) && h.type == FrameType::kHello) {
+      Welcome w;
+      w.max_message_size = static_cast<uint32_t>(kMax);
+      Send(fd, EncodeWelcome(w));
+    }
+    peer = fd;  // from here on nothing is read
+  });
+  ConnectOptions co;
+  co.host = "127.0.0.1";
+  co.port = ntohs(a.sin_port);
+  co.auth_token = kToken;
+  auto conn = fabric_->Connect(co);
+  acceptor.join();
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  ASSERT_GE(peer.load(), 0);
+  fds_.push_back(peer.load());
+
+  std::vector<uint8_t> request(1u << 20, 0x5a), response;
+  Status last;
+  int calls = 0;
+  for (; calls < 64; ++calls) {
+    Clock::time_point start = Clock::now();
+    last = (*conn)->Call(request, &response, 300ms);
+    EXPECT_LT(Clock::now() - start, 2s) << "call " << calls << " blocked past its deadline";
+    ASSERT_FALSE(last.ok());
+    if (!last.Is(StatusCode::kTimedOut) || last.message().find("no response") == std::string::npos) {
+      break;  // no longer a plain "sent, no answer": the send itself hit the deadline
+    }
+  }
+  ASSERT_LT(calls, 64) << "the socket buffers never filled";
+  EXPECT_TRUE(last.Is(StatusCode::kTimedOut)) << last.ToString();
+  if (last.message().find("connection is closed") != std::string::npos) {
+    // Half a frame went out: the connection is gone and says why, at once.
+    Clock::time_point start = Clock::now();
+    Status after = (*conn)->Call(request, &response, 5s);
+    EXPECT_TRUE(after.Is(StatusCode::kConnectionLost)) << after.ToString();
+    EXPECT_LT(Clock::now() - start, 1s);
+    ReadOp op;
+    op.local = local_->data();
+    op.lkey = local_->lkey();
+    op.remote_addr = 0;
+    op.rkey = 0;
+    op.length = 8;
+    ReadOp* p = &op;
+    EXPECT_FALSE((*conn)->ReadAndWait({&p, 1}, Clock::now() + 5s).ok() &&
+                 op.status.load() == ReadStatus::kOk);
+  } else {
+    EXPECT_NE(last.message().find("not sent"), std::string::npos) << last.ToString();
+  }
+}
+
 }  // namespace
 }  // namespace rdkv::transport::tcp

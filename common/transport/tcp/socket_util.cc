@@ -166,16 +166,32 @@ std::string PeerName(int fd) {
   return HostPort(host, port);
 }
 
-bool SendAll(int fd, struct iovec* iov, int iovcnt) {
+Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point deadline,
+                     size_t* sent) {
+  *sent = 0;
   while (iovcnt > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(iovcnt);
-    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return false;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // The socket buffer is full: the peer is not reading (or the network is slow).
+        pollfd p{fd, POLLOUT, 0};
+        int rc = poll(&p, 1, MillisUntil(deadline));
+        if (rc == 0) {
+          return Status::TimedOut("the peer read nothing for the rest of the deadline (" +
+                                  std::to_string(*sent) + " bytes of the frame sent)");
+        }
+        if (rc < 0 && errno != EINTR) {
+          return Status::ConnectionLost(std::string("poll: ") + strerror(errno));
+        }
+        continue;
+      }
+      return Status::ConnectionLost(std::string("send: ") + strerror(errno));
     }
+    *sent += static_cast<size_t>(n);
     size_t left = static_cast<size_t>(n);
     while (iovcnt > 0 && left >= iov->iov_len) {
       left -= iov->iov_len;
@@ -187,7 +203,7 @@ bool SendAll(int fd, struct iovec* iov, int iovcnt) {
       iov->iov_len -= left;
     }
   }
-  return true;
+  return Status::Ok();
 }
 
 Status SendAllBefore(int fd, std::span<const uint8_t> bytes, Clock::time_point deadline) {

@@ -30,9 +30,12 @@ Result<int> ListenOn(const std::string& host, uint16_t port, int backlog);
 uint16_t LocalPort(int fd);
 std::string PeerName(int fd);  // "10.0.0.1:51234" or "?"
 
-// Writes every byte of `iov` (blocking socket; MSG_NOSIGNAL). Datapath: no allocation. Returns
-// false when the socket broke (errno tells why).
-bool SendAll(int fd, struct iovec* iov, int iovcnt);
+// Writes every byte of `iov` (MSG_NOSIGNAL | MSG_DONTWAIT, polling for room) until `deadline`.
+// Datapath: no allocation unless it fails. *sent receives the bytes written. kTimedOut when
+// the peer made no room before the deadline (a frame may then be partly written: unless
+// *sent is 0 the stream is unusable), kConnectionLost when the socket broke.
+Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point deadline,
+                     size_t* sent);
 
 // Writes all of `bytes` to a non-blocking socket, polling until `deadline` (control path).
 Status SendAllBefore(int fd, std::span<const uint8_t> bytes, Clock::time_point deadline);

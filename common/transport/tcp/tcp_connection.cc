@@ -22,6 +22,8 @@ namespace {
 constexpr size_t kRecvChunk = 256 << 10;
 constexpr uint32_t kMaxOutstandingReadsLimit = 1u << 20;
 constexpr uint32_t kMaxOutstandingCallsLimit = 1u << 16;
+// A READ request the peer leaves unread this long (its socket buffer full) fails the connection.
+constexpr std::chrono::seconds kSendStallLimit{5};
 
 // Wire ids of READs and Calls: (generation << 32) | slot. The receive thread accepts a
 // completion only for a busy slot whose generation matches, so a stale, duplicated or forged id
@@ -168,23 +170,38 @@ class TcpConnection final : public Connection {
                    static_cast<uint32_t>(request.size()), std::span<uint8_t, kCallHeadSize>(head));
     iovec iov[2] = {{head, kCallHeadSize},
                     {const_cast<uint8_t*>(request.data()), request.size()}};
-    bool sent;
+    Status send;
+    size_t sent_bytes = 0;
     {
       std::lock_guard lock(send_mu_);
-      sent = SendAll(fd_, iov, request.empty() ? 1 : 2);
+      send = SendAllBefore(fd_, iov, request.empty() ? 1 : 2, deadline, &sent_bytes);
     }
-    if (!sent) Fail(std::string("send: ") + strerror(errno));  // completes our slot too
+    if (!send.ok()) {
+      if (send.Is(StatusCode::kTimedOut) && sent_bytes == 0) {
+        // Nothing of it went out: the stream is intact and the request was not sent.
+        std::lock_guard lock(calls_mu_);
+        ReleaseCallSlotLocked(slot_index);
+        return Status::TimedOut(peer_ + ": the peer read nothing within " +
+                                std::to_string(timeout.count()) +
+                                " ms; the request was not sent");
+      }
+      // Part of a frame may be on the wire: the stream is unusable. Completes our slot too.
+      Fail("send: " + send.message());
+      if (send.Is(StatusCode::kTimedOut)) {
+        std::lock_guard lock(calls_mu_);
+        ReleaseCallSlotLocked(slot_index);
+        return Status::TimedOut(peer_ + ": the request could not be sent within " +
+                                std::to_string(timeout.count()) +
+                                " ms (the peer stopped reading); the connection is closed");
+      }
+    }
 
     std::unique_lock lock(calls_mu_);
     CallSlot& slot = call_slots_[slot_index];
     slot.cv.wait_until(lock, deadline, [&] { return slot.state != CallSlot::kWaiting; });
     bool timed_out = slot.state == CallSlot::kWaiting;
     StatusCode code = slot.code;
-    ++slot.generation;  // a response arriving from now on is dropped
-    slot.state = CallSlot::kFree;
-    slot.response = nullptr;
-    free_calls_.push_back(slot_index);
-    call_free_cv_.notify_one();
+    ReleaseCallSlotLocked(slot_index);
     if (timed_out) {
       return Status::TimedOut(peer_ + ": no response within " + std::to_string(timeout.count()) +
                               " ms (the request may have been applied)");
@@ -194,6 +211,16 @@ class TcpConnection final : public Connection {
   }
 
  private:
+  // Frees a call slot; a response arriving for it from now on is dropped. Under calls_mu_.
+  void ReleaseCallSlotLocked(uint32_t index) {
+    CallSlot& slot = call_slots_[index];
+    ++slot.generation;
+    slot.state = CallSlot::kFree;
+    slot.response = nullptr;
+    free_calls_.push_back(index);
+    call_free_cv_.notify_one();
+  }
+
   struct ReadSlot {
     ReadOp* op = nullptr;
     uint32_t generation = 0;
@@ -254,8 +281,10 @@ class TcpConnection final : public Connection {
     }
     std::span<const uint8_t> bytes = send_buf_.readable();
     iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
-    if (!SendAll(fd_, &iov, 1)) {
-      Fail(std::string("send: ") + strerror(errno));  // completes the ops just taken, too
+    size_t sent_bytes = 0;
+    Status send = SendAllBefore(fd_, &iov, 1, Clock::now() + kSendStallLimit, &sent_bytes);
+    if (!send.ok()) {
+      Fail("send: " + send.message());  // completes the ops just taken, too
       return PostCode::kConnectionLost;
     }
     *posted = n;
