@@ -175,11 +175,16 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   std::vector<Part> part(parts);
   std::atomic<uint64_t> total_keys{0}, total_units{0}, total_bytes{0};
   std::atomic<bool> stop{false};
-  Clock::time_point next_log = start + options.progress_interval;
+  // Any loading thread may log; the one that moves next_log on does.
+  std::atomic<Clock::rep> next_log{(start + options.progress_interval).time_since_epoch().count()};
   auto progress = [&](uint64_t done, uint64_t total, uint64_t bytes) {
     Clock::time_point now = Clock::now();
-    if (now < next_log) return;
-    next_log = now + options.progress_interval;
+    Clock::rep due = next_log.load(std::memory_order_relaxed);
+    if (now.time_since_epoch().count() < due ||
+        !next_log.compare_exchange_strong(
+            due, (now + options.progress_interval).time_since_epoch().count())) {
+      return;
+    }
     double secs = std::chrono::duration<double>(now - start).count();
     double rate = done / std::max(secs, 1e-9);
     LOG(INFO) << "recovery: " << done << " of ~" << total << " keys, "
@@ -208,7 +213,7 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
       keys_batch = units_batch = bytes_batch = 0;
       if (units > heap_units || keys > slots) return too_large(keys, units);
       if (stop.load(std::memory_order_relaxed)) return Status::Internal("stopped");
-      if (pi == 0) progress(keys, std::max(estimate, keys), bytes);
+      progress(keys, std::max(estimate, keys), bytes);
       return Status::Ok();
     };
     me.status = ForEachItem(
