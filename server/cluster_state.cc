@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include "server/saved_map.h"
+
 namespace rdkv::server {
 
 namespace {
@@ -26,12 +28,14 @@ Status Validate(const Store& store, const cluster::ClusterMap& map, uint32_t id)
 
 Result<std::unique_ptr<ClusterState>> ClusterState::Create(Store* store, cluster::ClusterMap map,
                                                            uint32_t server_id,
-                                                           std::chrono::milliseconds lease) {
+                                                           std::chrono::milliseconds lease,
+                                                           std::string saved_map_path) {
   RDKV_RETURN_IF_ERROR(Validate(*store, map, server_id));
   for (uint32_t s = 0; s < map.shards; ++s) store->SetOwned(s, map.OwnerOf(s) == server_id);
   store->SetMapEpoch(map.epoch);
   return std::unique_ptr<ClusterState>(new ClusterState(
-      store, std::make_shared<const cluster::ClusterMap>(std::move(map)), server_id, lease));
+      store, std::make_shared<const cluster::ClusterMap>(std::move(map)), server_id, lease,
+      std::move(saved_map_path)));
 }
 
 Status ClusterState::CheckOwner(std::string_view key, uint64_t* epoch) const {
@@ -60,6 +64,22 @@ Status ClusterState::Install(cluster::ClusterMap next) {
     return Status::InvalidArgument("cluster map epoch " + std::to_string(next.epoch) +
                                    " is not newer than this server's " +
                                    std::to_string(cur->epoch));
+  }
+  // Durable before anything changes: a restart must never come back with an older map than
+  // one this server acknowledged (it would claim shards whose data has moved away).
+  if (!saved_map_path_.empty()) {
+    Status saved = SaveClusterMap(next, saved_map_path_);
+    if (!saved.ok()) {
+      LOG(ERROR) << "cluster map epoch " << next.epoch << " refused: cannot save it to "
+                 << saved_map_path_ << ": " << saved.ToString();
+      return Status::IoError("cannot save cluster map epoch " + std::to_string(next.epoch) +
+                             " to " + saved_map_path_ + " (nothing changed): " +
+                             saved.message());
+    }
+  } else {
+    LOG(WARNING) << "cluster map epoch " << next.epoch
+                 << " is not saved (no data dir): a restart of server " << server_id_
+                 << " goes back to its --cluster_map file";
   }
   uint32_t lost = 0, gained = 0;
   {

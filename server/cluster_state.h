@@ -13,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <shared_mutex>
+#include <string>
 #include <string_view>
 
 #include "common/cluster/cluster_map.h"
@@ -23,10 +24,13 @@ namespace rdkv::server {
 
 class ClusterState {
  public:
-  // `map` must contain `server_id` and have the store's shard count.
+  // `map` must contain `server_id` and have the store's shard count. `saved_map_path`: where
+  // Install() keeps the newest map (server/saved_map.h); empty: nowhere (durability=none
+  // without a data dir), and a restart falls back to the --cluster_map file.
   static Result<std::unique_ptr<ClusterState>> Create(Store* store, cluster::ClusterMap map,
                                                       uint32_t server_id,
-                                                      std::chrono::milliseconds lease);
+                                                      std::chrono::milliseconds lease,
+                                                      std::string saved_map_path = {});
 
   std::shared_lock<std::shared_mutex> WriteGuard() const { return std::shared_lock(mu_); }
   // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
@@ -35,14 +39,20 @@ class ClusterState {
 
   std::shared_ptr<const cluster::ClusterMap> map() const;
   // Adopts a newer map: kInvalidArgument when its epoch is not higher, its shard count differs
-  // or it lacks this server. Blocks for one lease when shards are lost.
+  // or it lacks this server. Saves it durably first (when a saved-map path was given; kIoError,
+  // with nothing changed, when that fails), then changes ownership. Blocks for one lease when
+  // shards are lost.
   Status Install(cluster::ClusterMap map);
   uint32_t server_id() const { return server_id_; }
 
  private:
   ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
-               std::chrono::milliseconds lease)
-      : store_(store), map_(std::move(map)), server_id_(id), lease_(lease) {}
+               std::chrono::milliseconds lease, std::string saved_map_path)
+      : store_(store),
+        map_(std::move(map)),
+        server_id_(id),
+        lease_(lease),
+        saved_map_path_(std::move(saved_map_path)) {}
 
   Store* store_;
   mutable std::shared_mutex mu_;  // exclusive while ownership changes
@@ -50,6 +60,7 @@ class ClusterState {
   std::shared_ptr<const cluster::ClusterMap> map_;
   const uint32_t server_id_;
   const std::chrono::milliseconds lease_;
+  const std::string saved_map_path_;  // empty: maps are not saved
 };
 
 }  // namespace rdkv::server

@@ -32,15 +32,18 @@ DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply
 DEFINE_int32(grace_ms, 90, "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");
 DEFINE_string(cluster_map, "", "Cluster map file (JSON, see docs/design.md \"Cluster\"): which "
-              "server owns which shard. Empty: a standalone server owning every key.");
+              "server owns which shard. Empty: a standalone server owning every key. A newer "
+              "map the server was sent later is kept in <data_dir>/cluster_map.json and wins "
+              "at start when its epoch is higher.");
 DEFINE_int32(server_id, -1, "This server's id in --cluster_map (required with it).");
 DEFINE_int32(ownership_lease_ms, 100, "A server that loses a shard waits this long before "
              "acknowledging the map change; clients trust an ownership READ this long.");
 DEFINE_bool(huge_pages, true, "Back the region with 2 MiB huge pages when the system has them.");
 
 // Persistence (docs/persistence.md).
-DEFINE_string(data_dir, "", "Directory for this server's RocksDB database (<data_dir>/db) and "
-              "snapshots (<data_dir>/snapshots). Required unless --durability=none.");
+DEFINE_string(data_dir, "", "Directory for this server's RocksDB database (<data_dir>/db), "
+              "snapshots (<data_dir>/snapshots) and the newest cluster map it was sent "
+              "(<data_dir>/cluster_map.json). Required unless --durability=none.");
 DEFINE_string(durability, "", "sync: acknowledge a write only after it is in the WAL and "
               "fsynced (group commit); async: acknowledge when applied in memory, WAL fsynced "
               "within --persist_lag_ms; none: a pure cache, nothing on disk. "
@@ -135,6 +138,7 @@ int main(int argc, char** argv) {
                   FLAGS_cluster_map);
     }
     o.cluster_map = std::move(*map);
+    o.cluster_map_file = FLAGS_cluster_map;
     o.server_id = static_cast<uint32_t>(FLAGS_server_id);
   } else if (FLAGS_server_id >= 0) {
     return fail("--server_id needs --cluster_map");
@@ -154,7 +158,8 @@ int main(int argc, char** argv) {
     return fail("--durability=" + mode + " needs --data_dir");
   }
   if (p.durability == persistence::Durability::kNone && !p.data_dir.empty()) {
-    LOG(WARNING) << "--durability=none: --data_dir=" << p.data_dir << " is not used";
+    LOG(WARNING) << "--durability=none: --data_dir=" << p.data_dir << " holds no data, only "
+                 << "the cluster map this server was last sent (cluster_map.json)";
   }
   if (FLAGS_persist_lag_ms < 1) return fail("--persist_lag_ms must be positive");
   p.persist_lag = std::chrono::milliseconds(FLAGS_persist_lag_ms);

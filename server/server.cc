@@ -4,12 +4,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <system_error>
+
 #include "common/kv/layout.h"
+#include "server/saved_map.h"
 #include "server/service.h"
 #include "server/store.h"
 
 namespace rdkv::server {
 namespace {
+
+namespace fs = std::filesystem;
 
 class ServerImpl final : public Server {
  public:
@@ -112,27 +118,38 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   RDKV_ASSIGN_OR_RETURN(
       std::unique_ptr<transport::MemoryRegion> region,
       fabric->AllocateRegion(options.memory_bytes, transport::RegionAccess::kRemoteRead));
+  // The map: the given one, or the one this server saved after a later install.
+  std::optional<cluster::ClusterMap> map;
+  const std::string& data_dir = options.persist.data_dir;
+  if (options.cluster_map) {
+    std::string why;
+    RDKV_ASSIGN_OR_RETURN(map, ChooseStartupMap(*options.cluster_map, options.cluster_map_file,
+                                                data_dir, &why));
+    LOG(INFO) << "cluster map: " << why;
+  } else if (std::error_code ec; !data_dir.empty() && fs::exists(SavedMapPath(data_dir), ec)) {
+    LOG(WARNING) << SavedMapPath(data_dir) << " holds a cluster map, but this server was "
+                 << "started without --cluster_map: it serves standalone and ignores the file";
+  }
   StoreOptions so;
   so.index_fraction = options.index_fraction;
   so.max_value_bytes = options.max_value_bytes;
   so.grace = options.grace;
-  if (options.cluster_map) {
-    so.shard_count = options.cluster_map->shards;
+  if (map) {
+    so.shard_count = map->shards;
     so.server_id = options.server_id;
   }
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
                         Store::Format(region->data(), region->size(), so));
   // Ownership before recovery and listening: a client never sees shards it may not read.
   std::unique_ptr<ClusterState> cluster;
-  if (options.cluster_map) {
-    RDKV_ASSIGN_OR_RETURN(cluster, ClusterState::Create(store.get(), *options.cluster_map,
-                                                        options.server_id,
-                                                        options.ownership_lease));
-    LOG(INFO) << "cluster: server " << options.server_id << " of "
-              << options.cluster_map->servers.size() << ", map epoch "
-              << options.cluster_map->epoch << ", owns "
-              << options.cluster_map->ShardsOf(options.server_id).size() << " of "
-              << options.cluster_map->shards << " shards";
+  if (map) {
+    LOG(INFO) << "cluster: server " << options.server_id << " of " << map->servers.size()
+              << ", map epoch " << map->epoch << ", owns "
+              << map->ShardsOf(options.server_id).size() << " of " << map->shards << " shards";
+    RDKV_ASSIGN_OR_RETURN(
+        cluster, ClusterState::Create(store.get(), std::move(*map), options.server_id,
+                                      options.ownership_lease,
+                                      data_dir.empty() ? std::string() : SavedMapPath(data_dir)));
   }
   const kv::RegionHeader& h = store->header();
   LOG(INFO) << "region: " << (region->size() >> 20) << " MiB"
