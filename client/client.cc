@@ -18,6 +18,7 @@
 #include "client/read_buffers.h"
 #include "client/seed.h"
 #include "client/session.h"
+#include "client/shard_move.h"
 #include "common/cluster/cluster_map.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
@@ -344,6 +345,37 @@ class ClientImpl final : public Client {
   }
 
   Status Ping() override { return CallOn(*seed_, kv::Op::kPing, {}, {}, 0, nullptr, nullptr); }
+
+  Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
+                                const MoveProgressFn& progress) override {
+    std::shared_ptr<const cluster::ClusterMap> map = cluster_ ? CurrentMap() : nullptr;
+    if (map == nullptr) {
+      return Status::NotSupported("the seed " + seed_->address.ToString() +
+                                  " is a standalone server: there is no cluster map to change");
+    }
+    // Admin requests over this client's own links (one connection per server).
+    class LinkChannel final : public AdminChannel {
+     public:
+      explicit LinkChannel(ClientImpl* client) : client_(client) {}
+      Status Call(const cluster::ServerEntry& server, const kv::Request& r, uint64_t* version,
+                  std::string* body) override {
+        Link* link = client_->LinkFor(server.id, server.address);
+        return client_->CallOn(*link, r.op, r.key, r.value, r.expected_version, version, body);
+      }
+
+     private:
+      ClientImpl* client_;
+    };
+    LinkChannel channel(this);
+    Result<MoveReport> report = RunShardMove(channel, *map, shards, to_server, progress);
+    // Route by the newest map from now on (also after a failure: some servers may have it).
+    Status refreshed = RefreshMap(nullptr);
+    if (!refreshed.ok()) {
+      LOG(WARNING) << "rdkv client: refreshing the cluster map after a move: "
+                   << refreshed.ToString();
+    }
+    return report;
+  }
 
   ClientStats stats() const override {
     ClientStats s;

@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -82,6 +83,31 @@ struct ServerInfo {
   std::vector<uint32_t> shards;   // shards the client's map gives it
   uint64_t map_epoch = 0;         // the map epoch the server reports (0: standalone)
   std::string stats;              // its statistics JSON (when asked for)
+};
+
+// Progress of Client::MoveShards: one human-readable line per event ("step 2/4: shard 3:
+// 1200 items copied from server 0 to server 1").
+using MoveProgressFn = std::function<void(std::string_view line)>;
+
+// What Client::MoveShards did.
+struct MoveReport {
+  uint64_t from_epoch = 0;           // the map epoch every server had when the new move began
+  uint64_t to_epoch = 0;             // the map epoch every server has now
+  uint32_t to_server = 0;
+  std::vector<uint32_t> moved;       // shards given to to_server by this call
+  std::vector<uint32_t> skipped;     // asked for but already owned by to_server
+  // An earlier move that had been interrupted (the servers reported different map epochs)
+  // and that this call finished first; empty `resumed` when there was none.
+  std::vector<uint32_t> resumed;     // its shards
+  uint64_t resumed_from_epoch = 0;   // the epoch its shards were moved from
+  uint64_t resumed_to_epoch = 0;     // the epoch it installed everywhere
+  uint64_t items_copied = 0;         // items imported into new owners (resume included)
+  uint64_t bytes_copied = 0;         // their keys and values
+  uint64_t items_dropped = 0;        // stale copies deleted from old owners (step 4)
+  // Seconds spent in each step (resume included): [0] install the new map on the old owners,
+  // [1] copy, [2] install it on the new owner and every other server, [3] drop the old copies.
+  double step_seconds[4] = {};
+  double total_seconds = 0;
 };
 
 struct GetResult {
@@ -150,6 +176,28 @@ class Client {
   virtual std::vector<ServerInfo> Servers(bool with_stats) = 0;
   // The epoch of the map this client routes by (0 standalone).
   virtual uint64_t map_epoch() const = 0;
+
+  // Moves `shards` to server `to_server` as one operation (admin; docs/design.md "Moving a
+  // shard"), then refreshes this client's map. In order:
+  //  0. asks every server of the cluster for its map; all must answer, or kUnavailable naming
+  //     the first that did not, before anything changes. If they report different epochs an
+  //     earlier move was interrupted: it is finished first (MoveReport::resumed).
+  //  1. installs the map (epoch + 1, the shards owned by to_server) on each old owner, which
+  //     from then on refuses writes to the shards;
+  //  2. copies the shards: SHARD_SCAN on the old owner, IMPORT of every item into to_server
+  //     (several in flight at once; versions are kept or raised);
+  //  3. installs the map on to_server, then on every other server;
+  //  4. DROP_SHARD on the old owners.
+  // Writes to the moving shards are refused (clients retry them until op_timeout) from 1 to 3.
+  // Shards already owned by to_server are skipped (their stale copies on other servers are
+  // dropped again, which completes an interrupted step 4). kInvalidArgument for an empty list,
+  // a shard number out of range or a server id not in the map; kNotSupported when the seed is
+  // standalone. Any other failure names the step that failed and leaves the cluster between
+  // two epochs; calling MoveShards again (with the same arguments) resumes and completes it.
+  // `progress` (may be empty) is called on the calling thread. Thread-safe with the other
+  // calls, but run one move at a time across all clients: nothing serializes two moves.
+  virtual Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
+                                        const MoveProgressFn& progress) = 0;
   // Round trip to the seed server.
   virtual Status Ping() = 0;
 

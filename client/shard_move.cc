@@ -1,0 +1,458 @@
+#include "client/shard_move.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "client/client_internal.h"
+
+namespace rdkv::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string ServerName(const cluster::ServerEntry& e) {
+  return "server " + std::to_string(e.id) + " (" + e.address + ")";
+}
+
+// "3", "0-7, 9, 12-13".
+std::string ShardList(const std::vector<uint32_t>& sorted) {
+  std::string out;
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(sorted[i]);
+    if (j > i) out += "-" + std::to_string(sorted[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+bool SameMap(const cluster::ClusterMap& a, const cluster::ClusterMap& b) {
+  if (a.epoch != b.epoch || a.shards != b.shards || a.owners != b.owners ||
+      a.servers.size() != b.servers.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.servers.size(); ++i) {
+    if (a.servers[i].id != b.servers[i].id || a.servers[i].address != b.servers[i].address) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// What every server said its map is.
+struct Survey {
+  std::map<uint32_t, cluster::ServerEntry> servers;  // every server any map names, by id
+  std::map<uint32_t, cluster::ClusterMap> maps;      // the map each one reported
+};
+
+// Asks every server of `known` (and of every map an answer names) for its map. Nothing is
+// changed; any server that does not answer fails the survey.
+Result<Survey> AskEveryServer(AdminChannel& channel, const cluster::ClusterMap& known) {
+  Survey survey;
+  std::vector<cluster::ServerEntry> pending(known.servers.rbegin(), known.servers.rend());
+  while (!pending.empty()) {
+    cluster::ServerEntry e = std::move(pending.back());
+    pending.pop_back();
+    if (survey.servers.count(e.id) != 0) continue;
+    survey.servers[e.id] = e;
+    uint64_t epoch = 0;
+    std::string body;
+    Status s = channel.Call(e, kv::Request{kv::Op::kClusterMap, {}, {}, 0}, &epoch, &body);
+    if (!s.ok()) {
+      return Status::Unavailable("cannot move shards: " + ServerName(e) +
+                                 " did not answer for its cluster map (" + s.ToString() +
+                                 "); every server must be reachable before a move starts. "
+                                 "Nothing was changed");
+    }
+    if (body.empty()) {
+      return Status::NotSupported(ServerName(e) + " serves standalone (no cluster map)");
+    }
+    Result<cluster::ClusterMap> map = cluster::ParseClusterMap(body);
+    if (!map.ok()) {
+      return Status::ProtocolError(
+          ServerName(e) + " sent a cluster map that does not parse: " + map.status().message());
+    }
+    for (auto it = map->servers.rbegin(); it != map->servers.rend(); ++it) {
+      if (survey.servers.count(it->id) == 0) pending.push_back(*it);
+    }
+    survey.maps[e.id] = std::move(map).value();
+  }
+  return survey;
+}
+
+// Runs map transitions and keeps the report. One per MoveShards call.
+class Mover {
+ public:
+  Mover(AdminChannel& channel, const MoveProgressFn& progress, MoveReport* report,
+        const Survey& survey)
+      : channel_(channel), progress_(progress), report_(report), servers_(survey.servers) {
+    for (const auto& [id, map] : survey.maps) epoch_of_[id] = map.epoch;
+  }
+
+  // Brings every server to `to`. Shards whose owner differs between `from` and `to` move from
+  // their `from` owner to their `to` owner in the four steps of docs/design.md. `resuming`:
+  // some servers may already have `to` (an interrupted earlier run); a new owner that has it
+  // already holds the complete copy, and its shards are not copied again.
+  Status Transition(const cluster::ClusterMap& from, const cluster::ClusterMap& to, bool resuming) {
+    std::vector<uint32_t> moving;
+    std::set<uint32_t> sources, destinations;
+    for (uint32_t s = 0; s < to.shards; ++s) {
+      if (from.OwnerOf(s) == to.OwnerOf(s)) continue;
+      moving.push_back(s);
+      sources.insert(from.OwnerOf(s));
+      destinations.insert(to.OwnerOf(s));
+    }
+    const std::string json = to.ToJson();
+    auto failed = [&](int step, const std::string& what, const Status& s) {
+      std::string hint =
+          step < 4
+              ? "The cluster is left between map epochs " + std::to_string(from.epoch) + " and " +
+                    std::to_string(to.epoch) + " and writes to shard(s) " + ShardList(moving) +
+                    " are refused until the move completes: run the same move again to "
+                    "resume it"
+              : "Every server has map epoch " + std::to_string(to.epoch) +
+                    ", but stale copies remain on the old owner: run the same move again "
+                    "to drop them";
+      return Status(s.code(), "step " + std::to_string(step) + "/4 (" + what +
+                                  ") failed: " + s.message() + ". " + hint);
+    };
+
+    // 1. The old owners stop serving the shards (each answers after its lease).
+    Timer t1(&report_->step_seconds[0]);
+    Say("step 1/4: install map epoch " + std::to_string(to.epoch) + " on the old owner(s)");
+    for (uint32_t id : sources) {
+      Status s = InstallIfOlder(id, to.epoch, json);
+      if (!s.ok()) return failed(1, "install on " + Name(id), s);
+    }
+    t1.Stop();
+
+    // 2. Copy each shard into its new owner.
+    Timer t2(&report_->step_seconds[1]);
+    Say("step 2/4: copy shard(s) " + ShardList(moving));
+    for (uint32_t shard : moving) {
+      uint32_t a = from.OwnerOf(shard), b = to.OwnerOf(shard);
+      if (epoch_of_[b] >= to.epoch) {
+        Say("  shard " + std::to_string(shard) + ": already copied (" + Name(b) +
+            " has map epoch " + std::to_string(to.epoch) + ")");
+        continue;
+      }
+      if (!resuming) {
+        // Leftovers of an earlier move away from b (an interrupted step 4) must not come back
+        // to life next to the copy. b's map is current and does not give it the shard.
+        uint64_t stale = 0;
+        Status s = Drop(b, shard, &stale);
+        if (!s.ok())
+          return failed(2, "drop stale copy of shard " + std::to_string(shard) + " on " + Name(b),
+                        s);
+        if (stale > 0) {
+          Say("  shard " + std::to_string(shard) + ": " + std::to_string(stale) +
+              " stale item(s) left on " + Name(b) + " by an earlier move dropped first");
+        }
+      }
+      uint64_t items = 0, bytes = 0;
+      Status s = Copy(shard, a, b, &items, &bytes);
+      report_->items_copied += items;
+      report_->bytes_copied += bytes;
+      if (!s.ok()) {
+        return failed(
+            2, "copy shard " + std::to_string(shard) + " from " + Name(a) + " to " + Name(b), s);
+      }
+      Say("  shard " + std::to_string(shard) + ": " + std::to_string(items) + " item(s), " +
+          std::to_string(bytes) + " bytes copied from " + Name(a) + " to " + Name(b));
+    }
+    t2.Stop();
+
+    // 3. The new owners serve the shards; then everyone else learns the map.
+    Timer t3(&report_->step_seconds[2]);
+    Say("step 3/4: install map epoch " + std::to_string(to.epoch) +
+        " on the new owner(s), then on every other server");
+    std::vector<uint32_t> order(destinations.begin(), destinations.end());
+    for (const auto& [id, entry] : servers_) {
+      if (destinations.count(id) == 0) order.push_back(id);
+    }
+    for (uint32_t id : order) {
+      Status s = InstallIfOlder(id, to.epoch, json);
+      if (!s.ok()) return failed(3, "install on " + Name(id), s);
+    }
+    t3.Stop();
+
+    // 4. The old owners' stale copies go.
+    Timer t4(&report_->step_seconds[3]);
+    Say("step 4/4: drop the old copies");
+    for (uint32_t shard : moving) {
+      uint32_t a = from.OwnerOf(shard);
+      uint64_t dropped = 0;
+      Status s = Drop(a, shard, &dropped);
+      if (!s.ok()) {
+        return failed(4, "drop shard " + std::to_string(shard) + " on " + Name(a), s);
+      }
+      report_->items_dropped += dropped;
+      Say("  shard " + std::to_string(shard) + ": " + std::to_string(dropped) +
+          " item(s) dropped on " + Name(a));
+    }
+    return Status::Ok();
+  }
+
+  // Shards `owner` already has in `map` (the current map on every server): any copy on another
+  // server is stale (an earlier move's step 4 did not finish) and is dropped.
+  Status DropStaleCopies(const cluster::ClusterMap& map, const std::vector<uint32_t>& shards) {
+    Timer t(&report_->step_seconds[3]);
+    for (uint32_t shard : shards) {
+      for (const auto& [id, entry] : servers_) {
+        if (id == map.OwnerOf(shard)) continue;
+        uint64_t dropped = 0;
+        Status s = Drop(id, shard, &dropped);
+        if (!s.ok()) {
+          return Status(s.code(), "dropping stale copies of shard " + std::to_string(shard) +
+                                      " on " + Name(id) + " failed: " + s.message() +
+                                      ". The map is complete; run the same move again to "
+                                      "drop them");
+        }
+        report_->items_dropped += dropped;
+        if (dropped > 0) {
+          Say("  shard " + std::to_string(shard) + ": " + std::to_string(dropped) +
+              " stale item(s) left by an earlier move dropped on " + Name(id));
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  void Say(const std::string& line) {
+    if (progress_) progress_(line);
+  }
+
+ private:
+  // Adds the seconds from construction to Stop() (or destruction) to *sink.
+  class Timer {
+   public:
+    explicit Timer(double* sink) : sink_(sink), start_(Clock::now()) {}
+    ~Timer() { Stop(); }
+    void Stop() {
+      if (sink_ == nullptr) return;
+      *sink_ += std::chrono::duration<double>(Clock::now() - start_).count();
+      sink_ = nullptr;
+    }
+
+   private:
+    double* sink_;
+    Clock::time_point start_;
+  };
+
+  std::string Name(uint32_t id) const {
+    auto it = servers_.find(id);
+    return it == servers_.end() ? "server " + std::to_string(id) : ServerName(it->second);
+  }
+
+  Status Call(uint32_t id, const kv::Request& request, uint64_t* version, std::string* body) {
+    auto it = servers_.find(id);
+    if (it == servers_.end()) {
+      return Status::InvalidArgument("server " + std::to_string(id) +
+                                     " is in no map any server reported");
+    }
+    return channel_.Call(it->second, request, version, body);
+  }
+
+  Status InstallIfOlder(uint32_t id, uint64_t epoch, const std::string& json) {
+    if (epoch_of_[id] >= epoch) {
+      Say("  " + Name(id) + " already has map epoch " + std::to_string(epoch_of_[id]));
+      return Status::Ok();
+    }
+    auto t0 = Clock::now();
+    RDKV_RETURN_IF_ERROR(Call(id, kv::Request{kv::Op::kClusterMap, {}, json, 0}, nullptr, nullptr));
+    epoch_of_[id] = epoch;
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    Say("  " + Name(id) + ": map epoch " + std::to_string(epoch) + " installed (" +
+        std::to_string(static_cast<int64_t>(ms)) + " ms)");
+    return Status::Ok();
+  }
+
+  Status Drop(uint32_t id, uint32_t shard, uint64_t* dropped) {
+    return Call(id, kv::Request{kv::Op::kDropShard, std::to_string(shard), {}, 0}, dropped,
+                nullptr);
+  }
+
+  // SHARD_SCAN on `from`, IMPORT of each answer's items into `to`, several in flight.
+  Status Copy(uint32_t shard, uint32_t from, uint32_t to, uint64_t* items, uint64_t* bytes) {
+    const std::string key = std::to_string(shard);
+    const cluster::ServerEntry& target = servers_.at(to);
+    std::string batch;
+    uint64_t cursor = 0;
+    do {
+      batch.clear();
+      uint64_t next = 0;
+      RDKV_RETURN_IF_ERROR(
+          Call(from, kv::Request{kv::Op::kShardScan, key, {}, cursor}, &next, &batch));
+      if (next != kv::kScanDone && next <= cursor) {
+        return Status::ProtocolError(Name(from) + " answered SHARD_SCAN " + key + " at cursor " +
+                                     std::to_string(cursor) + " with no progress (next cursor " +
+                                     std::to_string(next) + ")");
+      }
+      RDKV_ASSIGN_OR_RETURN(std::vector<kv::ScanEntry> entries,
+                            kv::DecodeScanEntries(batch, kv::WireLimits{}));
+      RDKV_RETURN_IF_ERROR(ImportAll(target, entries));
+      *items += entries.size();
+      for (const kv::ScanEntry& e : entries) *bytes += e.key.size() + e.value.size();
+      cursor = next;
+    } while (cursor != kv::kScanDone);
+    return Status::Ok();
+  }
+
+  // Imports `entries` into `target` with up to kImportsInFlight requests in flight; the first
+  // failure stops the rest.
+  Status ImportAll(const cluster::ServerEntry& target, const std::vector<kv::ScanEntry>& entries) {
+    if (entries.empty()) return Status::Ok();
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::mutex mu;
+    Status first;
+    auto work = [&] {
+      while (!failed.load(std::memory_order_relaxed)) {
+        size_t i = next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= entries.size()) return;
+        const kv::ScanEntry& e = entries[i];
+        Status s = channel_.Call(target, kv::Request{kv::Op::kImport, e.key, e.value, e.version},
+                                 nullptr, nullptr);
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> l(mu);
+          if (first.ok()) {
+            first = Status(s.code(), "IMPORT of " + DescribeKey(e.key) + " into " +
+                                         ServerName(target) + ": " + s.message());
+          }
+          failed.store(true, std::memory_order_relaxed);
+          return;
+        }
+      }
+    };
+    std::vector<std::thread> helpers;
+    size_t in_flight = std::min(kImportsInFlight, entries.size());
+    for (size_t i = 1; i < in_flight; ++i) helpers.emplace_back(work);
+    work();
+    for (std::thread& t : helpers) t.join();
+    return first;
+  }
+
+  AdminChannel& channel_;
+  const MoveProgressFn& progress_;
+  MoveReport* report_;
+  const std::map<uint32_t, cluster::ServerEntry> servers_;
+  std::map<uint32_t, uint64_t> epoch_of_;  // the map epoch each server has now
+};
+
+}  // namespace
+
+Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap& known,
+                                std::span<const uint32_t> shards, uint32_t to_server,
+                                const MoveProgressFn& progress) {
+  const Clock::time_point start = Clock::now();
+  if (shards.empty()) return Status::InvalidArgument("no shards to move were given");
+  std::vector<uint32_t> wanted(shards.begin(), shards.end());
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  if (wanted.back() >= known.shards) {
+    return Status::InvalidArgument(
+        "shard " + std::to_string(wanted.back()) + " does not exist: the cluster has " +
+        std::to_string(known.shards) + " shards (0.." + std::to_string(known.shards - 1) + ")");
+  }
+  auto unknown_server = [&](const cluster::ClusterMap& map) {
+    std::string ids;
+    for (const cluster::ServerEntry& e : map.servers) {
+      ids += (ids.empty() ? "" : ", ") + std::to_string(e.id);
+    }
+    return Status::InvalidArgument("server id " + std::to_string(to_server) +
+                                   " is not in the cluster map (epoch " +
+                                   std::to_string(map.epoch) + ": servers " + ids + ")");
+  };
+  if (known.FindServer(to_server) == nullptr) return unknown_server(known);
+
+  RDKV_ASSIGN_OR_RETURN(Survey survey, AskEveryServer(channel, known));
+  // The newest map, the one just below it, and a check that equal epochs mean equal maps.
+  std::map<uint64_t, const cluster::ClusterMap*> by_epoch;
+  for (const auto& [id, map] : survey.maps) {
+    auto [it, fresh] = by_epoch.emplace(map.epoch, &map);
+    if (!fresh && !SameMap(*it->second, map)) {
+      return Status::Internal("two servers report different maps with the same epoch " +
+                              std::to_string(map.epoch) + " (one of them is server " +
+                              std::to_string(id) +
+                              "): this is not a state a move leaves; install one map with a "
+                              "higher epoch on every server by hand");
+    }
+  }
+  const cluster::ClusterMap& newest = *by_epoch.rbegin()->second;
+  if (newest.shards != known.shards) {
+    return Status::Internal("the servers' maps have " + std::to_string(newest.shards) +
+                            " shards, this client's has " + std::to_string(known.shards));
+  }
+  if (newest.FindServer(to_server) == nullptr) return unknown_server(newest);
+
+  MoveReport report;
+  report.to_server = to_server;
+  Mover mover(channel, progress, &report, survey);
+  if (by_epoch.size() > 1) {
+    // An interrupted move: its shards still move from their owners in the epoch before it.
+    const cluster::ClusterMap& previous = *std::next(by_epoch.rbegin())->second;
+    for (uint32_t s = 0; s < newest.shards; ++s) {
+      if (previous.OwnerOf(s) != newest.OwnerOf(s)) report.resumed.push_back(s);
+    }
+    report.resumed_from_epoch = previous.epoch;
+    report.resumed_to_epoch = newest.epoch;
+    std::string epochs;
+    for (const auto& [id, map] : survey.maps) {
+      epochs += (epochs.empty() ? "server " : ", server ") + std::to_string(id) + ": " +
+                std::to_string(map.epoch);
+    }
+    mover.Say("the servers report different map epochs (" + epochs +
+              "): an earlier move from epoch " + std::to_string(previous.epoch) + " to " +
+              std::to_string(newest.epoch) + " was interrupted; finishing it first (shard(s) " +
+              (report.resumed.empty() ? std::string("none") : ShardList(report.resumed)) + ")");
+    if (by_epoch.size() > 2) {
+      mover.Say("servers with a map older than epoch " + std::to_string(previous.epoch) +
+                " only receive epoch " + std::to_string(newest.epoch) +
+                "; shards are copied from their epoch " + std::to_string(previous.epoch) +
+                " owners");
+    }
+    Status s = mover.Transition(previous, newest, /*resuming=*/true);
+    if (!s.ok()) {
+      return Status(s.code(), "finishing the interrupted move to map epoch " +
+                                  std::to_string(newest.epoch) + ": " + s.message());
+    }
+  }
+
+  cluster::ClusterMap next = newest;
+  for (uint32_t s : wanted) {
+    if (newest.OwnerOf(s) == to_server) {
+      report.skipped.push_back(s);
+    } else {
+      next.owners[s] = to_server;
+      report.moved.push_back(s);
+    }
+  }
+  report.from_epoch = newest.epoch;
+  report.to_epoch = newest.epoch;
+  if (!report.skipped.empty()) {
+    mover.Say("shard(s) " + ShardList(report.skipped) + " already belong to server " +
+              std::to_string(to_server) + ": skipped");
+  }
+  if (!report.moved.empty()) {
+    next.epoch = newest.epoch + 1;
+    mover.Say("moving shard(s) " + ShardList(report.moved) + " to server " +
+              std::to_string(to_server) + ": map epoch " + std::to_string(newest.epoch) + " -> " +
+              std::to_string(next.epoch));
+    RDKV_RETURN_IF_ERROR(mover.Transition(newest, next, /*resuming=*/false));
+    report.to_epoch = next.epoch;
+  }
+  if (!report.skipped.empty()) RDKV_RETURN_IF_ERROR(mover.DropStaleCopies(next, report.skipped));
+  report.total_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+}  // namespace rdkv::client

@@ -1,0 +1,36 @@
+// Client::MoveShards as a function of an admin channel (internal; docs/design.md "Moving a
+// shard"). Kept apart from ClientImpl so the plan (survey, resume, the four steps) reads in
+// one place.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "common/cluster/cluster_map.h"
+#include "common/kv/wire.h"
+#include "rdkv/client.h"
+#include "rdkv/status.h"
+
+namespace rdkv::client {
+
+// Sends one request to one server of the map and waits for the answer.
+// Thread-safety: Call must be safe from several threads at once (imports run in parallel).
+class AdminChannel {
+ public:
+  virtual ~AdminChannel() = default;
+  // The server's status; on OK *version and *body (either may be null) hold the answer's.
+  virtual Status Call(const cluster::ServerEntry& server, const kv::Request& request,
+                      uint64_t* version, std::string* body) = 0;
+};
+
+// Imports in flight at once into the new owner during a copy.
+inline constexpr size_t kImportsInFlight = 8;
+
+// The whole move (see Client::MoveShards for the contract). `known` is the caller's map: the
+// servers to ask first (every server any answer names is asked too).
+Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap& known,
+                                std::span<const uint32_t> shards, uint32_t to_server,
+                                const MoveProgressFn& progress);
+
+}  // namespace rdkv::client
