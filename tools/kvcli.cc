@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -25,7 +26,10 @@
 
 #include "rdkv/client.h"
 
-DEFINE_string(server, "127.0.0.1:7400", "The kvserver to talk to, as host:port.");
+DEFINE_string(server, "127.0.0.1:7400", "The kvserver to talk to, as host:port (in a cluster: "
+              "any server, the seed).");
+DEFINE_string(seed, "", "Same as --server (the name cluster commands use); wins when both are "
+              "given.");
 DEFINE_string(transport, "auto",
               "auto (verbs when an RDMA device with an active port exists, else tcp), verbs, "
               "or tcp. Must match what the server uses.");
@@ -68,6 +72,14 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                its error, and the totals.
   cluster                      The cluster's servers: id, address, reachable or not (why),
                                shards owned in the map, map epoch each reports.
+  cluster move SHARDS TO_SERVER_ID
+                               Move shards (3, 3,5,9 or 0-7) to server TO_SERVER_ID in one
+                               command: the map (epoch + 1) goes to the old owners, the items
+                               are copied, the map goes to the new owner and every other
+                               server, the old copies are dropped. Prints each step and a
+                               report. Every server must be reachable. A move that was
+                               interrupted (servers on different epochs) is finished first;
+                               after a failure, run the same command again to resume.
   snapshot [NAME]              Each server takes a consistent snapshot of its data (a RocksDB
                                checkpoint under its --snapshot_dir); prints "ADDRESS PATH" lines.
                                Needs --durability=sync|async on the servers.
@@ -111,7 +123,8 @@ void PrintHelp(std::ostream& out) {
          "  kvcli --json get user:1\n"
          "  kvcli cas user:1 42 bob\n"
          "  kvcli put photo @photo.jpg\n"
-         "  echo -n hello | kvcli put greeting -\n";
+         "  echo -n hello | kvcli put greeting -\n"
+         "  kvcli --seed=10.0.0.1:7400 cluster move 0-7 2\n";
 }
 
 // --- output ---
@@ -208,6 +221,60 @@ bool ResolveValue(const std::string& arg, bool interactive, std::string* value, 
   return true;
 }
 
+// --- arguments ---
+
+// The server to contact first: --seed, else --server.
+std::string Seed() { return FLAGS_seed.empty() ? FLAGS_server : FLAGS_seed; }
+
+// A decimal number without sign, below 2^32.
+bool ParseNumber(std::string_view text, uint32_t* out) {
+  if (text.empty() || text.size() > 10) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (v > UINT32_MAX) return false;
+  *out = static_cast<uint32_t>(v);
+  return true;
+}
+
+// "3", "3,5,9", "0-7", "0-3,9": the shards, ascending, each once.
+bool ParseShards(const std::string& text, std::vector<uint32_t>* out, std::string* error) {
+  constexpr uint32_t kMostShards = 4096;  // the largest cluster's shard count
+  std::vector<bool> seen(kMostShards, false);
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string_view part(text.data() + start,
+                          (comma == std::string::npos ? text.size() : comma) - start);
+    size_t dash = part.find('-');
+    uint32_t first = 0, last = 0;
+    bool ok = dash == std::string_view::npos
+                  ? ParseNumber(part, &first) && ParseNumber(part, &last)
+                  : ParseNumber(part.substr(0, dash), &first) &&
+                        ParseNumber(part.substr(dash + 1), &last);
+    if (!ok || first > last) {
+      *error = "'" + std::string(part) + "' in SHARDS '" + text +
+               "' is not a shard number or a range A-B (A <= B)";
+      return false;
+    }
+    if (last >= kMostShards) {
+      *error = "shard " + std::to_string(last) + " is beyond the largest shard count (" +
+               std::to_string(kMostShards) + ")";
+      return false;
+    }
+    for (uint32_t s = first; s <= last; ++s) seen[s] = true;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  out->clear();
+  for (uint32_t s = 0; s < kMostShards; ++s) {
+    if (seen[s]) out->push_back(s);
+  }
+  return true;
+}
+
 // --- the session ---
 
 class Cli {
@@ -272,7 +339,21 @@ class Cli {
       return all ? StatsAll() : Stats();
     }
     if (cmd == "cluster") {
-      if (n != 0) return usage("cluster");
+      if (n >= 1 && args[1] == "move") {
+        constexpr const char* kMoveUsage =
+            "cluster move SHARDS TO_SERVER_ID (SHARDS: 3, 3,5,9 or 0-7)";
+        if (n != 3) return usage(kMoveUsage);
+        std::vector<uint32_t> shards;
+        uint32_t to = 0;
+        std::string error;
+        if (!ParseShards(args[2], &shards, &error) || !ParseNumber(args[3], &to)) {
+          if (error.empty()) error = "TO_SERVER_ID '" + args[3] + "' is not a number";
+          std::cerr << "kvcli: cluster move: " << error << "\n";
+          return usage(kMoveUsage);
+        }
+        return Move(shards, to);
+      }
+      if (n != 0) return usage("cluster [move SHARDS TO_SERVER_ID]");
       return Cluster();
     }
     if (cmd == "snapshot") {
@@ -315,14 +396,14 @@ class Cli {
   rdkv::Client* client(int* code) {
     if (client_ != nullptr) return client_.get();
     rdkv::ClientOptions o;
-    o.seed = FLAGS_server;
+    o.seed = Seed();
     o.transport = FLAGS_transport;
     o.auth_token = FLAGS_auth_token;
     o.op_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
     o.connect_timeout = std::chrono::milliseconds(FLAGS_connect_timeout_ms);
     auto c = rdkv::Client::Connect(o);
     if (!c.ok()) {
-      *code = Report(c.status(), "connect to " + FLAGS_server);
+      *code = Report(c.status(), "connect to " + Seed());
       return nullptr;
     }
     client_ = std::move(c).value();
@@ -553,6 +634,72 @@ class Cli {
     return all_up ? kExitOk : kExitError;
   }
 
+  int Move(const std::vector<uint32_t>& shards, uint32_t to) {
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    // Progress goes to stdout in text mode, to stderr with --json (stdout: one object).
+    std::ostream& progress_out = FLAGS_json ? std::cerr : std::cout;
+    rdkv::Result<rdkv::MoveReport> r =
+        c->MoveShards(shards, to, [&progress_out](std::string_view line) {
+          progress_out << line << "\n" << std::flush;
+        });
+    if (!r.ok()) return Report(r.status(), "cluster move");
+    const rdkv::MoveReport& m = *r;
+    const char* kStepNames[4] = {"install_on_old_owners", "copy", "install_on_new_owner_and_rest",
+                                 "drop_old_copies"};
+    if (FLAGS_json) {
+      json steps = json::object();
+      for (int i = 0; i < 4; ++i) steps[kStepNames[i]] = m.step_seconds[i];
+      json j = {{"ok", true},
+                {"to_server", m.to_server},
+                {"from_epoch", m.from_epoch},
+                {"to_epoch", m.to_epoch},
+                {"moved", m.moved},
+                {"skipped", m.skipped},
+                {"items_copied", m.items_copied},
+                {"bytes_copied", m.bytes_copied},
+                {"items_dropped", m.items_dropped},
+                {"step_seconds", steps},
+                {"total_seconds", m.total_seconds}};
+      if (!m.resumed.empty() || m.resumed_to_epoch != 0) {
+        j["resumed"] = {{"shards", m.resumed},
+                        {"from_epoch", m.resumed_from_epoch},
+                        {"to_epoch", m.resumed_to_epoch}};
+      }
+      EmitJson(j);
+      return kExitOk;
+    }
+    std::cout << "\n";
+    if (m.resumed_to_epoch != 0) {
+      std::cout << "finished an interrupted move: map epoch " << m.resumed_from_epoch << " -> "
+                << m.resumed_to_epoch << ", shards " << ShardList(m.resumed) << "\n";
+    }
+    if (m.moved.empty()) {
+      std::cout << "nothing to move: shards " << ShardList(m.skipped)
+                << " already belong to server " << m.to_server << " (map epoch " << m.to_epoch
+                << ")\n";
+    } else {
+      std::cout << "moved shards " << ShardList(m.moved) << " to server " << m.to_server
+                << ": map epoch " << m.from_epoch << " -> " << m.to_epoch << "\n";
+      if (!m.skipped.empty()) {
+        std::cout << "skipped (already on server " << m.to_server
+                  << "): " << ShardList(m.skipped) << "\n";
+      }
+    }
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "copied %llu items (%llu bytes), dropped %llu old copies\n"
+                  "seconds: install on old owners %.3f, copy %.3f, install on new owner and "
+                  "the rest %.3f, drop %.3f; total %.3f\n",
+                  static_cast<unsigned long long>(m.items_copied),
+                  static_cast<unsigned long long>(m.bytes_copied),
+                  static_cast<unsigned long long>(m.items_dropped), m.step_seconds[0],
+                  m.step_seconds[1], m.step_seconds[2], m.step_seconds[3], m.total_seconds);
+    std::cout << line << std::flush;
+    return kExitOk;
+  }
+
   int Ping() {
     int code = kExitError;
     rdkv::Client* c = client(&code);
@@ -564,9 +711,9 @@ class Cli {
                   .count();
     if (!s.ok()) return Report(s, "ping");
     if (FLAGS_json) {
-      EmitJson({{"ok", true}, {"server", FLAGS_server}, {"rtt_us", us}});
+      EmitJson({{"ok", true}, {"server", Seed()}, {"rtt_us", us}});
     } else {
-      std::cout << "PONG from " << FLAGS_server << " in " << us / 1000.0 << " ms\n" << std::flush;
+      std::cout << "PONG from " << Seed() << " in " << us / 1000.0 << " ms\n" << std::flush;
     }
     return kExitOk;
   }
@@ -625,8 +772,8 @@ int Interactive() {
     history_path = std::string(home) + "/.kvcli_history";
     read_history(history_path.c_str());
   }
-  std::string prompt = "rdkv " + FLAGS_server + "> ";
-  if (tty) std::cout << "kvcli: connected lazily to " << FLAGS_server << "; type help or quit\n";
+  std::string prompt = "rdkv " + Seed() + "> ";
+  if (tty) std::cout << "kvcli: connected lazily to " << Seed() << "; type help or quit\n";
   int last = kExitOk;
   for (;;) {
     std::string line;
