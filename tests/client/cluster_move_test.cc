@@ -1,0 +1,597 @@
+// Client::MoveShards (kvcli cluster move) against three in-process servers on 127.0.0.1 (tcp):
+// a move under concurrent writes loses no acknowledged write and leaves nothing on the old
+// owner; an interrupted move is finished first (both where the copy was missing and where
+// the new owner already served the shard); a move is refused before anything changes when a
+// server is down or the arguments are bad; a server with a data dir comes back from a restart
+// with the map it was last sent (server/saved_map.h).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster/cluster_map.h"
+#include "common/kv/layout.h"
+#include "common/kv/wire.h"
+#include "rdkv/client.h"
+#include "server/saved_map.h"
+#include "server/server.h"
+
+namespace rdkv {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+namespace persistence = server::persistence;
+
+constexpr uint32_t kShards = 16;  // shard s belongs to server s % 3 at epoch 1
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+uint32_t ShardOfKey(const std::string& key) { return cluster::ShardOf(kv::KeyHash(key), kShards); }
+
+// A key whose shard is `shard`.
+std::string KeyIn(uint32_t shard, int n) {
+  for (int i = 0;; ++i) {
+    std::string k = "key" + std::to_string(n) + "-" + std::to_string(i);
+    if (ShardOfKey(k) == shard) return k;
+  }
+}
+
+class ClusterMoveTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/rdkv-move-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    std::vector<std::string> addrs;
+    for (int i = 0; i < 3; ++i) {
+      ports_[i] = FreePort();
+      addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
+    }
+    map_ = cluster::MakeUniformMap(addrs, kShards);
+    auto f = transport::Fabric::Create({});
+    ASSERT_TRUE(f.ok());
+    fabric_ = std::move(*f);
+  }
+  void TearDown() override {
+    for (auto& s : servers_) s.reset();
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // Durability none and no data dir, unless `durability` says otherwise (then a data dir
+  // under root_ that survives restarts).
+  void StartAll(persistence::Durability durability = persistence::Durability::kNone) {
+    durability_ = durability;
+    for (uint32_t i = 0; i < 3; ++i) {
+      servers_[i] = StartServer(i);
+      ASSERT_NE(servers_[i], nullptr);
+    }
+  }
+
+  std::string DataDir(uint32_t id) const { return root_ + "/server-" + std::to_string(id); }
+
+  server::ServerOptions Options(uint32_t id) const {
+    server::ServerOptions o;
+    o.port = ports_[id];
+    o.transport = transport::TransportKind::kTcp;
+    o.memory_bytes = 16ull << 20;
+    o.huge_pages = false;
+    o.cluster_map = map_;  // always epoch 1, like a --cluster_map file that is never edited
+    o.server_id = id;
+    o.persist.durability = durability_;
+    if (durability_ != persistence::Durability::kNone) o.persist.data_dir = DataDir(id);
+    return o;
+  }
+
+  std::unique_ptr<server::Server> StartServer(uint32_t id) {
+    server::ServerOptions o = Options(id);
+    for (int i = 0;; ++i) {  // a just-closed listener may hold the port briefly
+      auto s = server::Server::Start(o);
+      if (s.ok()) return std::move(s).value();
+      if (i == 50) {
+        ADD_FAILURE() << "server " << id << " did not start: " << s.status().ToString();
+        return nullptr;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+
+  std::unique_ptr<Client> NewClient(int seed, ClientOptions o = {}) {
+    o.seed = "127.0.0.1:" + std::to_string(ports_[seed]);
+    o.transport = "tcp";
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(c).value() : nullptr;
+  }
+
+  // Raw admin requests, as an operator's tool sends them.
+  std::unique_ptr<transport::Connection> Raw(int id) {
+    transport::ConnectOptions co;
+    co.host = "127.0.0.1";
+    co.port = ports_[id];
+    auto c = fabric_->Connect(co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  kv::Response Call(int id, const kv::Request& r) {
+    auto c = Raw(id);
+    if (c == nullptr) return kv::Response{Status::Unavailable("no connection"), 0, {}};
+    std::vector<uint8_t> req;
+    kv::EncodeRequest(r, &req);
+    Status s = c->Call(req, &buf_, std::chrono::seconds(5));  // the response's body views buf_
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) return kv::Response{s, 0, {}};
+    auto d = kv::DecodeResponse(buf_);
+    EXPECT_TRUE(d.ok());
+    return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
+  }
+  uint64_t EpochOf(int id) {
+    kv::Response r = Call(id, {kv::Op::kClusterMap, "", "", 0});
+    EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+    return r.version;
+  }
+  cluster::ClusterMap MapOf(int id) {
+    kv::Response r = Call(id, {kv::Op::kClusterMap, "", "", 0});
+    auto m = cluster::ParseClusterMap(r.body);
+    EXPECT_TRUE(m.ok()) << m.status().ToString();
+    return m.ok() ? *m : cluster::ClusterMap{};
+  }
+  // The items of `shard` that server `id` holds (owned or not): key -> version.
+  std::map<std::string, uint64_t> ScanOf(int id, uint32_t shard) {
+    std::map<std::string, uint64_t> out;
+    auto c = Raw(id);
+    if (c == nullptr) return out;
+    uint64_t cursor = 0;
+    do {
+      std::vector<uint8_t> req;
+      kv::EncodeRequest({kv::Op::kShardScan, std::to_string(shard), "", cursor}, &req);
+      Status s = c->Call(req, &buf_, std::chrono::seconds(5));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      if (!s.ok()) return out;
+      auto r = kv::DecodeResponse(buf_);
+      EXPECT_TRUE(r.ok() && r->status.ok());
+      if (!r.ok() || !r->status.ok()) return out;
+      cursor = r->version;
+      auto entries = kv::DecodeScanEntries(r->body, kv::WireLimits{});
+      EXPECT_TRUE(entries.ok());
+      if (!entries.ok()) return out;
+      for (const kv::ScanEntry& e : *entries) out[std::string(e.key)] = e.version;
+    } while (cursor != kv::kScanDone);
+    return out;
+  }
+  size_t ItemsIn(int id, uint32_t shard) { return ScanOf(id, shard).size(); }
+  std::string root_;
+  uint16_t ports_[3] = {};
+  cluster::ClusterMap map_;
+  persistence::Durability durability_ = persistence::Durability::kNone;
+  std::unique_ptr<server::Server> servers_[3];
+  std::unique_ptr<transport::Fabric> fabric_;
+  std::vector<uint8_t> buf_;
+};
+
+TEST_F(ClusterMoveTest, MoveUnderConcurrentWritesKeepsEveryAcknowledgedWrite) {
+  StartAll();
+  auto loader = NewClient(0);
+  ASSERT_NE(loader, nullptr);
+  for (int i = 0; i < 1500; ++i) {
+    ASSERT_TRUE(loader->Put("pre:" + std::to_string(i), "v" + std::to_string(i)).ok());
+  }
+  const std::vector<uint32_t> moving = {0, 3, 9};  // server 0's -> server 1
+  auto is_moving = [&](uint32_t shard) {
+    return std::find(moving.begin(), moving.end(), shard) != moving.end();
+  };
+
+  // Each writer overwrites a few hot keys (half of them in moving shards) and writes a fresh
+  // key each round, so a write lost in the move cannot hide behind a later one. Every
+  // acknowledged write is recorded.
+  struct Ack {
+    std::string key;
+    uint64_t version;
+    std::string value;
+  };
+  constexpr int kWriters = 2;
+  std::vector<std::vector<Ack>> acked(kWriters);
+  std::atomic<bool> stop{false};
+  std::atomic<bool> move_done{false};
+  std::atomic<uint64_t> acks_after_move{0};
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      ClientOptions o;
+      o.op_timeout = 10s;  // writes to moving shards are refused (and retried) during the move
+      auto c = NewClient(w, o);
+      if (c == nullptr) return;
+      std::vector<std::string> hot;
+      for (int n = 0; n < 4; ++n) {
+        hot.push_back(KeyIn(moving[n % moving.size()], 1000 * w + n));
+        hot.push_back(KeyIn(static_cast<uint32_t>((5 * n + w) % kShards), 1000 * w + 500 + n));
+      }
+      for (uint64_t round = 0; !stop.load(); ++round) {
+        std::vector<std::string> keys = hot;
+        keys.push_back("fresh:" + std::to_string(w) + ":" + std::to_string(round));
+        for (const std::string& k : keys) {
+          std::string value = "w" + std::to_string(w) + "-r" + std::to_string(round);
+          auto v = c->Put(k, value);
+          if (!v.ok()) continue;  // not acknowledged: nothing to check
+          acked[w].push_back(Ack{k, *v, value});
+          if (move_done.load()) acks_after_move.fetch_add(1);
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+  auto admin = NewClient(2);
+  ASSERT_NE(admin, nullptr);
+  std::vector<std::string> lines;
+  auto report = admin->MoveShards(moving, 1, [&](std::string_view l) {
+    lines.emplace_back(l);
+    // Progress runs on the mover's thread between steps: widening the gaps before the copy and
+    // before the new owner takes over gives the writers time to hit every window a wrong step
+    // order would leave open.
+    if (l.rfind("step 2/4", 0) == 0 || l.rfind("step 3/4", 0) == 0) {
+      std::this_thread::sleep_for(200ms);
+    }
+  });
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  move_done.store(true);
+  std::this_thread::sleep_for(300ms);
+  stop.store(true);
+  for (auto& t : writers) t.join();
+
+  EXPECT_EQ(report->moved, moving);
+  EXPECT_TRUE(report->skipped.empty());
+  EXPECT_TRUE(report->resumed.empty());
+  EXPECT_EQ(report->from_epoch, 1u);
+  EXPECT_EQ(report->to_epoch, 2u);
+  EXPECT_GT(report->items_copied, 0u);
+  EXPECT_GT(report->bytes_copied, report->items_copied);
+  EXPECT_EQ(report->items_dropped, report->items_copied) << "what was copied is dropped";
+  EXPECT_GE(report->step_seconds[0], 0.09) << "the old owner waits one lease (100 ms)";
+  EXPECT_GT(acks_after_move.load(), 0u) << "writers kept going after the move";
+  EXPECT_FALSE(lines.empty());
+  EXPECT_EQ(admin->map_epoch(), 2u) << "the mover's own client follows the new map";
+
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 2u) << "server " << i;
+  cluster::ClusterMap after = MapOf(0);
+  for (uint32_t s = 0; s < kShards; ++s) {
+    EXPECT_EQ(after.OwnerOf(s), is_moving(s) ? 1u : s % 3) << "shard " << s;
+  }
+  for (uint32_t s : moving) EXPECT_EQ(ItemsIn(0, s), 0u) << "old owner dropped shard " << s;
+
+  // Every acknowledged write is there with its version or a newer one: on the new owner itself
+  // (its shard scan) and through a fresh client (one-sided GETs).
+  std::map<std::string, uint64_t> on_new_owner;
+  for (uint32_t s : moving) {
+    for (const auto& [k, v] : ScanOf(1, s)) on_new_owner[k] = v;
+  }
+  auto reader = NewClient(0);
+  ASSERT_NE(reader, nullptr);
+  size_t checked_on_new_owner = 0, failures = 0;
+  for (int w = 0; w < kWriters; ++w) {
+    for (const Ack& ack : acked[w]) {
+      if (failures > 10) break;
+      auto g = reader->Get(ack.key);
+      if (!g.ok() || g->version < ack.version ||
+          (g->version == ack.version && g->value != ack.value)) {
+        ++failures;
+        ADD_FAILURE() << "acknowledged " << ack.key << " = " << ack.value << " (version "
+                      << ack.version << "), read "
+                      << (g.ok() ? g->value + " (version " + std::to_string(g->version) + ")"
+                                 : g.status().ToString());
+      }
+      if (is_moving(ShardOfKey(ack.key))) {
+        auto it = on_new_owner.find(ack.key);
+        if (it == on_new_owner.end() || it->second < ack.version) {
+          ++failures;
+          ADD_FAILURE() << ack.key << " (version " << ack.version << ") is not on the new owner";
+        }
+        ++checked_on_new_owner;
+      }
+    }
+  }
+  EXPECT_GT(checked_on_new_owner, 0u);
+  for (int i = 0; i < 1500; ++i) {
+    std::string k = "pre:" + std::to_string(i);
+    auto g = reader->Get(k);
+    ASSERT_TRUE(g.ok()) << k << ": " << g.status().ToString();
+    EXPECT_EQ(g->value, "v" + std::to_string(i));
+  }
+}
+
+TEST_F(ClusterMoveTest, FinishesAMoveInterruptedAfterStepOne) {
+  StartAll();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;  // shard 3: server 0, moving to server 1
+  for (int n = 0; n < 50; ++n) {
+    keys.push_back(KeyIn(3, n));
+    ASSERT_TRUE(c->Put(keys.back(), "value-" + keys.back()).ok());
+  }
+  // The interrupted move: epoch 2 reached only the old owner (step 1), nothing was copied.
+  cluster::ClusterMap interrupted = map_;
+  interrupted.epoch = 2;
+  interrupted.owners[3] = 1;
+  ASSERT_TRUE(Call(0, {kv::Op::kClusterMap, "", interrupted.ToJson(), 0}).status.ok());
+  ASSERT_EQ(EpochOf(0), 2u);
+  ASSERT_EQ(EpochOf(1), 1u);
+
+  auto admin = NewClient(2);
+  ASSERT_NE(admin, nullptr);
+  std::string log;
+  const std::vector<uint32_t> shards = {4};  // server 1 -> server 2
+  auto report =
+      admin->MoveShards(shards, 2, [&](std::string_view l) { log += std::string(l) + "\n"; });
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->resumed, std::vector<uint32_t>{3});
+  EXPECT_EQ(report->resumed_from_epoch, 1u);
+  EXPECT_EQ(report->resumed_to_epoch, 2u);
+  EXPECT_EQ(report->moved, std::vector<uint32_t>{4});
+  EXPECT_EQ(report->from_epoch, 2u);
+  EXPECT_EQ(report->to_epoch, 3u);
+  EXPECT_GE(report->items_copied, keys.size());
+  EXPECT_NE(log.find("interrupted"), std::string::npos) << log;
+
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 3u) << "server " << i;
+  cluster::ClusterMap after = MapOf(2);
+  EXPECT_EQ(after.OwnerOf(3), 1u);
+  EXPECT_EQ(after.OwnerOf(4), 2u);
+  EXPECT_EQ(ItemsIn(0, 3), 0u) << "the interrupted move's old owner dropped its copy";
+  EXPECT_EQ(ItemsIn(1, 3), keys.size());
+  auto reader = NewClient(1);
+  ASSERT_NE(reader, nullptr);
+  for (const auto& k : keys) {
+    auto g = reader->Get(k);
+    ASSERT_TRUE(g.ok()) << k << ": " << g.status().ToString();
+    EXPECT_EQ(g->value, "value-" + k);
+  }
+}
+
+TEST_F(ClusterMoveTest, ResumeNeverCopiesOverANewOwnerThatAlreadyServes) {
+  StartAll();
+  const std::string k = KeyIn(6, 1);  // shard 6: server 0 -> server 2
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Put(k, "old").ok());
+  // Interrupted in step 3: the old and the new owner have epoch 2 (the copy was done), server
+  // 1 does not, and the new owner has taken a newer write.
+  cluster::ClusterMap interrupted = map_;
+  interrupted.epoch = 2;
+  interrupted.owners[6] = 2;
+  ASSERT_TRUE(Call(0, {kv::Op::kClusterMap, "", interrupted.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(2, {kv::Op::kImport, k, "old", 1}).status.ok());
+  ASSERT_TRUE(Call(2, {kv::Op::kClusterMap, "", interrupted.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(2, {kv::Op::kPut, k, "newer", 0}).status.ok());
+
+  // The same command again: shard 6 to server 2.
+  auto admin = NewClient(1);
+  ASSERT_NE(admin, nullptr);
+  const std::vector<uint32_t> shards = {6};
+  auto report = admin->MoveShards(shards, 2, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->resumed, std::vector<uint32_t>{6});
+  EXPECT_TRUE(report->moved.empty());
+  EXPECT_EQ(report->skipped, std::vector<uint32_t>{6});
+  EXPECT_EQ(report->items_copied, 0u) << "the new owner had the copy already";
+  EXPECT_EQ(report->to_epoch, 2u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 2u) << "server " << i;
+  EXPECT_EQ(ItemsIn(0, 6), 0u);
+  auto g = NewClient(1)->Get(k);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "newer");
+}
+
+TEST_F(ClusterMoveTest, RerunAfterAnInterruptedDropRemovesTheStaleCopy) {
+  StartAll();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  const std::string k = KeyIn(9, 2);  // shard 9: server 0 -> server 1
+  ASSERT_TRUE(c->Put(k, "v").ok());
+  // Steps 1-3 done by hand, step 4 (the drop) never ran: every server has epoch 2.
+  cluster::ClusterMap next = map_;
+  next.epoch = 2;
+  next.owners[9] = 1;
+  ASSERT_TRUE(Call(0, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(1, {kv::Op::kImport, k, "v", 1}).status.ok());
+  for (int i = 1; i < 3; ++i) {
+    ASSERT_TRUE(Call(i, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  }
+  ASSERT_EQ(ItemsIn(0, 9), 1u);
+  const std::vector<uint32_t> shards = {9};
+  auto report = c->MoveShards(shards, 1, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->skipped, shards);
+  EXPECT_EQ(report->items_dropped, 1u);
+  EXPECT_EQ(ItemsIn(0, 9), 0u);
+  EXPECT_EQ(EpochOf(0), 2u) << "nothing else changed";
+}
+
+TEST_F(ClusterMoveTest, RefusedBeforeAnyChangeWhenAServerIsDown) {
+  StartAll();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  servers_[2].reset();
+  const std::vector<uint32_t> shards = {0};
+  auto report = c->MoveShards(shards, 1, nullptr);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kUnavailable) << report.status().ToString();
+  EXPECT_NE(
+      report.status().message().find("server 2 (127.0.0.1:" + std::to_string(ports_[2]) + ")"),
+      std::string::npos)
+      << report.status().message();
+  EXPECT_NE(report.status().message().find("Nothing was changed"), std::string::npos);
+  EXPECT_EQ(EpochOf(0), 1u);
+  EXPECT_EQ(EpochOf(1), 1u);
+
+  // Back up: the same command now works.
+  servers_[2] = StartServer(2);
+  ASSERT_NE(servers_[2], nullptr);
+  Result<MoveReport> again = Status::Internal("not run");
+  for (int i = 0; i < 20; ++i) {  // the client retries a down server at most every 500 ms
+    again = c->MoveShards(shards, 1, nullptr);
+    if (again.ok()) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->to_epoch, 2u);
+}
+
+TEST_F(ClusterMoveTest, BadArgumentsChangeNothing) {
+  StartAll();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  const std::vector<uint32_t> none, out_of_range = {2, kShards}, one = {2};
+  auto r = c->MoveShards(none, 1, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  r = c->MoveShards(out_of_range, 1, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("shard 16"), std::string::npos) << r.status().message();
+  r = c->MoveShards(one, 7, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("server id 7"), std::string::npos) << r.status().message();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 1u) << "server " << i;
+
+  // Already there: nothing moves, the epoch stays.
+  const std::vector<uint32_t> owned = {1, 4};
+  r = c->MoveShards(owned, 1, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->moved.empty());
+  EXPECT_EQ(r->skipped, owned);
+  EXPECT_EQ(r->to_epoch, 1u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 1u) << "server " << i;
+
+  // A standalone server has no map to change.
+  server::ServerOptions so;
+  so.port = 0;
+  so.transport = transport::TransportKind::kTcp;
+  so.memory_bytes = 16ull << 20;
+  so.huge_pages = false;
+  auto standalone = server::Server::Start(so);
+  ASSERT_TRUE(standalone.ok()) << standalone.status().ToString();
+  ClientOptions co;
+  co.seed = "127.0.0.1:" + std::to_string((*standalone)->port());
+  co.transport = "tcp";
+  auto sc = Client::Connect(co);
+  ASSERT_TRUE(sc.ok()) << sc.status().ToString();
+  r = (*sc)->MoveShards(one, 0, nullptr);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported) << r.status().ToString();
+}
+
+TEST_F(ClusterMoveTest, RestartedServersKeepTheMapTheyWereSent) {
+  StartAll(persistence::Durability::kAsync);
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  const std::string k = KeyIn(0, 3);  // shard 0: server 0 -> server 1
+  ASSERT_TRUE(c->Put(k, "moved-value").ok());
+  const std::vector<uint32_t> shards = {0};
+  auto report = c->MoveShards(shards, 1, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->to_epoch, 2u);
+  for (int i = 0; i < 3; ++i) {
+    auto saved = cluster::LoadClusterMap(server::SavedMapPath(DataDir(i)));
+    ASSERT_TRUE(saved.ok()) << "server " << i << ": " << saved.status().ToString();
+    EXPECT_EQ(saved->epoch, 2u);
+    EXPECT_EQ(saved->OwnerOf(0), 1u);
+  }
+
+  // Both owners restart with their --cluster_map (epoch 1, shard 0 on server 0) unchanged.
+  servers_[0].reset();
+  servers_[1].reset();
+  servers_[0] = StartServer(0);
+  servers_[1] = StartServer(1);
+  ASSERT_NE(servers_[0], nullptr);
+  ASSERT_NE(servers_[1], nullptr);
+  EXPECT_EQ(EpochOf(0), 2u) << "the saved map (epoch 2) wins over the older flag map";
+  EXPECT_EQ(EpochOf(1), 2u);
+  kv::Response w = Call(0, {kv::Op::kPut, k, "must-not-land", 0});
+  EXPECT_EQ(w.status.code(), StatusCode::kWrongOwner) << "server 0 must not claim shard 0";
+  EXPECT_EQ(ItemsIn(0, 0), 0u) << "the dropped copy stays dropped across the restart";
+  auto reader = NewClient(2);
+  ASSERT_NE(reader, nullptr);
+  auto g = reader->Get(k);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "moved-value") << "recovered by the new owner, which serves it";
+
+  // A damaged saved map stops the server with a message naming the file.
+  servers_[2].reset();
+  { std::ofstream(server::SavedMapPath(DataDir(2))) << "{\"epoch\": 3, \"shards\":"; }
+  auto broken = server::Server::Start(Options(2));
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(broken.status().message().find(server::SavedMapPath(DataDir(2))), std::string::npos)
+      << broken.status().message();
+}
+
+TEST(SavedMapTest, TheHigherEpochWinsAndMismatchesAreErrors) {
+  char tmpl[] = "/tmp/rdkv-savedmap-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  cluster::ClusterMap flag = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, 8);
+  flag.epoch = 5;
+  std::string why;
+  // No data dir, no file yet: the flag's map.
+  auto m = server::ChooseStartupMap(flag, "map.json", "", &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 5u);
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 5u);
+  EXPECT_NE(why.find("map.json"), std::string::npos) << why;
+  // An older or equal saved map loses.
+  cluster::ClusterMap saved = flag;
+  saved.epoch = 4;
+  saved.owners[0] = 1;
+  ASSERT_TRUE(server::SaveClusterMap(saved, server::SavedMapPath(dir)).ok());
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 5u);
+  EXPECT_EQ(m->owners[0], 0u);
+  EXPECT_NE(why.find("not newer"), std::string::npos) << why;
+  // A newer one wins.
+  saved.epoch = 6;
+  ASSERT_TRUE(server::SaveClusterMap(saved, server::SavedMapPath(dir)).ok());
+  EXPECT_FALSE(fs::exists(server::SavedMapPath(dir) + ".tmp"));
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 6u);
+  EXPECT_EQ(m->owners[0], 1u);
+  EXPECT_NE(why.find("saved map"), std::string::npos) << why;
+  // Another shard count: refused.
+  cluster::ClusterMap other = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, 16);
+  other.epoch = 9;
+  ASSERT_TRUE(server::SaveClusterMap(other, server::SavedMapPath(dir)).ok());
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("16 shards"), std::string::npos) << m.status().message();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
+}  // namespace
+}  // namespace rdkv
