@@ -129,10 +129,10 @@ class Mover {
     // 1. The old owners stop serving the shards (each answers after its lease).
     Timer t1(&report_->step_seconds[0]);
     Say("step 1/4: install map epoch " + std::to_string(to.epoch) + " on the old owner(s)");
-    for (uint32_t id : sources) {
-      Status s = InstallIfOlder(id, to.epoch, json);
-      if (!s.ok()) return failed(1, "install on " + Name(id), s);
-    }
+    uint32_t failed_on = 0;
+    Status installed = InstallWhereOlder(std::vector<uint32_t>(sources.begin(), sources.end()),
+                                         to.epoch, json, &failed_on);
+    if (!installed.ok()) return failed(1, "install on " + Name(failed_on), installed);
     t1.Stop();
 
     // 2. Copy each shard into its new owner.
@@ -175,14 +175,14 @@ class Mover {
     Timer t3(&report_->step_seconds[2]);
     Say("step 3/4: install map epoch " + std::to_string(to.epoch) +
         " on the new owner(s), then on every other server");
-    std::vector<uint32_t> order(destinations.begin(), destinations.end());
+    std::vector<uint32_t> rest;
     for (const auto& [id, entry] : servers_) {
-      if (destinations.count(id) == 0) order.push_back(id);
+      if (destinations.count(id) == 0) rest.push_back(id);
     }
-    for (uint32_t id : order) {
-      Status s = InstallIfOlder(id, to.epoch, json);
-      if (!s.ok()) return failed(3, "install on " + Name(id), s);
-    }
+    installed = InstallWhereOlder(std::vector<uint32_t>(destinations.begin(), destinations.end()),
+                                  to.epoch, json, &failed_on);
+    if (installed.ok()) installed = InstallWhereOlder(rest, to.epoch, json, &failed_on);
+    if (!installed.ok()) return failed(3, "install on " + Name(failed_on), installed);
     t3.Stop();
 
     // 4. The old owners' stale copies go.
@@ -262,18 +262,43 @@ class Mover {
     return channel_.Call(it->second, request, version, body);
   }
 
-  Status InstallIfOlder(uint32_t id, uint64_t epoch, const std::string& json) {
-    if (epoch_of_[id] >= epoch) {
-      Say("  " + Name(id) + " already has map epoch " + std::to_string(epoch_of_[id]));
-      return Status::Ok();
+  // Installs the map on each of `ids` whose map is older, all at once (an old owner answers
+  // after its lease). On failure *failed_on is the first server (in `ids` order) that failed.
+  Status InstallWhereOlder(const std::vector<uint32_t>& ids, uint64_t epoch,
+                           const std::string& json, uint32_t* failed_on) {
+    std::vector<uint32_t> todo;
+    for (uint32_t id : ids) {
+      if (epoch_of_[id] >= epoch) {
+        Say("  " + Name(id) + " already has map epoch " + std::to_string(epoch_of_[id]));
+      } else {
+        todo.push_back(id);
+      }
     }
-    auto t0 = Clock::now();
-    RDKV_RETURN_IF_ERROR(Call(id, kv::Request{kv::Op::kClusterMap, {}, json, 0}, nullptr, nullptr));
-    epoch_of_[id] = epoch;
-    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    Say("  " + Name(id) + ": map epoch " + std::to_string(epoch) + " installed (" +
-        std::to_string(static_cast<int64_t>(ms)) + " ms)");
-    return Status::Ok();
+    std::vector<Status> results(todo.size());
+    std::vector<double> millis(todo.size());
+    auto install = [&](size_t i) {
+      Clock::time_point t0 = Clock::now();
+      results[i] = Call(todo[i], kv::Request{kv::Op::kClusterMap, {}, json, 0}, nullptr, nullptr);
+      millis[i] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    };
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < todo.size(); ++i) threads.emplace_back(install, i);
+    if (!todo.empty()) install(0);
+    for (std::thread& t : threads) t.join();
+    Status first;
+    for (size_t i = 0; i < todo.size(); ++i) {
+      if (!results[i].ok()) {
+        if (first.ok()) {
+          first = results[i];
+          *failed_on = todo[i];
+        }
+        continue;
+      }
+      epoch_of_[todo[i]] = epoch;
+      Say("  " + Name(todo[i]) + ": map epoch " + std::to_string(epoch) + " installed (" +
+          std::to_string(static_cast<int64_t>(millis[i])) + " ms)");
+    }
+    return first;
   }
 
   Status Drop(uint32_t id, uint32_t shard, uint64_t* dropped) {
