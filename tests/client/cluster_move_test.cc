@@ -432,6 +432,51 @@ TEST_F(ClusterMoveTest, RerunAfterAnInterruptedDropRemovesTheStaleCopy) {
   EXPECT_EQ(EpochOf(0), 2u) << "nothing else changed";
 }
 
+TEST_F(ClusterMoveTest, AFailedCopyNamesTheStepAndTheSameCommandResumes) {
+  StartAll();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;  // shard 12: server 0 -> server 1
+  for (int n = 0; n < 30; ++n) {
+    keys.push_back(KeyIn(12, n));
+    ASSERT_TRUE(c->Put(keys.back(), "v-" + keys.back()).ok());
+  }
+  const std::vector<uint32_t> shards = {12};
+  // The new owner goes down just before the copy: step 1 is done, step 2 fails.
+  auto report = c->MoveShards(shards, 1, [&](std::string_view l) {
+    if (l.rfind("step 2/4", 0) == 0) servers_[1].reset();
+  });
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("step 2/4"), std::string::npos)
+      << report.status().message();
+  EXPECT_NE(report.status().message().find("run the same move again"), std::string::npos)
+      << report.status().message();
+  EXPECT_EQ(EpochOf(0), 2u) << "step 1 happened";
+  EXPECT_EQ(EpochOf(2), 1u);
+
+  servers_[1] = StartServer(1);  // back, empty, with its --cluster_map (epoch 1)
+  ASSERT_NE(servers_[1], nullptr);
+  Result<MoveReport> again = Status::Internal("not run");
+  for (int i = 0; i < 20; ++i) {  // the client retries a down server at most every 500 ms
+    again = c->MoveShards(shards, 1, nullptr);
+    if (again.ok() || !again.status().Is(StatusCode::kUnavailable)) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->resumed, shards);
+  EXPECT_EQ(again->skipped, shards) << "the resumed move already put it on server 1";
+  EXPECT_EQ(again->items_copied, keys.size());
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 2u) << "server " << i;
+  EXPECT_EQ(ItemsIn(0, 12), 0u);
+  auto reader = NewClient(2);
+  ASSERT_NE(reader, nullptr);
+  for (const auto& k : keys) {
+    auto g = reader->Get(k);
+    ASSERT_TRUE(g.ok()) << k << ": " << g.status().ToString();
+    EXPECT_EQ(g->value, "v-" + k);
+  }
+}
+
 TEST_F(ClusterMoveTest, RefusedBeforeAnyChangeWhenAServerIsDown) {
   StartAll();
   auto c = NewClient(0);

@@ -8,7 +8,8 @@
 #   tests/deploy/local_cluster_test.sh real BUILD_DIR
 #       A 3-server cluster of the real kvserver from BUILD_DIR over tcp: start, status, each
 #       server answers (kvcli ping, else a TCP connect), put/get with kvcli when it exists, stop,
-#       status says dead, stop again. Exits 77 (SKIPPED) when this kvserver cannot serve over tcp
+#       status says dead, stop again; with durability=sync: restart keeps the data, kvcli
+#       cluster move, and a restart keeps the moved map. Exits 77 (SKIPPED) when this kvserver cannot serve over tcp
 #       yet.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -225,6 +226,27 @@ test_real() {
     RDKV_DURABILITY=sync expect_rc 0 "  ... start again in the same dir" "$LC" start 2 "$p"
     expect_rc 0 "  ... the key is still there" "${cli[@]}" get durable-key
     contains "  ... with its value" "durable-value"
+    # One-command shard move; the servers keep the new map across a restart.
+    local k
+    for k in 0 1 2 3 4 5 6 7 8 9; do "${cli[@]}" put "move-key$k" "move-value$k" >/dev/null; done
+    expect_rc 0 "  ... kvcli cluster move 0,2 1" "$kvcli" --transport=tcp --seed="127.0.0.1:$base" cluster move 0,2 1
+    contains "  ... reports the move" "moved shards 0,2 to server 1: map epoch 1 -> 2"
+    contains "  ... with its steps" "step 4/4"
+    expect_rc 0 "  ... kvcli cluster" "${cli[@]}" cluster
+    contains "  ... shows map epoch 2" "cluster map epoch 2"
+    check "  ... and server 1 owning shards 0 and 2" grep -qE "^server 1 .* shards 0-3,5," <<<"$OUT"
+    expect_rc 2 "  ... a shard that does not exist is refused" "${cli[@]}" cluster move 64 1
+    expect_rc 2 "  ... malformed SHARDS are refused" "${cli[@]}" cluster move 3-1 1
+    expect_rc 0 "  ... stop" "$LC" stop "$p"
+    RDKV_DURABILITY=sync expect_rc 0 "  ... start again" "$LC" start 2 "$p"
+    expect_rc 0 "  ... kvcli cluster" "${cli[@]}" cluster
+    contains "  ... the servers kept map epoch 2 (their --cluster_map file says 1)" "cluster map epoch 2"
+    check "  ... server 0 logged which map it chose" grep -q "using the saved map" "$p/server-0/kvserver.log"
+    local all_there=1
+    for k in 0 1 2 3 4 5 6 7 8 9; do
+      [[ $("${cli[@]}" get "move-key$k" 2>&1) == "move-value$k" ]] || all_there=0
+    done
+    check "  ... every key written before the move is there" test $all_there = 1
     expect_rc 0 "  ... stop" "$LC" stop "$p"
   fi
 }
