@@ -150,9 +150,10 @@ class Mover {
         // to life next to the copy. b's map is current and does not give it the shard.
         uint64_t stale = 0;
         Status s = Drop(b, shard, &stale);
-        if (!s.ok())
+        if (!s.ok()) {
           return failed(2, "drop stale copy of shard " + std::to_string(shard) + " on " + Name(b),
                         s);
+        }
         if (stale > 0) {
           Say("  shard " + std::to_string(shard) + ": " + std::to_string(stale) +
               " stale item(s) left on " + Name(b) + " by an earlier move dropped first");
@@ -202,8 +203,8 @@ class Mover {
     return Status::Ok();
   }
 
-  // Shards `owner` already has in `map` (the current map on every server): any copy on another
-  // server is stale (an earlier move's step 4 did not finish) and is dropped.
+  // `shards` stay with their owner in `map`, the map every server has now: a copy of them on
+  // any other server is stale (an earlier move's step 4 did not finish) and is dropped.
   Status DropStaleCopies(const cluster::ClusterMap& map, const std::vector<uint32_t>& shards) {
     Timer t(&report_->step_seconds[3]);
     for (uint32_t shard : shards) {

@@ -110,15 +110,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   if (options.worker_threads < 1 || options.worker_threads > 256) {
     return Status::InvalidArgument("worker threads must be 1..256");
   }
-  transport::FabricOptions fo;
-  fo.kind = options.transport;
-  fo.device = options.device;
-  fo.huge_pages = options.huge_pages;
-  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> fabric, transport::Fabric::Create(fo));
-  RDKV_ASSIGN_OR_RETURN(
-      std::unique_ptr<transport::MemoryRegion> region,
-      fabric->AllocateRegion(options.memory_bytes, transport::RegionAccess::kRemoteRead));
-  // The map: the given one, or the one this server saved after a later install.
+  // The map (before the region is allocated and registered: a bad saved map fails fast): the
+  // given one, or the one this server saved after a later install.
   std::optional<cluster::ClusterMap> map;
   const std::string& data_dir = options.persist.data_dir;
   if (options.cluster_map) {
@@ -130,6 +123,14 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
     LOG(WARNING) << SavedMapPath(data_dir) << " holds a cluster map, but this server was "
                  << "started without --cluster_map: it serves standalone and ignores the file";
   }
+  transport::FabricOptions fo;
+  fo.kind = options.transport;
+  fo.device = options.device;
+  fo.huge_pages = options.huge_pages;
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> fabric, transport::Fabric::Create(fo));
+  RDKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<transport::MemoryRegion> region,
+      fabric->AllocateRegion(options.memory_bytes, transport::RegionAccess::kRemoteRead));
   StoreOptions so;
   so.index_fraction = options.index_fraction;
   so.max_value_bytes = options.max_value_bytes;
@@ -143,13 +144,14 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   // Ownership before recovery and listening: a client never sees shards it may not read.
   std::unique_ptr<ClusterState> cluster;
   if (map) {
-    LOG(INFO) << "cluster: server " << options.server_id << " of " << map->servers.size()
-              << ", map epoch " << map->epoch << ", owns "
-              << map->ShardsOf(options.server_id).size() << " of " << map->shards << " shards";
     RDKV_ASSIGN_OR_RETURN(
         cluster, ClusterState::Create(store.get(), std::move(*map), options.server_id,
                                       options.ownership_lease,
                                       data_dir.empty() ? std::string() : SavedMapPath(data_dir)));
+    std::shared_ptr<const cluster::ClusterMap> m = cluster->map();
+    LOG(INFO) << "cluster: server " << options.server_id << " of " << m->servers.size()
+              << ", map epoch " << m->epoch << ", owns " << m->ShardsOf(options.server_id).size()
+              << " of " << m->shards << " shards";
   }
   const kv::RegionHeader& h = store->header();
   LOG(INFO) << "region: " << (region->size() >> 20) << " MiB"

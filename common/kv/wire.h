@@ -31,7 +31,8 @@ enum class Op : uint8_t {
   kSnapshot = 7,    // key: snapshot name (may be empty); response body: the snapshot's path
   kClusterMap = 8,  // value empty: response body = the server's cluster map (JSON; empty when
                     // standalone), item_version = its epoch. value = a map (JSON): install it
-                    // (admin; its epoch must be higher); answered after lost shards' leases.
+                    // (admin; its epoch must be higher; saved to <data_dir>/cluster_map.json
+                    // first when the server has a data dir); answered after lost shards' leases.
   kShardScan = 9,   // admin: key = shard number (decimal), expected_version = cursor; response
                     // body = ScanEntry list (EncodeScanEntries), item_version = next cursor
                     // (kScanDone at the end)
