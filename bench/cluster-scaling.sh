@@ -14,10 +14,11 @@
 #   WARMUP         seconds each workload runs before measuring (default 3)
 #   DURATION       seconds measured per workload (default 10)
 #   CLIENTS        client processes (default 3)
-#   THREADS_PER_SERVER  threads per client process for each server (default 8): with N servers
-#                  every client process runs N x 8 threads, so each server sees the same load
-#                  (CLIENTS connections with 8 requests in flight each, on average) whatever N;
-#                  that is what shows whether capacity grows with servers
+#   THREADS_PER_SERVER  threads per client process for each server (default 24): with N servers
+#                  every client process runs N x 24 threads, so each server sees the same load
+#                  (CLIENTS connections with 24 requests in flight each, on average) whatever N;
+#                  that is what shows whether capacity grows with servers. Deep enough that a
+#                  server finds many requests per wakeup, so its CPU per request stays the same
 #   THREADS        a fixed number of threads per client process instead, whatever N: then each
 #                  server sees 1/N of the load, and on tcp a server busy with fewer requests
 #                  per wakeup spends more CPU per request (see docs/benchmarks.md)
@@ -59,7 +60,7 @@ DURATION=${DURATION:-10}
 OUT_DIR=${OUT_DIR:-}
 CLIENTS=${CLIENTS:-3}
 THREADS=${THREADS:-}
-THREADS_PER_SERVER=${THREADS_PER_SERVER:-8}
+THREADS_PER_SERVER=${THREADS_PER_SERVER:-24}
 SERVER_CPU=${SERVER_CPU:-}
 CPU_PERIOD_US=${CPU_PERIOD_US:-}
 SERVER_SHARES=${SERVER_SHARES:-8192}
