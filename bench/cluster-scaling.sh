@@ -112,11 +112,19 @@ state=$(mktemp -d)
 export RDKV_CLUSTER_DIR=$state RDKV_BASE_PORT=$PORT RDKV_BIN=$BUILD
 CG_MODE=none CG_BASE="" CG_WHY="" SERVER_CAPPED=0 CLIENT_CG=""
 cleanup() {
-  local f p d
+  local f p d t killed=()
   for f in "$state"/pid[0-9]*; do  # clients still running (interrupted): only the ones we started
     [[ -f $f ]] || continue
     p=$(cat "$f")
-    if [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") == *kvbench* ]]; then kill "$p" 2>/dev/null || true; fi
+    if [[ $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") == *kvbench* ]]; then
+      kill "$p" 2>/dev/null && killed+=("$p")
+    fi
+  done
+  for p in "${killed[@]}"; do  # gone before their cgroup is removed
+    for ((t = 0; t < 30; t++)); do
+      [[ -e /proc/$p/cmdline && -n $(tr -d '\0' 2>/dev/null <"/proc/$p/cmdline") ]] || break
+      sleep 0.1
+    done
   done
   deploy/local-cluster.sh stop >/dev/null 2>&1 || true
   if [[ -n $CG_BASE && -d $CG_BASE ]]; then
