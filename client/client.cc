@@ -865,8 +865,9 @@ class ClientImpl final : public Client {
       if (!x->batch.empty()) {
         const size_t job_ops = x->batch.size();
         Clock::time_point t0 = Clock::now();
-        // Cluster: the ownership READ rides along when the lease is older than lease / 2.
-        const bool probe = cluster_ && session.LeaseStale(t0, lease_ / 2);
+        // Cluster: the ownership READ rides along when the lease is older than lease / 2 (one
+        // batch per connection at a time while the lease is still valid).
+        const bool probe = cluster_ && session.ClaimLeaseRefresh(t0, lease_ / 2);
         uint8_t* own = x->items + OwnershipOffset(*x);
         if (probe) {
           AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, ~uint64_t{0});
@@ -930,8 +931,9 @@ class ClientImpl final : public Client {
     x->tags.clear();
     Clock::time_point t0 = Clock::now();
     // Cluster: the ownership READ rides in the window batch when the lease is older than
-    // lease / 2 (t0, taken before posting, is its time).
-    const bool probe = cluster_ && session.LeaseStale(t0, lease_ / 2);
+    // lease / 2 (t0, taken before posting, is its time; one batch per connection at a time
+    // while the lease is still valid).
+    const bool probe = cluster_ && session.ClaimLeaseRefresh(t0, lease_ / 2);
     if (probe && max_windows > 1) --max_windows;
     size_t j = i;
     for (; j < jobs.size() && x->batch.size() < max_windows; ++j) {

@@ -38,10 +38,16 @@ void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
   for (auto& s : ready) pool_->Release(std::move(s));
 }
 
-bool Session::LeaseStale(std::chrono::steady_clock::time_point now,
-                         std::chrono::steady_clock::duration half_lease) const {
+bool Session::ClaimLeaseRefresh(std::chrono::steady_clock::time_point now,
+                                std::chrono::steady_clock::duration half_lease) {
   std::lock_guard<std::mutex> l(lease_mu_);
-  return !lease_valid_ || now - lease_posted_ > half_lease;
+  if (lease_valid_ && now - lease_posted_ <= half_lease) return false;  // fresh
+  bool expired = !lease_valid_ || now - lease_posted_ >= 2 * half_lease;
+  // Another batch is refreshing it and this one is still covered. A claim whose READ failed
+  // is never recorded; the lease then expires and every batch probes again.
+  if (!expired && refresh_claimed_) return false;
+  refresh_claimed_ = true;
+  return true;
 }
 
 void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const uint8_t* ownership) {
@@ -49,6 +55,7 @@ void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const ui
   if (lease_valid_ && posted < lease_posted_) return;
   lease_valid_ = true;
   lease_posted_ = posted;
+  refresh_claimed_ = false;
   std::memcpy(&lease_epoch_, ownership, 8);
   std::memcpy(owned_, ownership + 8, sizeof(owned_));
 }

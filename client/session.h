@@ -45,10 +45,13 @@ class Session {
 
   // --- the ownership lease (cluster mode; docs/design.md "Stale maps and one-sided GETs") ---
   enum class LeaseVerdict : uint8_t { kOk, kExpired, kNotOwned };
-  // True when no ownership READ was taken yet, or the last one was posted more than
-  // `half_lease` before `now`: the next batch should carry one.
-  bool LeaseStale(std::chrono::steady_clock::time_point now,
-                  std::chrono::steady_clock::duration half_lease) const;
+  // Whether the caller's next batch (posted at `now`) should carry an ownership READ: yes when
+  // there is no lease or it has expired (older than 2 x `half_lease`); when it is older than
+  // `half_lease` but still valid, only the first caller is told yes (it claims the refresh)
+  // and the others ride on the lease they have until that refresh is recorded (UpdateLease);
+  // if it never is (its READ failed), the lease expires and every caller is told yes again.
+  bool ClaimLeaseRefresh(std::chrono::steady_clock::time_point now,
+                         std::chrono::steady_clock::duration half_lease);
   // Records an ownership READ (kOwnershipBytes) posted at `posted` (client clock, taken before
   // posting). An older READ than the one recorded is ignored.
   void UpdateLease(std::chrono::steady_clock::time_point posted, const uint8_t* ownership);
@@ -73,6 +76,7 @@ class Session {
   std::chrono::steady_clock::time_point lease_posted_;  // guarded by lease_mu_
   uint64_t lease_epoch_ = 0;                          // guarded by lease_mu_
   uint64_t owned_[kv::kMaxShards / 64] = {};          // guarded by lease_mu_
+  bool refresh_claimed_ = false;                      // guarded by lease_mu_
 };
 
 // Validates a region header READ from a server (magic, layout version, checksum, geometry

@@ -120,6 +120,41 @@ TEST(LocationCacheTest, DisabledCacheIsEmpty) {
   cache.Clear();
 }
 
+// The ownership lease's refresh: only one batch per connection carries the ownership READ
+// while the lease is valid but older than half; everyone probes when there is no lease or it
+// has expired; an abandoned claim (its READ failed) passes on after half a lease.
+TEST(SessionLeaseTest, OneRefreshAtATimeWhileTheLeaseIsValid) {
+  using namespace std::chrono_literals;
+  client::ScratchPool pool(nullptr);
+  client::Session s(nullptr, kv::RegionHeader{}, transport::RegionDescriptor{}, &pool);
+  const auto half = 50ms;
+  const auto t = std::chrono::steady_clock::now();
+  uint8_t ownership[kv::kOwnershipBytes] = {};
+  // No lease yet: every batch probes.
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t, half));
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t, half));
+  s.UpdateLease(t, ownership);
+  // Fresh: nobody probes.
+  EXPECT_FALSE(s.ClaimLeaseRefresh(t + 10ms, half));
+  // Older than half: the first claims the refresh, the others ride on the valid lease.
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t + 60ms, half));
+  EXPECT_FALSE(s.ClaimLeaseRefresh(t + 61ms, half));
+  EXPECT_FALSE(s.ClaimLeaseRefresh(t + 70ms, half));
+  // Expired (older than a whole lease): everyone probes again, claim or not.
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t + 100ms, half));
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t + 101ms, half));
+  // A recorded refresh ends the claim; the next stale period starts a new one.
+  s.UpdateLease(t + 100ms, ownership);
+  EXPECT_FALSE(s.ClaimLeaseRefresh(t + 120ms, half));
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t + 151ms, half));
+  EXPECT_FALSE(s.ClaimLeaseRefresh(t + 152ms, half));
+  // Nobody records the claimed refresh (its READ failed): once the lease expires, every batch
+  // probes again.
+  EXPECT_FALSE(s.ClaimLeaseRefresh(t + 199ms, half));
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t + 200ms, half));
+  EXPECT_TRUE(s.ClaimLeaseRefresh(t + 201ms, half));
+}
+
 TEST(DescribeKeyTest, EscapesAndShortens) {
   EXPECT_EQ(client::DescribeKey("abc"), "key 'abc'");
   EXPECT_EQ(client::DescribeKey(std::string("a\0b'", 4)), "key 'a\\x00b\\x27'");
