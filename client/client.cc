@@ -803,8 +803,10 @@ class ClientImpl final : public Client {
   // The server does not serve the job's shard: done here, re-routed by RunJobs.
   void WrongOwner(KeyJob& job) {
     job.wrong_owner = true;
-    Finish(job, Status::WrongOwner(Name(*job.link) + " no longer serves shard " +
-                                   std::to_string(job.shard) + " of " + DescribeKey(job.key)));
+    Finish(job, Status::WrongOwner(Name(*job.link) + " does not serve shard " +
+                                   std::to_string(job.shard) + " of " + DescribeKey(job.key) +
+                                   " (the shard moved, or is moving: a move serves no GET of "
+                                   "it from its step 1 to its step 3)"));
   }
 
   // A result (a value or NotFound) read at `completed`: true when it may be returned;

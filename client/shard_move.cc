@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "client/client_internal.h"
 
 namespace rdkv::client {
@@ -99,10 +101,10 @@ class Mover {
   }
 
   // Brings every server to `to`. Shards whose owner differs between `from` and `to` move from
-  // their `from` owner to their `to` owner in the four steps of docs/design.md. `resuming`:
-  // some servers may already have `to` (an interrupted earlier run); a new owner that has it
-  // already holds the complete copy, and its shards are not copied again.
-  Status Transition(const cluster::ClusterMap& from, const cluster::ClusterMap& to, bool resuming) {
+  // their `from` owner to their `to` owner in the four steps of docs/design.md. Some servers
+  // may already have `to` (an interrupted earlier run): a new owner that has it already holds
+  // the complete copy (and may have taken writes since), and its shards are not copied again.
+  Status Transition(const cluster::ClusterMap& from, const cluster::ClusterMap& to) {
     std::vector<uint32_t> moving;
     std::set<uint32_t> sources, destinations;
     for (uint32_t s = 0; s < to.shards; ++s) {
@@ -138,6 +140,7 @@ class Mover {
     // 2. Copy each shard into its new owner.
     Timer t2(&report_->step_seconds[1]);
     Say("step 2/4: copy shard(s) " + ShardList(moving));
+    std::map<uint32_t, uint64_t> counter_of;  // old owners' version counters, after step 1
     for (uint32_t shard : moving) {
       uint32_t a = from.OwnerOf(shard), b = to.OwnerOf(shard);
       if (epoch_of_[b] >= to.epoch) {
@@ -145,18 +148,27 @@ class Mover {
             " has map epoch " + std::to_string(to.epoch) + ")");
         continue;
       }
-      if (!resuming) {
-        // Leftovers of an earlier move away from b (an interrupted step 4) must not come back
-        // to life next to the copy. b's map is current and does not give it the shard.
+      if (counter_of.count(a) == 0) {
+        Result<uint64_t> c = VersionCounter(a);
+        if (!c.ok()) {
+          return failed(2, "read the version counter of " + Name(a), c.status());
+        }
+        counter_of[a] = *c;
+      }
+      {
+        // b does not own the shard (its map is older than `to`): whatever it holds of it is
+        // stale, left by an earlier move away from b or by an interrupted copy, and would come
+        // back to life next to the copy. The same call raises b's version counter above a's:
+        // keys of the shard deleted on a left no item to carry their versions.
         uint64_t stale = 0;
-        Status s = Drop(b, shard, &stale);
+        Status s = Drop(b, shard, &stale, counter_of[a]);
         if (!s.ok()) {
           return failed(2, "drop stale copy of shard " + std::to_string(shard) + " on " + Name(b),
                         s);
         }
         if (stale > 0) {
           Say("  shard " + std::to_string(shard) + ": " + std::to_string(stale) +
-              " stale item(s) left on " + Name(b) + " by an earlier move dropped first");
+              " stale item(s) on " + Name(b) + " (an earlier or interrupted move) dropped first");
         }
       }
       uint64_t items = 0, bytes = 0;
@@ -302,9 +314,24 @@ class Mover {
     return first;
   }
 
-  Status Drop(uint32_t id, uint32_t shard, uint64_t* dropped) {
-    return Call(id, kv::Request{kv::Op::kDropShard, std::to_string(shard), {}, 0}, dropped,
-                nullptr);
+  // DROP_SHARD; `version_floor` > 0 also raises the server's version counter above it.
+  Status Drop(uint32_t id, uint32_t shard, uint64_t* dropped, uint64_t version_floor = 0) {
+    return Call(id, kv::Request{kv::Op::kDropShard, std::to_string(shard), {}, version_floor},
+                dropped, nullptr);
+  }
+
+  // The last version server `id` handed out (its STATS "version_counter").
+  Result<uint64_t> VersionCounter(uint32_t id) {
+    std::string body;
+    RDKV_RETURN_IF_ERROR(Call(id, kv::Request{kv::Op::kStats, {}, {}, 0}, nullptr, &body));
+    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("version_counter") ||
+        !j["version_counter"].is_number_unsigned()) {
+      return Status::ProtocolError(Name(id) +
+                                   " reports no version counter in its statistics (a kvserver "
+                                   "older than shard moves?)");
+    }
+    return j["version_counter"].get<uint64_t>();
   }
 
   // SHARD_SCAN on `from`, IMPORT of each answer's items into `to`, several in flight.
@@ -446,7 +473,7 @@ Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap
                 "; shards are copied from their epoch " + std::to_string(previous.epoch) +
                 " owners");
     }
-    Status s = mover.Transition(previous, newest, /*resuming=*/true);
+    Status s = mover.Transition(previous, newest);
     if (!s.ok()) {
       return Status(s.code(), "finishing the interrupted move to map epoch " +
                                   std::to_string(newest.epoch) + ": " + s.message());
@@ -473,7 +500,7 @@ Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap
     mover.Say("moving shard(s) " + ShardList(report.moved) + " to server " +
               std::to_string(to_server) + ": map epoch " + std::to_string(newest.epoch) + " -> " +
               std::to_string(next.epoch));
-    RDKV_RETURN_IF_ERROR(mover.Transition(newest, next, /*resuming=*/false));
+    RDKV_RETURN_IF_ERROR(mover.Transition(newest, next));
     report.to_epoch = next.epoch;
   }
   if (!report.skipped.empty()) RDKV_RETURN_IF_ERROR(mover.DropStaleCopies(next, report.skipped));

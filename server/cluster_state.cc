@@ -96,10 +96,15 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   }
   // A client that saw a lost shard's bit set before it was cleared may use that for one lease.
   if (lost > 0) std::this_thread::sleep_for(lease_);
-  for (uint32_t s = 0; s < next.shards; ++s) {
-    if (next.OwnerOf(s) == server_id_ && !store_->Owns(s)) {
-      store_->SetOwned(s, true);
-      ++gained;
+  {
+    // Gained shards under the exclusive lock too: an IMPORT (allowed only into a shard this
+    // server does not own) is either done before it or refused after it.
+    std::unique_lock lock(mu_);
+    for (uint32_t s = 0; s < next.shards; ++s) {
+      if (next.OwnerOf(s) == server_id_ && !store_->Owns(s)) {
+        store_->SetOwned(s, true);
+        ++gained;
+      }
     }
   }
   store_->SetMapEpoch(next.epoch);

@@ -78,7 +78,21 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
     // Cluster: the owner check and the apply happen under one guard, so a map change that takes
     // the shard away waits for this write (and the shard's data is complete when it moves).
     std::shared_lock<std::shared_mutex> owner_guard;
-    if (cluster_ != nullptr && r.op != kv::Op::kImport) {
+    if (cluster_ != nullptr && r.op == kv::Op::kImport) {
+      // A moved item goes only into a shard this server does not own yet: once it owns the
+      // shard it has acknowledged writes there, which a late or repeated copy must not replace.
+      owner_guard = cluster_->WriteGuard();
+      uint32_t shard = store_->ShardOfKey(r.key);
+      if (store_->Owns(shard)) {
+        Status own = Status::InvalidArgument(
+            "IMPORT refused: this server already owns shard " + std::to_string(shard) +
+            " (a copy must finish before the new owner takes the shard; is another move "
+            "running?)");
+        CountError(own);
+        kv::EncodeResponse(own, 0, {}, response);
+        return true;
+      }
+    } else if (cluster_ != nullptr) {
       owner_guard = cluster_->WriteGuard();
       uint64_t epoch = 0;
       Status own = cluster_->CheckOwner(r.key, &epoch);
@@ -105,9 +119,22 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
         key_lock = std::unique_lock<std::mutex>(key_stripes_[kv::KeyHash(r.key) % kKeyStripes]);
       }
       switch (r.op) {
-        case kv::Op::kImport:  // a moved item: its version carries over (or grows)
-          if (r.expected_version > 0) store_->EnsureVersionAbove(r.expected_version - 1);
-          [[fallthrough]];
+        case kv::Op::kImport: {  // a moved item keeps its version exactly; the key must be absent
+          if (r.expected_version == 0) {
+            status = Status::InvalidArgument("IMPORT needs the item's version (> 0)");
+            break;
+          }
+          status = store_->Restore(r.key, r.value, r.expected_version);
+          if (status.Is(StatusCode::kAlreadyExists)) {
+            status = Status::AlreadyExists(
+                "IMPORT refused: the key is already here (copies of one shard from two moves?)");
+          }
+          if (status.ok()) {
+            store_->EnsureVersionAbove(r.expected_version);
+            version = r.expected_version;
+          }
+          break;
+        }
         case kv::Op::kPut: {
           Result<uint64_t> v = store_->Put(r.key, r.value);
           status = v.status();
@@ -132,7 +159,11 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
       }
       if (status.ok() && persister_ != nullptr) {
         persistence::Persister::Completion done;
-        if (persister_->durability() == Durability::kSync) {
+        // IMPORT answers only once the item is in RocksDB in every mode: the mover drops the
+        // old owner's copy after the copy is answered.
+        const bool deferred =
+            persister_->durability() == Durability::kSync || r.op == kv::Op::kImport;
+        if (deferred) {
           // Applied (a GET may already see it); acknowledged only once durable.
           done = [this, deliver = defer(), version](const Status& s) {
             std::vector<uint8_t> out;
@@ -146,7 +177,7 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
         } else {
           persister_->EnqueuePut(r.key, version, r.value, std::move(done));
         }
-        if (persister_->durability() == Durability::kSync) return false;
+        if (deferred) return false;
       }
     }
   } else {
@@ -219,10 +250,17 @@ Status Service::HandleCluster(const kv::Request& r, uint64_t* version, std::stri
                                  kv::kMaxKeyBytes + limits_.max_value_bytes + 16, body);
     return Status::Ok();
   }
-  // kDropShard: the shard has moved away; its stale items go, on disk too.
+  // kDropShard: the shard has moved away (or is about to be copied in); its stale items go,
+  // on disk too.
   if (store_->Owns(shard)) {
     return Status::InvalidArgument("shard " + std::to_string(shard) +
                                    " is still owned by this server; move it first");
+  }
+  if (r.expected_version > 0) {
+    // A version floor from the shard's old owner: keys of the shard deleted there left no item
+    // to carry their versions, and must not get them again here (CAS would be fooled).
+    store_->EnsureVersionAbove(r.expected_version);
+    if (persister_ != nullptr) persister_->EnqueueMaxVersion(store_->version_counter(), nullptr);
   }
   uint64_t cursor = 0, dropped = 0;
   std::string batch;
@@ -255,6 +293,7 @@ std::string Service::StatsJson() const {
   j["free_bytes"] = as.free_units * kv::kUnit;
   j["limbo_bytes"] = as.limbo_units * kv::kUnit;
   j["index_buckets"] = store_->header().bucket_count;
+  j["version_counter"] = store_->version_counter();
   j["ops"] = {{"put", load(counters_.puts)},       {"insert", load(counters_.inserts)},
               {"delete", load(counters_.deletes)}, {"cas", load(counters_.cas)},
               {"stats", load(counters_.stats)},    {"ping", load(counters_.pings)},

@@ -86,6 +86,8 @@ class Store {
 
   // Raises the version counter so the next write gets a version above `v` (recovery).
   void EnsureVersionAbove(uint64_t v);
+  // The last version handed out (every version this store gave is at most this).
+  uint64_t version_counter() const { return version_counter_.load(); }
 
   const kv::RegionHeader& header() const { return *header_; }
   StoreCounters counters() const;

@@ -36,9 +36,12 @@ enum class Op : uint8_t {
   kShardScan = 9,   // admin: key = shard number (decimal), expected_version = cursor; response
                     // body = ScanEntry list (EncodeScanEntries), item_version = next cursor
                     // (kScanDone at the end)
-  kImport = 10,     // admin: store key/value with a version >= expected_version, whether or not
-                    // this server owns the shard yet (shard moves)
-  kDropShard = 11,  // admin: delete every item of shard `key` that this server does not own
+  kImport = 10,     // admin: store key/value with exactly version expected_version (> 0);
+                    // refused (kInvalidArgument) when this server owns the key's shard, and
+                    // (kAlreadyExists) when the key is present; answered once in RocksDB
+  kDropShard = 11,  // admin: delete every item of shard `key` that this server does not own;
+                    // expected_version > 0: first raise the version counter above it (the
+                    // old owner's counter, before a copy in); item_version = items dropped
 };
 inline constexpr uint64_t kScanDone = ~uint64_t{0};
 inline constexpr uint8_t kMaxOp = 11;

@@ -291,6 +291,22 @@ class Persister::Impl {
     if (wake) work_cv_.notify_one();
   }
 
+  void EnqueueMaxVersion(uint64_t v, Completion done) {
+    bool wake;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      max_version_ = std::max(max_version_, v);
+      char enc[kVersionBytes];
+      EncodeVersion(max_version_, enc);
+      rocksdb::Status s = pending_.batch.Put(
+          rocksdb::Slice(kMetaMaxVersion.data(), kMetaMaxVersion.size()),
+          rocksdb::Slice(enc, kVersionBytes));
+      CHECK(s.ok()) << "WriteBatch::Put: " << s.ToString();
+      wake = NoteEnqueuedLocked(kMetaMaxVersion.size() + kVersionBytes, std::move(done));
+    }
+    if (wake) work_cv_.notify_one();
+  }
+
   Status Flush() {
     std::unique_lock<std::mutex> lk(mu_);
     const uint64_t target = enqueued_seq_;
@@ -788,6 +804,10 @@ void Persister::EnqueuePut(std::string_view key, uint64_t version, std::string_v
                            Completion done) {
   impl_->EnqueuePut(key, version, value, std::move(done));
 }
+void Persister::EnqueueMaxVersion(uint64_t v, Completion done) {
+  impl_->EnqueueMaxVersion(v, std::move(done));
+}
+
 void Persister::EnqueueDelete(std::string_view key, Completion done) {
   impl_->EnqueueDelete(key, std::move(done));
 }

@@ -106,6 +106,9 @@ class Persister {
   void EnqueuePut(std::string_view key, uint64_t version, std::string_view value,
                   Completion done);
   void EnqueueDelete(std::string_view key, Completion done);
+  // Records that versions up to `v` were handed out (the version counter was raised without a
+  // write, e.g. by a shard move), so recovery restarts the counter above it.
+  void EnqueueMaxVersion(uint64_t v, Completion done);
   // Waits until everything enqueued before the call is in the WAL and synced; the failure if
   // the persister is failing.
   Status Flush();

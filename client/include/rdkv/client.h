@@ -184,11 +184,13 @@ class Client {
   //     earlier move was interrupted: it is finished first (MoveReport::resumed).
   //  1. installs the map (epoch + 1, the shards owned by to_server) on each old owner, which
   //     from then on refuses writes to the shards;
-  //  2. copies the shards: SHARD_SCAN on the old owner, IMPORT of every item into to_server
-  //     (several in flight at once; versions are kept or raised);
+  //  2. copies the shards: DROP_SHARD on to_server (stale or partial copies; raises its
+  //     version counter above the old owner's), SHARD_SCAN on the old owner, IMPORT of every
+  //     item into to_server with its version (several in flight at once);
   //  3. installs the map on to_server, then on every other server;
   //  4. DROP_SHARD on the old owners.
-  // Writes to the moving shards are refused (clients retry them until op_timeout) from 1 to 3.
+  // The moving shards are unavailable from 1 to 3: writes and GETs are refused (clients retry
+  // until op_timeout, then fail with kWrongOwner); never a wrong value or a NotFound.
   // Shards already owned by to_server are skipped (their stale copies on other servers are
   // dropped again, which completes an interrupted step 4). kInvalidArgument for an empty list,
   // a shard number out of range or a server id not in the map; kNotSupported when the seed is
