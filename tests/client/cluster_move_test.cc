@@ -609,6 +609,21 @@ Result<MoveReport> MoveRetrying(Client& c, const std::vector<uint32_t>& shards, 
   return r;
 }
 
+// Retries a write while a just-restarted server is still refused by the client.
+template <typename Fn>
+Result<uint64_t> MoveRetryingWrite(Fn&& write) {
+  Result<uint64_t> r = Status::Internal("not run");
+  for (int i = 0; i < 30; ++i) {
+    r = write();
+    if (r.ok() || !(r.status().Is(StatusCode::kUnavailable) ||
+                    r.status().Is(StatusCode::kConnectionLost))) {
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  return r;
+}
+
 // A resumed copy skips "DROP_SHARD on the target first", so leftovers of an earlier move away
 // from the target come back to life: a key deleted since then is resurrected.
 // Only MoveShards and server restarts (durability async, data dirs) are used.
@@ -778,6 +793,32 @@ TEST_F(ClusterMoveTest, VersionsOfAKeyDeletedBeforeAMoveNeverRepeatAfterIt) {
     EXPECT_FALSE(cas.ok()) << "CAS expecting version " << *seen
                            << " (value \"A\") succeeded on a different value";
   }
+}
+
+// The version floor a move gives the target is persisted: after the target restarts, a key
+// deleted on the old owner before the move still gets a version above the last one it had.
+// (Recovery restarts a counter 2^32 above the largest version on disk, so the old owner is
+// restarted first to put its counter beyond what the target's own disk would give.)
+TEST_F(ClusterMoveTest, TheVersionFloorOfAMoveSurvivesARestartOfTheTarget) {
+  StartAll(persistence::Durability::kSync);
+  servers_[0].reset();
+  servers_[0] = StartServer(0);  // counter now 2^32 above its disk
+  ASSERT_NE(servers_[0], nullptr);
+  auto c = NewClient(2);
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(c->Put(KeyIn(0, i % 4), "bump").ok());  // server 0
+  const std::string k = KeyIn(3, 6);  // shard 3: server 0 -> 1
+  auto seen = c->Put(k, "A");
+  ASSERT_TRUE(seen.ok());
+  ASSERT_TRUE(c->Delete(k).ok());
+  const std::vector<uint32_t> shards = {3};
+  ASSERT_TRUE(c->MoveShards(shards, 1, nullptr).ok());
+  servers_[1].reset();
+  servers_[1] = StartServer(1);
+  ASSERT_NE(servers_[1], nullptr);
+  auto again = MoveRetryingWrite([&] { return c->Insert(k, "B"); });
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_GT(*again, *seen) << "a version of the deleted key came back after the restart";
 }
 
 // GETs of a moving shard are not served from step 1 (the old owner clears its bit) to step 3

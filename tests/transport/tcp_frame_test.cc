@@ -641,7 +641,8 @@ TEST_F(TcpListenerInput, CallToAPeerThatStopsReadingReturnsByItsDeadline) {
   for (; calls < 64; ++calls) {
     Clock::time_point start = Clock::now();
     last = (*conn)->Call(request, &response, 300ms);
-    EXPECT_LT(Clock::now() - start, 2s) << "call " << calls << " blocked past its deadline";
+    // Generous for a loaded machine; before the fix a call blocked until TCP_USER_TIMEOUT (5 s).
+    EXPECT_LT(Clock::now() - start, 3500ms) << "call " << calls << " blocked past its deadline";
     ASSERT_FALSE(last.ok());
     if (!last.Is(StatusCode::kTimedOut) || last.message().find("no response") == std::string::npos) {
       break;  // no longer a plain "sent, no answer": the send itself hit the deadline
