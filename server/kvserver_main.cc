@@ -32,9 +32,10 @@ DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply
 DEFINE_int32(grace_ms, 90, "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");
 DEFINE_string(cluster_map, "", "Cluster map file (JSON, see docs/design.md \"Cluster\"): which "
-              "server owns which shard. Empty: a standalone server owning every key. A newer "
-              "map the server was sent later is kept in <data_dir>/cluster_map.json and wins "
-              "at start when its epoch is higher.");
+              "server owns which shard. Empty: a standalone server owning every key. Needs "
+              "--data_dir (any --durability, none too): a newer map the server was sent later "
+              "is kept in <data_dir>/cluster_map.json and wins at start when its epoch is "
+              "higher, so a restart does not take back shards moved away.");
 DEFINE_int32(server_id, -1, "This server's id in --cluster_map (required with it).");
 DEFINE_int32(ownership_lease_ms, 100, "A server that loses a shard waits this long before "
              "acknowledging the map change; clients trust an ownership READ this long.");
@@ -43,7 +44,8 @@ DEFINE_bool(huge_pages, true, "Back the region with 2 MiB huge pages when the sy
 // Persistence (docs/persistence.md).
 DEFINE_string(data_dir, "", "Directory for this server's RocksDB database (<data_dir>/db), "
               "snapshots (<data_dir>/snapshots) and the newest cluster map it was sent "
-              "(<data_dir>/cluster_map.json). Required unless --durability=none.");
+              "(<data_dir>/cluster_map.json). Required with --cluster_map, and unless "
+              "--durability=none (with none it holds only the cluster map).");
 DEFINE_string(durability, "", "sync: acknowledge a write only after it is in the WAL and "
               "fsynced (group commit); async: acknowledge when applied in memory, WAL fsynced "
               "within --persist_lag_ms; none: a pure cache, nothing on disk. "

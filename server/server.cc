@@ -114,6 +114,13 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   // given one, or the one this server saved after a later install.
   std::optional<cluster::ClusterMap> map;
   const std::string& data_dir = options.persist.data_dir;
+  if (options.cluster_map && data_dir.empty()) {
+    // Whatever the durability (with none the data dir holds only the map): a restart would
+    // start from the --cluster_map file's older epoch and serve shards moved away since.
+    return Status::InvalidArgument(
+        "a cluster server needs --data_dir to keep its newest cluster map; without it a restart "
+        "would take back shards it moved away");
+  }
   if (options.cluster_map) {
     std::string why;
     RDKV_ASSIGN_OR_RETURN(map, ChooseStartupMap(*options.cluster_map, options.cluster_map_file,

@@ -33,9 +33,10 @@ struct ServerOptions {
   // durability=none: nothing on disk. max_value_bytes above is passed on to it.
   persistence::PersistOptions persist;
   // Cluster (docs/design.md "Cluster"): the map and this server's id in it. No map: standalone.
-  // With persist.data_dir set (any durability), every map installed later is saved to
-  // <data_dir>/cluster_map.json before it is acknowledged, and at start a saved map with a
-  // higher epoch than `cluster_map` is used instead (server/saved_map.h).
+  // A map requires persist.data_dir (any durability; Start refuses kInvalidArgument without
+  // one): every map installed later is saved to <data_dir>/cluster_map.json before it is
+  // acknowledged, and at start a saved map with a higher epoch than `cluster_map` is used
+  // instead (server/saved_map.h), so a restart never takes back shards moved away.
   std::optional<cluster::ClusterMap> cluster_map;
   std::string cluster_map_file;  // where `cluster_map` came from, for messages (may be empty)
   uint32_t server_id = 0;

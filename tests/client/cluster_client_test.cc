@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <set>
@@ -57,6 +59,9 @@ std::string KeyIn(uint32_t shard, int n) {
 class ClusterClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    char tmpl[] = "/tmp/rdkv-cluster-client-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
     std::vector<std::string> addrs;
     for (int i = 0; i < 3; ++i) {
       ports_[i] = FreePort();
@@ -71,6 +76,11 @@ class ClusterClientTest : public ::testing::Test {
     ASSERT_TRUE(f.ok());
     fabric_ = std::move(*f);
   }
+  void TearDown() override {
+    for (auto& s : servers_) s.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+  }
 
   std::unique_ptr<server::Server> StartServer(uint32_t id) {
     server::ServerOptions o;
@@ -80,6 +90,8 @@ class ClusterClientTest : public ::testing::Test {
     o.huge_pages = false;
     o.cluster_map = map_;
     o.server_id = id;
+    // A cluster server needs a data dir for its newest map (durability none: only the map).
+    o.persist.data_dir = root_ + "/server-" + std::to_string(id);
     for (int i = 0;; ++i) {  // a just-closed listener may hold the port briefly
       auto s = server::Server::Start(o);
       if (s.ok()) return std::move(s).value();
@@ -135,6 +147,7 @@ class ClusterClientTest : public ::testing::Test {
     } while (cursor != kv::kScanDone);
   }
 
+  std::string root_;  // the servers' data dirs
   uint16_t ports_[3] = {};
   cluster::ClusterMap map_;
   std::unique_ptr<server::Server> servers_[3];

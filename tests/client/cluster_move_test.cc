@@ -86,8 +86,9 @@ class ClusterMoveTest : public ::testing::Test {
     fs::remove_all(root_, ec);
   }
 
-  // Durability none and no data dir, unless `durability` says otherwise (then a data dir
-  // under root_ that survives restarts).
+  // Durability none unless `durability` says otherwise; always a data dir under root_ that
+  // survives restarts (a cluster server needs one for its newest map; with none it holds only
+  // that).
   void StartAll(persistence::Durability durability = persistence::Durability::kNone) {
     durability_ = durability;
     for (uint32_t i = 0; i < 3; ++i) {
@@ -107,7 +108,7 @@ class ClusterMoveTest : public ::testing::Test {
     o.cluster_map = map_;  // always epoch 1, like a --cluster_map file that is never edited
     o.server_id = id;
     o.persist.durability = durability_;
-    if (durability_ != persistence::Durability::kNone) o.persist.data_dir = DataDir(id);
+    o.persist.data_dir = DataDir(id);
     return o;
   }
 
@@ -846,6 +847,97 @@ TEST_F(ClusterMoveTest, GetsOfAMovingShardFailClearlyDuringTheCopyAndWorkAfter) 
   auto after = reader->Get(k);
   ASSERT_TRUE(after.ok()) << after.status().ToString();
   EXPECT_EQ(after->value, "v");
+}
+
+// From the review: a server without a data dir that restarted after a move went back to its
+// --cluster_map file's older epoch, claimed the shard it gave away and acknowledged writes to
+// it that the new owner never saw. Now a cluster server must have a data dir (for
+// its newest map) at every durability, and one with durability none keeps the moved shard with
+// its new owner across a restart.
+TEST_F(ClusterMoveTest, ClusterServerWithoutDataDirIsRefusedAndARestartKeepsTheMovedShard) {
+  for (persistence::Durability d : {persistence::Durability::kNone,
+                                    persistence::Durability::kAsync,
+                                    persistence::Durability::kSync}) {
+    server::ServerOptions o = Options(0);
+    o.persist.durability = d;
+    o.persist.data_dir.clear();
+    auto refused = server::Server::Start(o);
+    ASSERT_FALSE(refused.ok()) << "durability " << persistence::DurabilityName(d);
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+    EXPECT_NE(refused.status().message().find(
+                  "a cluster server needs --data_dir to keep its newest cluster map; without it "
+                  "a restart would take back shards it moved away"),
+              std::string::npos)
+        << refused.status().message();
+  }
+
+  StartAll();  // durability none, data dirs holding only the map
+  const std::string k = KeyIn(0, 4);  // shard 0: server 0 -> 1
+  auto c = NewClient(2);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Put(k, "before").ok());
+  const std::vector<uint32_t> shards = {0};
+  ASSERT_TRUE(c->MoveShards(shards, 1, nullptr).ok());
+  servers_[0].reset();
+  servers_[0] = StartServer(0);  // its --cluster_map: epoch 1, shard 0 on server 0
+  ASSERT_NE(servers_[0], nullptr);
+  EXPECT_EQ(EpochOf(0), 2u) << "the saved map wins over the older flag map";
+  EXPECT_EQ(Call(0, {kv::Op::kPut, k, "must-not-land", 0}).status.code(),
+            StatusCode::kWrongOwner)
+      << "server 0 must not claim the shard it gave away";
+  auto fresh = NewClient(0);  // e.g. kvcli --seed=<server 0>
+  ASSERT_NE(fresh, nullptr);
+  auto v = fresh->Put(k, "acknowledged");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  auto g = c->Get(k);  // routed by epoch 2: server 1
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "acknowledged") << "one owner for shard 0";
+  EXPECT_EQ(ItemsIn(0, 0), 0u);
+}
+
+TEST(SavedMapTest, TheHigherEpochWinsAndMismatchesAreErrors) {
+  char tmpl[] = "/tmp/rdkv-savedmap-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  cluster::ClusterMap flag = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, 8);
+  flag.epoch = 5;
+  std::string why;
+  // No data dir, no file yet: the flag's map.
+  auto m = server::ChooseStartupMap(flag, "map.json", "", &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 5u);
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 5u);
+  EXPECT_NE(why.find("map.json"), std::string::npos) << why;
+  // An older or equal saved map loses.
+  cluster::ClusterMap saved = flag;
+  saved.epoch = 4;
+  saved.owners[0] = 1;
+  ASSERT_TRUE(server::SaveClusterMap(saved, server::SavedMapPath(dir)).ok());
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 5u);
+  EXPECT_EQ(m->owners[0], 0u);
+  EXPECT_NE(why.find("not newer"), std::string::npos) << why;
+  // A newer one wins.
+  saved.epoch = 6;
+  ASSERT_TRUE(server::SaveClusterMap(saved, server::SavedMapPath(dir)).ok());
+  EXPECT_FALSE(fs::exists(server::SavedMapPath(dir) + ".tmp"));
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->epoch, 6u);
+  EXPECT_EQ(m->owners[0], 1u);
+  EXPECT_NE(why.find("saved map"), std::string::npos) << why;
+  // Another shard count: refused.
+  cluster::ClusterMap other = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, 16);
+  other.epoch = 9;
+  ASSERT_TRUE(server::SaveClusterMap(other, server::SavedMapPath(dir)).ok());
+  m = server::ChooseStartupMap(flag, "map.json", dir, &why);
+  EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(m.status().message().find("16 shards"), std::string::npos) << m.status().message();
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }
 
 }  // namespace

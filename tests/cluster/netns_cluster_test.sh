@@ -49,7 +49,8 @@ cat > "$work/map.json" <<JSON
 JSON
 start() {
   ip netns exec ${tag}n$1 "$KV" --host="$(addr $1)" --port=7400 --transport=tcp --memory=32MiB --huge_pages=false \
-    --cluster_map="$work/map.json" --server_id=$1 >"$work/s$1.log" 2>&1 &
+    --cluster_map="$work/map.json" --server_id=$1 --data_dir="$work/data$1" --durability=none \
+    >"$work/s$1.log" 2>&1 &
   pids[$1]=$!
 }
 cli() { "$CLI" --transport=tcp --timeout_ms=2000 --connect_timeout_ms=1000 "$@"; }

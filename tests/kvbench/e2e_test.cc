@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -39,9 +41,16 @@ uint16_t FreePort() {
   return ntohs(a.sin_port);
 }
 
-// Three servers sharing one cluster map; port() is the seed's.
+// Three servers sharing one cluster map; port() is the seed's. Each has a data dir under
+// `root` for its newest map (durability none), removed with the cluster.
 struct LocalCluster {
+  std::string root;
   std::vector<std::unique_ptr<server::Server>> servers;
+  ~LocalCluster() {
+    servers.clear();
+    std::error_code ec;
+    std::filesystem::remove_all(root, ec);
+  }
   uint16_t port() const { return servers.front()->port(); }
   // Every server holds some of the keys.
   void ExpectKeysOnEveryServer() const {
@@ -60,6 +69,9 @@ std::unique_ptr<LocalCluster> StartServer() {
   }
   cluster::ClusterMap map = cluster::MakeUniformMap(addresses, 16);
   auto c = std::make_unique<LocalCluster>();
+  char tmpl[] = "/tmp/rdkv-kvbench-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  c->root = tmpl;
   for (uint32_t i = 0; i < 3; ++i) {
     server::ServerOptions o;
     o.port = ports[i];
@@ -67,6 +79,7 @@ std::unique_ptr<LocalCluster> StartServer() {
     o.huge_pages = false;
     o.cluster_map = map;
     o.server_id = i;
+    o.persist.data_dir = c->root + "/server-" + std::to_string(i);
     auto s = server::Server::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return nullptr;

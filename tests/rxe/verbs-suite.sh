@@ -123,7 +123,8 @@ cluster_pids=()
 for i in 0 1 2; do
   "$B/server/kvserver" --transport=verbs --host="$RDKV_RXE_ADDR" --port="${ports[$i]}" \
     --port_file="$work/cport$i" --memory=32MiB --auth_token=vm-secret \
-    --cluster_map="$work/map.json" --server_id=$i 2>"$work/cluster$i.log" &
+    --cluster_map="$work/map.json" --server_id=$i --data_dir="$work/cdata$i" --durability=none \
+    2>"$work/cluster$i.log" &
   cluster_pids+=($!)
 done
 for i in 0 1 2; do

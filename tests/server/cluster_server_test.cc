@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <set>
+#include <string>
 
 #include "common/cluster/cluster_map.h"
 #include "common/kv/layout.h"
@@ -24,6 +27,8 @@ class ClusterServerTest : public ::testing::Test {
     o.memory_bytes = 16 << 20;
     o.cluster_map = map;
     o.server_id = id;
+    // A cluster server needs a data dir for its newest map (durability none: only the map).
+    o.persist.data_dir = root_ + "/server-" + std::to_string(id);
     o.ownership_lease = std::chrono::milliseconds(150);
     auto s = Server::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -54,10 +59,18 @@ class ClusterServerTest : public ::testing::Test {
     }
   }
   void SetUp() override {
+    char tmpl[] = "/tmp/rdkv-cluster-server-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
     auto f = transport::Fabric::Create({});
     ASSERT_TRUE(f.ok());
     fabric_ = std::move(*f);
   }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+  }
+  std::string root_;
   std::unique_ptr<transport::Fabric> fabric_;
   std::vector<uint8_t> buf_;
 };
