@@ -67,6 +67,14 @@ void DecodeAndCompare(FrameType type, Bytes body, Bytes frame) {
       if (r.ok()) compare(EncodeRefused(*r));
       break;
     }
+    case FrameType::kCallError: {
+      auto e = DecodeCallError(body);
+      if (e.ok()) {
+        Check(e->code != rdkv::StatusCode::kOk && e->reason.size() <= kMaxReasonLength);
+        compare(EncodeCallError(*e));
+      }
+      break;
+    }
     case FrameType::kReadRequest: {
       auto r = DecodeReadRequest(body);
       if (r.ok()) {

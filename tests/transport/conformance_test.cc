@@ -250,6 +250,13 @@ class TransportConformance : public testing::TestWithParam<TransportKind> {
         if (!s.ok()) ADD_FAILURE() << "Reply of " << size << " bytes: " << s.ToString();
         return;
       }
+      case 'O': {  // a response twice the request's size (past a small client's limit)
+        std::vector<uint8_t> out(payload.size() * 2, 'o');
+        Status s = reply.session->Reply(reply.request_id, out);
+        std::lock_guard lock(mu_);
+        oversize_reply_ = s;
+        return;
+      }
       case 'D': {
         std::lock_guard lock(mu_);
         deferred_.push_back({std::move(reply), std::vector<uint8_t>(payload.begin(), payload.end())});
@@ -316,6 +323,7 @@ class TransportConformance : public testing::TestWithParam<TransportKind> {
   RegionDescriptor remote_;
   std::atomic<uint64_t> handled_{0};
   std::mutex mu_;
+  Status oversize_reply_;  // what the last 'O' request's Reply returned
   std::condition_variable deferred_cv_;
   std::deque<Deferred> deferred_;
 };
@@ -641,6 +649,29 @@ TEST_P(TransportConformance, OversizeRequestIsRefusedWithoutSending) {
   EXPECT_TRUE(conn_->alive());
   CallAndCheck(conn_.get(), ConnectOptions{}.max_message_size, 6);  // the largest allowed
   EXPECT_EQ(handled_.load(), before + 1) << "the oversize request reached the server";
+}
+
+// A response larger than the client's max_message_size is not sent; the client's Call fails at
+// once with the server's reason (tcp: a CALL_ERROR frame; verbs: an error response) instead of
+// timing out, and the connection stays usable.
+TEST_P(TransportConformance, ResponseLargerThanTheClientAcceptsFailsFast) {
+  ConnectOptions co;
+  co.max_message_size = 1000;
+  auto c = Connect(co);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::vector<uint8_t> request(600, 'O'), response;
+  const auto t0 = Clock::now();
+  Status s = (*c)->Call(request, &response, 20s);
+  EXPECT_TRUE(s.Is(StatusCode::kInvalidArgument)) << s.ToString();
+  EXPECT_LT(Clock::now() - t0, 10s) << "timed out instead of failing fast";
+  {
+    std::lock_guard lock(mu_);
+    EXPECT_TRUE(oversize_reply_.Is(StatusCode::kInvalidArgument)) << oversize_reply_.ToString();
+  }
+  EXPECT_TRUE((*c)->alive());
+  request.resize(400);
+  ASSERT_TRUE((*c)->Call(request, &response, 20s).ok());
+  EXPECT_EQ(response.size(), 800u);
 }
 
 TEST_P(TransportConformance, PausedWorkersTimeCallsOutWhileReadsStillComplete) {

@@ -60,7 +60,7 @@ std::vector<uint8_t> CallFrame(uint64_t id, std::span<const uint8_t> payload) {
 // ---- encode/decode round trips and rejections --------------------------------------------
 
 TEST(TcpFrame, HeaderRoundTripAndRejections) {
-  for (uint8_t t = 1; t <= 7; ++t) {
+  for (uint8_t t = 1; t <= 8; ++t) {
     auto type = static_cast<FrameType>(t);
     uint32_t len = static_cast<uint32_t>(std::min<size_t>(MaxBodyLength(type, kMax), 24));
     auto h = DecodeFrameHeader(Header(type, len), kMax);
@@ -76,8 +76,8 @@ TEST(TcpFrame, HeaderRoundTripAndRejections) {
   bad = good;
   bad[4] = 0;
   EXPECT_FALSE(DecodeFrameHeader(bad, kMax).ok()) << "type 0";
-  bad[4] = 8;
-  EXPECT_FALSE(DecodeFrameHeader(bad, kMax).ok()) << "type 8";
+  bad[4] = 9;
+  EXPECT_FALSE(DecodeFrameHeader(bad, kMax).ok()) << "type 9";
   bad = good;
   bad[5] = 1;
   EXPECT_FALSE(DecodeFrameHeader(bad, kMax).ok()) << "flags";
@@ -162,6 +162,32 @@ TEST(TcpFrame, RefusedRoundTripAndRejections) {
   b = {body.begin(), body.end()};
   b[4] = 50;  // reason length
   EXPECT_FALSE(DecodeRefused(b).ok());
+}
+
+TEST(TcpFrame, CallErrorRoundTripAndRejections) {
+  std::vector<uint8_t> f =
+      EncodeCallError({0x0102030405060708ull, StatusCode::kInvalidArgument, "too big"});
+  auto header = DecodeFrameHeader(f, 4096);
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  EXPECT_EQ(header->type, FrameType::kCallError);
+  auto body = std::span<const uint8_t>(f).subspan(kFrameHeaderSize);
+  auto d = DecodeCallError(body);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->request_id, 0x0102030405060708ull);
+  EXPECT_EQ(d->code, StatusCode::kInvalidArgument);
+  EXPECT_EQ(d->reason, "too big");
+  std::vector<uint8_t> b(body.begin(), body.end());
+  b[8] = 0;  // OK is not an error
+  EXPECT_FALSE(DecodeCallError(b).ok());
+  b[8] = 200;
+  EXPECT_FALSE(DecodeCallError(b).ok());
+  b = {body.begin(), body.end()};
+  b[9] = 1;  // reserved
+  EXPECT_FALSE(DecodeCallError(b).ok());
+  b = {body.begin(), body.end()};
+  b[10] = 50;  // reason length
+  EXPECT_FALSE(DecodeCallError(b).ok());
+  EXPECT_FALSE(DecodeCallError(body.first(15)).ok());
 }
 
 TEST(TcpFrame, ReadAndCallRoundTripAndRejections) {

@@ -28,7 +28,7 @@ std::string Hex32(uint32_t v) {
 
 bool KnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(FrameType::kHello) &&
-         t <= static_cast<uint8_t>(FrameType::kCallResponse);
+         t <= static_cast<uint8_t>(FrameType::kCallError);
 }
 
 }  // namespace
@@ -42,6 +42,7 @@ std::string_view FrameTypeName(FrameType type) {
     case FrameType::kReadResponse: return "READ_RESPONSE";
     case FrameType::kCallRequest: return "CALL_REQUEST";
     case FrameType::kCallResponse: return "CALL_RESPONSE";
+    case FrameType::kCallError: return "CALL_ERROR";
   }
   return "UNKNOWN";
 }
@@ -56,6 +57,7 @@ size_t MaxBodyLength(FrameType type, size_t max_message_size) {
     case FrameType::kReadResponse: return kReadResponseFixedSize + max_message_size;
     case FrameType::kCallRequest:
     case FrameType::kCallResponse: return kCallFixedSize + max_message_size;
+    case FrameType::kCallError: return kCallErrorFixedSize + kMaxReasonLength;
   }
   return 0;
 }
@@ -339,6 +341,46 @@ Result<CallMessage> DecodeCall(std::span<const uint8_t> body) {
   m.request_id = Get64(body.data());
   m.payload = body.subspan(kCallFixedSize);
   return m;
+}
+
+// ---- CALL_ERROR ----
+
+std::vector<uint8_t> EncodeCallError(const CallError& e) {
+  size_t reason = std::min(e.reason.size(), kMaxReasonLength);
+  std::vector<uint8_t> out(kFrameHeaderSize + kCallErrorFixedSize + reason);
+  EncodeFrameHeader(FrameType::kCallError, static_cast<uint32_t>(kCallErrorFixedSize + reason),
+                    std::span<uint8_t, kFrameHeaderSize>(out.data(), kFrameHeaderSize));
+  uint8_t* p = out.data() + kFrameHeaderSize;
+  Put64(p, e.request_id);
+  p[8] = static_cast<uint8_t>(e.code);
+  p[9] = 0;
+  Put16(p + 10, static_cast<uint16_t>(reason));
+  Put32(p + 12, 0);
+  std::copy_n(e.reason.data(), reason, p + kCallErrorFixedSize);
+  return out;
+}
+
+Result<CallError> DecodeCallError(std::span<const uint8_t> body) {
+  constexpr FrameType t = FrameType::kCallError;
+  if (body.size() < kCallErrorFixedSize) {
+    return Bad(t, "truncated: " + std::to_string(body.size()) + " bytes");
+  }
+  const uint8_t* p = body.data();
+  if (p[8] == 0 || p[8] > static_cast<uint8_t>(StatusCode::kProtocolError)) {
+    return Bad(t, "bad status code " + std::to_string(p[8]));
+  }
+  if (p[9] != 0 || Get32(p + 12) != 0) return Bad(t, "nonzero reserved bytes");
+  CallError e;
+  e.request_id = Get64(p);
+  e.code = static_cast<StatusCode>(p[8]);
+  size_t reason = Get16(p + 10);
+  if (reason > kMaxReasonLength) return Bad(t, "reason too long");
+  if (body.size() != kCallErrorFixedSize + reason) {
+    return Bad(t, "reason length " + std::to_string(reason) + " does not match a body of " +
+                      std::to_string(body.size()) + " bytes");
+  }
+  e.reason.assign(reinterpret_cast<const char*>(p + kCallErrorFixedSize), reason);
+  return e;
 }
 
 }  // namespace rdkv::transport::tcp

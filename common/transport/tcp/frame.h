@@ -45,6 +45,8 @@ enum class FrameType : uint8_t {
   kReadResponse = 5,  // server -> client: {wr_id, status, data}
   kCallRequest = 6,   // client -> server: two-sided request {request_id, payload}
   kCallResponse = 7,  // server -> client: {request_id, payload}
+  kCallError = 8,     // server -> client: the request failed in the transport {request_id, code,
+                      // reason}, e.g. a response larger than the client accepts
 };
 std::string_view FrameTypeName(FrameType type);
 
@@ -155,5 +157,19 @@ inline constexpr size_t kCallHeadSize = kFrameHeaderSize + kCallFixedSize;
 void EncodeCallHead(FrameType type, uint64_t request_id, uint32_t payload_length,
                     std::span<uint8_t, kCallHeadSize> out);
 Result<CallMessage> DecodeCall(std::span<const uint8_t> body);
+
+// ---- CALL_ERROR (server -> client) -----------------------------------------------------------
+// body: request_id u64 | code u8 (StatusCode, not OK) | reserved u8 | reason_length u16 |
+//       reserved u32 | reason bytes
+// Sent instead of a CALL_RESPONSE the server cannot send (larger than the client's
+// max_message_size), so the caller's Call fails at once with `code` instead of timing out.
+struct CallError {
+  uint64_t request_id = 0;
+  StatusCode code = StatusCode::kInvalidArgument;
+  std::string reason;
+};
+inline constexpr size_t kCallErrorFixedSize = 16;
+std::vector<uint8_t> EncodeCallError(const CallError& error);  // the whole frame
+Result<CallError> DecodeCallError(std::span<const uint8_t> body);
 
 }  // namespace rdkv::transport::tcp

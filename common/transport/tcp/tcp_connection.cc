@@ -201,12 +201,14 @@ class TcpConnection final : public Connection {
     slot.cv.wait_until(lock, deadline, [&] { return slot.state != CallSlot::kWaiting; });
     bool timed_out = slot.state == CallSlot::kWaiting;
     StatusCode code = slot.code;
+    std::string error = std::move(slot.error);
     ReleaseCallSlotLocked(slot_index);
     if (timed_out) {
       return Status::TimedOut(peer_ + ": no response within " + std::to_string(timeout.count()) +
                               " ms (the request may have been applied)");
     }
     if (code == StatusCode::kOk) return Status::Ok();
+    if (code != StatusCode::kConnectionLost) return Status(code, peer_ + ": " + error);  // CALL_ERROR
     return Status::ConnectionLost(peer_ + ": " + dead_reason_);
   }
 
@@ -217,6 +219,7 @@ class TcpConnection final : public Connection {
     ++slot.generation;
     slot.state = CallSlot::kFree;
     slot.response = nullptr;
+    slot.error.clear();
     free_calls_.push_back(index);
     call_free_cv_.notify_one();
   }
@@ -231,6 +234,7 @@ class TcpConnection final : public Connection {
     uint32_t generation = 0;
     State state = kFree;
     StatusCode code = StatusCode::kOk;
+    std::string error;  // the server's reason with a CALL_ERROR
     std::vector<uint8_t>* response = nullptr;
     std::condition_variable cv;
   };
@@ -352,6 +356,8 @@ class TcpConnection final : public Connection {
           if (!bad) ++completed;
         } else if (f->header.type == FrameType::kCallResponse) {
           bad = !CompleteCall(f->body, &why);
+        } else if (f->header.type == FrameType::kCallError) {
+          bad = !CompleteCallError(f->body, &why);
         } else {
           why = "unexpected " + std::string(FrameTypeName(f->header.type)) + " frame";
           bad = true;
@@ -427,6 +433,32 @@ class TcpConnection final : public Connection {
     }
     slot.response->assign(m->payload.begin(), m->payload.end());
     slot.code = StatusCode::kOk;
+    slot.state = CallSlot::kDone;
+    slot.cv.notify_one();
+    return true;
+  }
+
+  // The server could not answer the call (e.g. its response exceeds our max_message_size): the
+  // caller's Call fails with the server's code and reason; the connection stays up.
+  bool CompleteCallError(std::span<const uint8_t> body, std::string* why) {
+    auto e = DecodeCallError(body);
+    if (!e.ok()) {
+      *why = e.status().message();
+      return false;
+    }
+    uint32_t index = WireSlot(e->request_id);
+    std::lock_guard lock(calls_mu_);
+    if (index >= num_call_slots_) {
+      *why = "CALL_ERROR for an id that was never issued";
+      return false;
+    }
+    CallSlot& slot = call_slots_[index];
+    if (slot.state != CallSlot::kWaiting || slot.generation != WireGeneration(e->request_id)) {
+      return true;  // the call timed out: dropped, like a late CALL_RESPONSE
+    }
+    // kConnectionLost means "the connection broke" to Call; the server never sends it here.
+    slot.code = e->code == StatusCode::kConnectionLost ? StatusCode::kProtocolError : e->code;
+    slot.error = "the server could not answer: " + e->reason;
     slot.state = CallSlot::kDone;
     slot.cv.notify_one();
     return true;

@@ -599,9 +599,14 @@ Status TcpSession::Reply(uint64_t request_id, std::span<const uint8_t> response)
   std::lock_guard lock(out_mu);
   if (closed || broken) return Status::ConnectionLost("client " + peer_ + " is gone");
   if (response.size() > reply_limit) {
-    return Status::InvalidArgument("response of " + std::to_string(response.size()) +
-                                   " bytes exceeds the message limit of " +
-                                   std::to_string(reply_limit));
+    // Tell the caller's Call at once (CALL_ERROR) instead of letting it time out.
+    Status s = Status::InvalidArgument("response of " + std::to_string(response.size()) +
+                                       " bytes exceeds the message limit of " +
+                                       std::to_string(reply_limit));
+    std::vector<uint8_t> frame = EncodeCallError({request_id, s.code(), s.message()});
+    out.Append(frame.data(), frame.size());
+    FlushLocked();
+    return s;
   }
   std::span<uint8_t> w = out.PrepareWrite(kCallHeadSize + response.size());
   EncodeCallHead(FrameType::kCallResponse, request_id, static_cast<uint32_t>(response.size()),
