@@ -49,7 +49,7 @@ Status SaveClusterMap(const cluster::ClusterMap& map, const std::string& path) {
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::FromErrno("create " + tmp, errno);
-  Status s = WriteAll(fd, map.ToJson() + "\n", tmp);
+  Status s = WriteAll(fd, map.ToPrettyJson() + "\n", tmp);
   if (s.ok() && ::fsync(fd) != 0) s = Status::FromErrno("fsync " + tmp, errno);
   if (::close(fd) != 0 && s.ok()) s = Status::FromErrno("close " + tmp, errno);
   if (s.ok() && std::rename(tmp.c_str(), path.c_str()) != 0) {

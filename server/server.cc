@@ -4,10 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
 #include "common/kv/layout.h"
+#include "common/kv/wire.h"
 #include "server/saved_map.h"
 #include "server/service.h"
 #include "server/store.h"
@@ -16,6 +18,20 @@ namespace rdkv::server {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The largest request or response payload this server's transport accepts (and the most it
+// sends to a client that accepts more). Without a map it follows max_value_bytes: the largest
+// key and value and their header. With one it is also room for the largest map any install
+// could bring (cluster::kMaxMapJsonBytes: 4096 shards, 256 servers): CLUSTER_MAP carries the
+// whole map in one message both ways (fetch and install), and a small --max_value_size must
+// not make the map unsendable.
+size_t MessageLimit(const ServerOptions& options) {
+  constexpr size_t kSlack = 1024;
+  constexpr size_t kHeader = std::max(sizeof(kv::RequestHeader), sizeof(kv::ResponseHeader));
+  size_t limit = kHeader + kv::kMaxKeyBytes + options.max_value_bytes + kSlack;
+  if (options.cluster_map) limit = std::max(limit, kHeader + cluster::kMaxMapJsonBytes + kSlack);
+  return limit;
+}
 
 class ServerImpl final : public Server {
  public:
@@ -51,8 +67,7 @@ class ServerImpl final : public Server {
     lo.auth_token = options_.auth_token;
     lo.regions = {region_->Describe(kv::kLayoutVersion)};
     lo.worker_threads = options_.worker_threads;
-    lo.max_message_size = sizeof(kv::RequestHeader) + kv::kMaxKeyBytes +
-                          options_.max_value_bytes + 1024;
+    lo.max_message_size = MessageLimit(options_);
     lo.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
       thread_local std::vector<uint8_t> response;
       if (service_.Handle(payload, &response, &reply)) {

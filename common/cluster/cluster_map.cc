@@ -24,15 +24,23 @@ std::vector<uint32_t> ClusterMap::ShardsOf(uint32_t id) const {
   return out;
 }
 
-std::string ClusterMap::ToJson() const {
+namespace {
+
+nlohmann::json ToJsonValue(const ClusterMap& m) {
   nlohmann::json j;
-  j["epoch"] = epoch;
-  j["shards"] = shards;
+  j["epoch"] = m.epoch;
+  j["shards"] = m.shards;
   j["servers"] = nlohmann::json::array();
-  for (const ServerEntry& s : servers) j["servers"].push_back({{"id", s.id}, {"address", s.address}});
-  j["owners"] = owners;
-  return j.dump(2);
+  for (const ServerEntry& s : m.servers) j["servers"].push_back({{"id", s.id}, {"address", s.address}});
+  j["owners"] = m.owners;
+  return j;
 }
+
+}  // namespace
+
+std::string ClusterMap::ToJson() const { return ToJsonValue(*this).dump(); }
+
+std::string ClusterMap::ToPrettyJson() const { return ToJsonValue(*this).dump(2); }
 
 Result<ClusterMap> ParseClusterMap(std::string_view text) {
   auto bad = [](const std::string& what) { return Status::InvalidArgument("cluster map: " + what); };
@@ -72,6 +80,16 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
       return bad("server id " + std::to_string(id) + " appears twice");
     }
     ServerEntry e{static_cast<uint32_t>(id), s["address"].get<std::string>()};
+    if (e.address.size() > kMaxAddressBytes) {
+      return bad("server " + std::to_string(id) + ": address longer than " +
+                 std::to_string(kMaxAddressBytes) + " bytes");
+    }
+    for (char c : e.address) {
+      if (c < '!' || c > '~' || c == '"' || c == '\\') {
+        return bad("server " + std::to_string(id) +
+                   ": address has a character that is not printable ASCII, or '\"' or '\\'");
+      }
+    }
     std::string host;
     uint16_t port;
     Status hp = ParseHostPort(e.address, &host, &port);

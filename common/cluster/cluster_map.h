@@ -4,7 +4,9 @@
 //   {
 //     "epoch": 7,                      // > 0; every change of the map increments it
 //     "shards": 64,                    // fixed for the cluster's life; 1..4096
-//     "servers": [ {"id": 0, "address": "10.0.0.1:7400"}, ... ],   // ids unique, 0..255
+//     "servers": [ {"id": 0, "address": "10.0.0.1:7400"}, ... ],   // ids unique, 0..255;
+//                                      // address: host:port, printable ASCII without '"' and
+//                                      // '\\', at most kMaxAddressBytes
 //     "owners": [0, 1, 2, 0, ...]      // optional: owner id per shard (length == shards);
 //   }                                  // absent: shard s belongs to servers[s % n]
 //
@@ -15,6 +17,7 @@
 // std::shared_ptr<const ClusterMap>.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -26,6 +29,14 @@ namespace rdkv::cluster {
 
 inline constexpr uint32_t kMaxShards = 4096;
 inline constexpr uint32_t kMaxServers = 256;
+// "host:port" with a 253-byte DNS name and a 5-digit port, with room to spare.
+inline constexpr size_t kMaxAddressBytes = 261;
+// An upper bound on ToJson().size() of every map ParseClusterMap accepts: a 20-digit epoch,
+// kMaxShards owners of 3 digits and a comma, kMaxServers entries
+// {"address":"<kMaxAddressBytes>","id":255}, and the field names (about 90 KiB). Servers size
+// their message limit with it: the map travels in one message (CLUSTER_MAP).
+inline constexpr size_t kMaxMapJsonBytes =
+    128 + size_t{kMaxShards} * 4 + size_t{kMaxServers} * (32 + kMaxAddressBytes);
 
 struct ServerEntry {
   uint32_t id = 0;
@@ -44,7 +55,10 @@ struct ClusterMap {
   // Shards owned by `id`, ascending.
   std::vector<uint32_t> ShardsOf(uint32_t id) const;
 
+  // Compact JSON (one line, no spaces): what travels in messages. ToPrettyJson: indented, for
+  // files people read (the saved map). Both parse back with ParseClusterMap.
   std::string ToJson() const;
+  std::string ToPrettyJson() const;
 };
 
 inline uint32_t ShardOf(uint64_t key_hash, uint32_t shards) {

@@ -895,6 +895,66 @@ TEST_F(ClusterMoveTest, ClusterServerWithoutDataDirIsRefusedAndARestartKeepsTheM
   EXPECT_EQ(ItemsIn(0, 0), 0u);
 }
 
+// Review (branch review-move): the map travelled as pretty-printed JSON (about 7 bytes per
+// shard) in one message, but a server's message limit followed --max_value_size: with 1024
+// shards and 4 KiB values the map could not be sent and Connect timed out. The map is compact
+// now and a cluster server's message limit always has room for the largest map.
+TEST(ClusterMoveLimitsTest, MapLargerThanTheValueBasedMessageLimit) {
+  char tmpl[] = "/tmp/rdkv-move-limits-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  std::vector<std::string> addrs;
+  std::vector<uint16_t> ports;
+  for (int i = 0; i < 2; ++i) {
+    ports.push_back(FreePort());
+    addrs.push_back("127.0.0.1:" + std::to_string(ports.back()));
+  }
+  cluster::ClusterMap map = cluster::MakeUniformMap(addrs, 1024);
+  {
+    std::vector<std::unique_ptr<server::Server>> servers;
+    for (uint32_t i = 0; i < 2; ++i) {
+      server::ServerOptions o;
+      o.port = ports[i];
+      o.transport = transport::TransportKind::kTcp;
+      o.memory_bytes = 16ull << 20;
+      o.huge_pages = false;
+      o.max_value_bytes = 4096;
+      o.cluster_map = map;
+      o.server_id = i;
+      o.persist.data_dir = root + "/server-" + std::to_string(i);
+      auto s = server::Server::Start(o);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      servers.push_back(std::move(s).value());
+    }
+    ClientOptions co;
+    co.seed = addrs[0];
+    co.transport = "tcp";
+    auto c = Client::Connect(co);
+    ASSERT_TRUE(c.ok()) << "map of " << map.ToJson().size() << " bytes: " << c.status().ToString();
+    std::string k;  // a key of shard 0 (of 1024): server 0 -> 1, with a value at the limit
+    for (int i = 0; k.empty(); ++i) {
+      std::string cand = "big-" + std::to_string(i);
+      if (cluster::ShardOf(kv::KeyHash(cand), map.shards) == 0) k = cand;
+    }
+    ASSERT_TRUE((*c)->Put(k, std::string(4096, 'v')).ok());
+    const std::vector<uint32_t> shards = {0};
+    auto r = (*c)->MoveShards(shards, 1, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->to_epoch, 2u);
+    ClientOptions co1 = co;
+    co1.seed = addrs[1];
+    auto c1 = Client::Connect(co1);
+    ASSERT_TRUE(c1.ok()) << c1.status().ToString();
+    EXPECT_EQ((*c1)->map_epoch(), 2u);
+    auto g = (*c1)->Get(k);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->value, std::string(4096, 'v'));
+    EXPECT_EQ(r->items_copied, 1u);
+  }
+  std::error_code ec;
+  fs::remove_all(root, ec);
+}
+
 TEST(SavedMapTest, TheHigherEpochWinsAndMismatchesAreErrors) {
   char tmpl[] = "/tmp/rdkv-savedmap-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

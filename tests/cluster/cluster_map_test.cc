@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <map>
+#include <string>
 
 #include "common/kv/layout.h"
 
@@ -24,6 +26,39 @@ TEST(ClusterMapTest, ParsesAndRoundTrips) {
   EXPECT_EQ(again->owners, m->owners);
 }
 
+// The map travels in one message: compact, and never longer than kMaxMapJsonBytes, which
+// servers size their message limit with. The largest map: every bound at its maximum.
+TEST(ClusterMapTest, CompactJsonOfTheLargestMapFitsTheBound) {
+  ClusterMap m;
+  m.epoch = UINT64_MAX;
+  m.shards = kMaxShards;
+  for (uint32_t i = 0; i < kMaxServers; ++i) {
+    std::string port = ":" + std::to_string(65535 - i);
+    std::string host(kMaxAddressBytes - port.size(), 'h');
+    m.servers.push_back({i, host + port});
+  }
+  for (uint32_t s = 0; s < kMaxShards; ++s) m.owners.push_back(kMaxServers - 1 - s % 10);
+  const std::string compact = m.ToJson();
+  EXPECT_LE(compact.size(), kMaxMapJsonBytes);
+  EXPECT_EQ(compact.find('\n'), std::string::npos);
+  EXPECT_EQ(compact.find(' '), std::string::npos);
+  Result<ClusterMap> back = ParseClusterMap(compact);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->owners, m.owners);
+  Result<ClusterMap> pretty = ParseClusterMap(m.ToPrettyJson());
+  ASSERT_TRUE(pretty.ok()) << pretty.status().ToString();
+  EXPECT_EQ(pretty->epoch, m.epoch);
+  // 1024 shards over 2 servers: about 2 bytes per shard, not 7 (the pretty form).
+  ClusterMap small = MakeUniformMap({"10.0.0.1:7400", "10.0.0.2:7400"}, 1024);
+  EXPECT_LT(small.ToJson().size(), 2200u) << small.ToJson().size();
+
+  m.servers[0].address = std::string(kMaxAddressBytes - 5, 'h') + ":7400" + "0";
+  Result<ClusterMap> too_long = ParseClusterMap(m.ToJson());
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.status().message().find("longer than"), std::string::npos)
+      << too_long.status().message();
+}
+
 TEST(ClusterMapTest, DefaultOwnersAreRoundRobin) {
   Result<ClusterMap> m = ParseClusterMap(
       R"({"epoch": 1, "shards": 5, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}]})");
@@ -43,6 +78,8 @@ TEST(ClusterMapTest, BadMapsNameTheProblem) {
            Case{R"({"epoch": 1, "shards": 2, "servers": [{"id": 0, "address": "a:1"}], "owners": [0]})", "owners"},
            Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "owners": [3]})", "shard 0"},
            Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "extra": 1})", "unknown field"},
+           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\"b:1"}]})", "printable ASCII"},
+           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\u0001:1"}]})", "printable ASCII"},
        }) {
     Result<ClusterMap> m = ParseClusterMap(c.json);
     ASSERT_FALSE(m.ok()) << c.json;
