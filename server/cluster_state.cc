@@ -41,7 +41,8 @@ Result<std::unique_ptr<ClusterState>> ClusterState::Create(Store* store, cluster
 Status ClusterState::CheckOwner(std::string_view key, uint64_t* epoch) const {
   uint32_t shard = store_->ShardOfKey(key);
   if (store_->Owns(shard)) return Status::Ok();
-  std::shared_ptr<const cluster::ClusterMap> m = map();
+  // The caller holds WriteGuard() (mu_ shared): map_ is read without locking mu_ again.
+  std::shared_ptr<const cluster::ClusterMap> m = map_;
   *epoch = m->epoch;
   uint32_t owner = m->OwnerOf(shard);
   const cluster::ServerEntry* e = m->FindServer(owner);

@@ -75,6 +75,10 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
   const bool write = r.op == kv::Op::kPut || r.op == kv::Op::kInsert ||
                      r.op == kv::Op::kCas || r.op == kv::Op::kDelete || r.op == kv::Op::kImport;
   if (write) {
+    // Refused before anything is applied while the persister cannot write; waits while its
+    // queue is full (backpressure). Before the owner guard: a writer waiting here must not
+    // hold off a map install.
+    if (persister_ != nullptr) status = persister_->Admit();
     // Cluster: the owner check and the apply happen under one guard, so a map change that takes
     // the shard away waits for this write (and the shard's data is complete when it moves).
     std::shared_lock<std::shared_mutex> owner_guard;
@@ -109,9 +113,6 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
       case kv::Op::kCas: counters_.cas.fetch_add(1, std::memory_order_relaxed); break;
       default: counters_.deletes.fetch_add(1, std::memory_order_relaxed); break;
     }
-    // Refused before anything is applied while the persister cannot write; waits while its
-    // queue is full (backpressure).
-    if (persister_ != nullptr) status = persister_->Admit();
     if (status.ok()) {
       // Writers of one key serialize across apply + enqueue: RocksDB gets its versions in order.
       std::unique_lock<std::mutex> key_lock;
@@ -251,7 +252,10 @@ Status Service::HandleCluster(const kv::Request& r, uint64_t* version, std::stri
     return Status::Ok();
   }
   // kDropShard: the shard has moved away (or is about to be copied in); its stale items go,
-  // on disk too.
+  // on disk too. Admitted first (backpressure, a failing disk), then under the ownership
+  // guard for the whole drop: an install that gives this server the shard waits for it.
+  if (persister_ != nullptr) RDKV_RETURN_IF_ERROR(persister_->Admit());
+  std::shared_lock<std::shared_mutex> owner_guard = cluster_->WriteGuard();
   if (store_->Owns(shard)) {
     return Status::InvalidArgument("shard " + std::to_string(shard) +
                                    " is still owned by this server; move it first");
@@ -276,6 +280,16 @@ Status Service::HandleCluster(const kv::Request& r, uint64_t* version, std::stri
       if (persister_ != nullptr) persister_->EnqueueDelete(e.key, nullptr);
     }
   } while (cursor != kv::kScanDone);
+  // Answered once the floor and the deletes are durable: the copy that follows may be empty,
+  // and nothing else would make them so before the shard is served here.
+  if (persister_ != nullptr && (dropped > 0 || r.expected_version > 0)) {
+    Status flushed = persister_->Flush();
+    if (!flushed.ok()) {
+      return Status(flushed.code(), "dropped " + std::to_string(dropped) +
+                                        " item(s) of shard " + std::to_string(shard) +
+                                        " but could not make that durable: " + flushed.message());
+    }
+  }
   *version = dropped;
   return Status::Ok();
 }

@@ -29,7 +29,8 @@
 namespace rdkv::transport::tcp {
 
 inline constexpr uint32_t kFrameMagic = 0x544B4452;  // bytes 'R' 'D' 'K' 'T'
-inline constexpr uint16_t kProtocolVersion = 1;
+// 2: the CALL_ERROR frame (a version-1 peer would drop the connection on it).
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kFrameHeaderSize = 12;
 inline constexpr size_t kMaxTokenLength = 1024;
 inline constexpr size_t kMaxReasonLength = 1024;

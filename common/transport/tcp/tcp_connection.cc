@@ -172,12 +172,19 @@ class TcpConnection final : public Connection {
                     {const_cast<uint8_t*>(request.data()), request.size()}};
     Status send;
     size_t sent_bytes = 0;
+    bool stream_broken = false;
     {
       std::lock_guard lock(send_mu_);
       send = SendAllBefore(fd_, iov, request.empty() ? 1 : 2, deadline, &sent_bytes);
+      if (!send.ok() && !(send.Is(StatusCode::kTimedOut) && sent_bytes == 0)) {
+        // Part of a frame may be on the wire: the stream is unusable. Failed before send_mu_
+        // is released, so no other frame can follow the partial one. Completes our slot too.
+        Fail("send: " + send.message());
+        stream_broken = true;
+      }
     }
     if (!send.ok()) {
-      if (send.Is(StatusCode::kTimedOut) && sent_bytes == 0) {
+      if (!stream_broken) {
         // Nothing of it went out: the stream is intact and the request was not sent.
         std::lock_guard lock(calls_mu_);
         ReleaseCallSlotLocked(slot_index);
@@ -185,8 +192,6 @@ class TcpConnection final : public Connection {
                                 std::to_string(timeout.count()) +
                                 " ms; the request was not sent");
       }
-      // Part of a frame may be on the wire: the stream is unusable. Completes our slot too.
-      Fail("send: " + send.message());
       if (send.Is(StatusCode::kTimedOut)) {
         std::lock_guard lock(calls_mu_);
         ReleaseCallSlotLocked(slot_index);
