@@ -91,6 +91,9 @@ Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::
 namespace {
 
 constexpr size_t kMaxCandidates = kv::kSlotsPerBucket * kv::kWindowBuckets;
+// The least a shard move's request may take (a map install waits a lease and fsyncs; a
+// DROP_SHARD deletes a whole shard and syncs): ClientOptions::op_timeout when longer.
+constexpr std::chrono::milliseconds kAdminCallTimeout{30000};
 
 struct Counters {
   std::atomic<uint64_t> gets{0}, get_reads{0}, get_retries{0}, cache_hits{0}, torn_reads{0},
@@ -360,7 +363,9 @@ class ClientImpl final : public Client {
       Status Call(const cluster::ServerEntry& server, const kv::Request& r, uint64_t* version,
                   std::string* body) override {
         Link* link = client_->LinkFor(server.id, server.address);
-        return client_->CallOn(*link, r.op, r.key, r.value, r.expected_version, version, body);
+        // A step's request may wait for a lease, fsyncs or a whole shard's deletes.
+        return client_->CallOn(*link, r.op, r.key, r.value, r.expected_version, version, body,
+                               std::max(client_->options_.op_timeout, kAdminCallTimeout));
       }
 
      private:
@@ -1128,8 +1133,11 @@ class ClientImpl final : public Client {
 
   // One request/response to `link`'s server. Counts errors (not kNotFound / kAlreadyExists
   // / kVersionMismatch, which are answers, nor kWrongOwner, which the caller follows).
+  // `timeout` zero: options_.op_timeout.
   Status CallOn(Link& link, kv::Op op, std::string_view key, std::string_view value,
-                uint64_t expected, uint64_t* version, std::string* body) {
+                uint64_t expected, uint64_t* version, std::string* body,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds::zero()) {
+    if (timeout == std::chrono::milliseconds::zero()) timeout = options_.op_timeout;
     auto session_or = LinkSession(link);
     if (!session_or.ok()) return Fail(session_or.status());
     std::shared_ptr<Session> session = std::move(session_or).value();
@@ -1147,7 +1155,7 @@ class ClientImpl final : public Client {
     std::vector<uint8_t> request, response;
     kv::EncodeRequest(req, &request);
     if (keyed) Add(stats_.writes);
-    Status s = session->conn().Call(request, &response, options_.op_timeout);
+    Status s = session->conn().Call(request, &response, timeout);
     if (keyed) {
       // This client's cached location of the key is (or is about to be) stale.
       link.cache.Erase(kv::KeyHash(key));

@@ -85,7 +85,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   uint32_t lost = 0, gained = 0;
   {
     // Lost shards first, under the exclusive lock: no write to them is in flight afterwards.
-    std::unique_lock lock(mu_);
+    std::unique_lock lock = LockExclusive();
     for (uint32_t s = 0; s < next.shards; ++s) {
       bool had = store_->Owns(s), has = next.OwnerOf(s) == server_id_;
       if (had && !has) {
@@ -100,7 +100,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   {
     // Gained shards under the exclusive lock too: an IMPORT (allowed only into a shard this
     // server does not own) is either done before it or refused after it.
-    std::unique_lock lock(mu_);
+    std::unique_lock lock = LockExclusive();
     for (uint32_t s = 0; s < next.shards; ++s) {
       if (next.OwnerOf(s) == server_id_ && !store_->Owns(s)) {
         store_->SetOwned(s, true);

@@ -32,7 +32,13 @@ class ClusterState {
                                                       std::chrono::milliseconds lease,
                                                       std::string saved_map_path = {});
 
-  std::shared_lock<std::shared_mutex> WriteGuard() const { return std::shared_lock(mu_); }
+  // Shared: many writes at once. Waits while an install is taking the lock exclusively (a
+  // turnstile: glibc's shared mutex prefers readers, and a steady stream of writes would
+  // otherwise hold an install off for as long as it lasts).
+  std::shared_lock<std::shared_mutex> WriteGuard() const {
+    { std::lock_guard turnstile(turnstile_); }
+    return std::shared_lock(mu_);
+  }
   // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
   // (and *epoch set). Call under WriteGuard().
   Status CheckOwner(std::string_view key, uint64_t* epoch) const;
@@ -46,6 +52,11 @@ class ClusterState {
   uint32_t server_id() const { return server_id_; }
 
  private:
+  // mu_ exclusively, through the turnstile: writes arriving meanwhile wait behind it.
+  std::unique_lock<std::shared_mutex> LockExclusive() {
+    std::lock_guard turnstile(turnstile_);
+    return std::unique_lock(mu_);
+  }
   ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
                std::chrono::milliseconds lease, std::string saved_map_path)
       : store_(store),
@@ -56,6 +67,7 @@ class ClusterState {
 
   Store* store_;
   mutable std::shared_mutex mu_;  // exclusive while ownership changes
+  mutable std::mutex turnstile_;  // held by an install while it waits for mu_ exclusively
   std::mutex install_mu_;         // one Install at a time
   std::shared_ptr<const cluster::ClusterMap> map_;
   const uint32_t server_id_;

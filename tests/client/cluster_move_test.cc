@@ -261,11 +261,11 @@ TEST_F(ClusterMoveTest, MoveUnderConcurrentWritesKeepsEveryAcknowledgedWrite) {
       std::this_thread::sleep_for(200ms);
     }
   });
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
   move_done.store(true);
   std::this_thread::sleep_for(300ms);
   stop.store(true);
   for (auto& t : writers) t.join();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
 
   EXPECT_EQ(report->moved, moving);
   EXPECT_TRUE(report->skipped.empty());

@@ -196,6 +196,7 @@ class Client {
   // a shard number out of range or a server id not in the map; kNotSupported when the seed is
   // standalone. Any other failure names the step that failed and leaves the cluster between
   // two epochs; calling MoveShards again (with the same arguments) resumes and completes it.
+  // Each request of a move may take up to max(op_timeout, 30 s) before it counts as failed.
   // `progress` (may be empty) is called on the calling thread. Thread-safe with the other
   // calls, but run one move at a time across all clients: nothing serializes two moves.
   virtual Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
