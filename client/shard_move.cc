@@ -18,6 +18,9 @@ namespace rdkv::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// How long a copy waits for a target busy with another copy of the same shard to go quiet
+// (servers refuse a new copy until 3 s after the last request of the previous one).
+constexpr std::chrono::milliseconds kBusyCopyWait{10000};
 
 std::string ServerName(const cluster::ServerEntry& e) {
   return "server " + std::to_string(e.id) + " (" + e.address + ")";
@@ -160,8 +163,19 @@ class Mover {
         // stale, left by an earlier move away from b or by an interrupted copy, and would come
         // back to life next to the copy. The same call raises b's version counter above a's:
         // keys of the shard deleted on a left no item to carry their versions.
+        // b refuses (kBusy) while another copy into it of this shard is active (another move,
+        // or this one's interrupted copy a moment ago): wait for it to go quiet, a while.
         uint64_t stale = 0;
         Status s = Drop(b, shard, &stale, counter_of[a]);
+        const Clock::time_point give_up = Clock::now() + kBusyCopyWait;
+        if (s.Is(StatusCode::kBusy)) {
+          Say("  shard " + std::to_string(shard) + ": " + Name(b) + " is busy with another copy of "
+              "it; waiting up to " + std::to_string(kBusyCopyWait.count() / 1000) + " s");
+        }
+        while (s.Is(StatusCode::kBusy) && Clock::now() < give_up) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(250));
+          s = Drop(b, shard, &stale, counter_of[a]);
+        }
         if (!s.ok()) {
           return failed(2, "drop stale copy of shard " + std::to_string(shard) + " on " + Name(b),
                         s);

@@ -87,6 +87,7 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
       // shard it has acknowledged writes there, which a late or repeated copy must not replace.
       owner_guard = cluster_->WriteGuard();
       uint32_t shard = store_->ShardOfKey(r.key);
+      NoteCopy(shard, /*begin=*/false).IgnoreError();
       if (store_->Owns(shard)) {
         Status own = Status::InvalidArgument(
             "IMPORT refused: this server already owns shard " + std::to_string(shard) +
@@ -261,6 +262,8 @@ Status Service::HandleCluster(const kv::Request& r, uint64_t* version, std::stri
                                    " is still owned by this server; move it first");
   }
   if (r.expected_version > 0) {
+    // The start of a copy into this server: refused while another copy of the shard is active.
+    RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));
     // A version floor from the shard's old owner: keys of the shard deleted there left no item
     // to carry their versions, and must not get them again here (CAS would be fooled).
     store_->EnsureVersionAbove(r.expected_version);
@@ -291,6 +294,21 @@ Status Service::HandleCluster(const kv::Request& r, uint64_t* version, std::stri
     }
   }
   *version = dropped;
+  return Status::Ok();
+}
+
+Status Service::NoteCopy(uint32_t shard, bool begin) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(copies_mu_);
+  auto it = copy_seen_.find(shard);
+  if (begin && it != copy_seen_.end() && now - it->second < kCopyQuiet) {
+    auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second);
+    return Status::Busy("a copy of shard " + std::to_string(shard) +
+                        " into this server was active " + std::to_string(ago.count()) +
+                        " ms ago (another move of it running?); a copy is refused until " +
+                        std::to_string(kCopyQuiet.count()) + " ms after the last one's requests");
+  }
+  copy_seen_[shard] = now;
   return Status::Ok();
 }
 

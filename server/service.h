@@ -12,6 +12,8 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <map>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -73,6 +75,19 @@ class Service {
   OpCounters counters_;
   static constexpr size_t kKeyStripes = 1024;
   std::array<std::mutex, kKeyStripes> key_stripes_;
+
+ public:
+  // A copy into this server (a DROP_SHARD with a version floor, then IMPORTs) counts as active
+  // until this long after its last request: another copy of the same shard is refused
+  // (kBusy) meanwhile, so two movers cannot interleave their drops and imports.
+  static constexpr std::chrono::milliseconds kCopyQuiet{3000};
+
+ private:
+  // Notes copy activity on `shard` at `now`; with `begin`, first refuses (kBusy) while
+  // another copy of it is active.
+  Status NoteCopy(uint32_t shard, bool begin);
+  std::mutex copies_mu_;
+  std::map<uint32_t, std::chrono::steady_clock::time_point> copy_seen_;  // under copies_mu_
 };
 
 }  // namespace rdkv::server

@@ -40,8 +40,9 @@ enum class Op : uint8_t {
                     // refused (kInvalidArgument) when this server owns the key's shard, and
                     // (kAlreadyExists) when the key is present; answered once in RocksDB
   kDropShard = 11,  // admin: delete every item of shard `key` that this server does not own;
-                    // expected_version > 0: first raise the version counter above it (the
-                    // old owner's counter, before a copy in); item_version = items dropped
+                    // expected_version > 0: the start of a copy in: kBusy while another copy
+                    // of the shard into this server is active, then raise the version counter
+                    // above it (the old owner's counter); item_version = items dropped
 };
 inline constexpr uint64_t kScanDone = ~uint64_t{0};
 inline constexpr uint8_t kMaxOp = 11;

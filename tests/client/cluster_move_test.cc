@@ -30,6 +30,7 @@
 #include "rdkv/client.h"
 #include "server/saved_map.h"
 #include "server/server.h"
+#include "server/service.h"
 
 namespace rdkv {
 namespace {
@@ -847,6 +848,27 @@ TEST_F(ClusterMoveTest, GetsOfAMovingShardFailClearlyDuringTheCopyAndWorkAfter) 
   auto after = reader->Get(k);
   ASSERT_TRUE(after.ok()) << after.status().ToString();
   EXPECT_EQ(after->value, "v");
+}
+
+// Two copies of one shard into one server cannot interleave (the data loss a second review
+// found: the second mover's DROP_SHARD deleted what the first had imported): a copy's start
+// (DROP_SHARD with a version floor) is refused with kBusy while another copy of the shard
+// into that server made a request less than Service::kCopyQuiet ago, and allowed after.
+TEST_F(ClusterMoveTest, ASecondCopyOfAShardIsRefusedWhileTheFirstIsActive) {
+  StartAll();
+  const std::string k = KeyIn(3, 21);  // shard 3: server 0; server 1 is the copy's target
+  kv::Response begin = Call(1, {kv::Op::kDropShard, "3", "", 100});
+  ASSERT_TRUE(begin.status.ok()) << begin.status.ToString();
+  ASSERT_TRUE(Call(1, {kv::Op::kImport, k, "copied", 7}).status.ok());
+  kv::Response second = Call(1, {kv::Op::kDropShard, "3", "", 100});
+  EXPECT_TRUE(second.status.Is(StatusCode::kBusy)) << second.status.ToString();
+  EXPECT_EQ(ItemsIn(1, 3), 1u) << "the refused drop deleted nothing";
+  // A plain DROP_SHARD (no floor: the end of a move, on an old owner) is not a copy's start.
+  EXPECT_TRUE(Call(2, {kv::Op::kDropShard, "3", "", 0}).status.ok());
+  std::this_thread::sleep_for(server::Service::kCopyQuiet + 200ms);
+  kv::Response later = Call(1, {kv::Op::kDropShard, "3", "", 100});
+  EXPECT_TRUE(later.status.ok()) << later.status.ToString();
+  EXPECT_EQ(ItemsIn(1, 3), 0u);
 }
 
 // From the review: a server without a data dir that restarted after a move went back to its
