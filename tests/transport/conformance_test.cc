@@ -664,10 +664,18 @@ TEST_P(TransportConformance, ResponseLargerThanTheClientAcceptsFailsFast) {
   Status s = (*c)->Call(request, &response, 20s);
   EXPECT_TRUE(s.Is(StatusCode::kInvalidArgument)) << s.ToString();
   EXPECT_LT(Clock::now() - t0, 10s) << "timed out instead of failing fast";
-  {
-    std::lock_guard lock(mu_);
-    EXPECT_TRUE(oversize_reply_.Is(StatusCode::kInvalidArgument)) << oversize_reply_.ToString();
+  // The handler records Reply's status after Reply returns, which may be after the client
+  // already has the error: wait for it.
+  Status reply_status;
+  for (const auto until = Clock::now() + 5s; Clock::now() < until;) {
+    {
+      std::lock_guard lock(mu_);
+      reply_status = oversize_reply_;
+    }
+    if (!reply_status.ok()) break;
+    std::this_thread::sleep_for(1ms);
   }
+  EXPECT_TRUE(reply_status.Is(StatusCode::kInvalidArgument)) << reply_status.ToString();
   EXPECT_TRUE((*c)->alive());
   request.resize(400);
   ASSERT_TRUE((*c)->Call(request, &response, 20s).ok());
