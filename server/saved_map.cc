@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "server/persistence/format.h"
+
 namespace rdkv::server {
 
 namespace fs = std::filesystem;
@@ -21,16 +23,6 @@ Status WriteAll(int fd, const std::string& text, const std::string& path) {
     if (n < 0) return Status::FromErrno("write " + path, errno);
     done += static_cast<size_t>(n);
   }
-  return Status::Ok();
-}
-
-Status FsyncDirectory(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("open " + dir.string(), errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::FromErrno("fsync " + dir.string(), err);
   return Status::Ok();
 }
 
@@ -59,7 +51,7 @@ Status SaveClusterMap(const cluster::ClusterMap& map, const std::string& path) {
     ::unlink(tmp.c_str());
     return s;
   }
-  return FsyncDirectory(dir);
+  return persistence::FsyncPath(dir, /*directory=*/true);
 }
 
 Result<cluster::ClusterMap> ChooseStartupMap(cluster::ClusterMap from_flag,

@@ -8,7 +8,11 @@
 #include <rocksdb/convenience.h>
 #include <rocksdb/table.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 
@@ -100,5 +104,15 @@ class GlogLogger : public rocksdb::Logger {
 }  // namespace
 
 std::shared_ptr<rocksdb::Logger> MakeGlogLogger() { return std::make_shared<GlogLogger>(); }
+
+Status FsyncPath(const std::filesystem::path& p, bool directory) {
+  int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return Status::FromErrno("open " + p.string(), errno);
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) return Status::FromErrno("fsync " + p.string(), err);
+  return Status::Ok();
+}
 
 }  // namespace rdkv::server::persistence

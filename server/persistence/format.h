@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -79,5 +80,8 @@ std::shared_ptr<rocksdb::Logger> MakeGlogLogger();
 
 // rocksdb::Status -> rdkv::Status, prefixed with `what`.
 Status FromRocks(std::string_view what, const rocksdb::Status& s);
+
+// fsync of a file, or of a directory (so a rename or a new entry in it is durable).
+Status FsyncPath(const std::filesystem::path& p, bool directory);
 
 }  // namespace rdkv::server::persistence

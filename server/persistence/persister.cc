@@ -85,16 +85,6 @@ Status FsError(const std::string& what, const std::error_code& ec) {
   return Status::IoError(what + ": " + ec.message());
 }
 
-Status FsyncPath(const fs::path& p, bool directory) {
-  int fd = ::open(p.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return Status::FromErrno("open " + p.string(), errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::FromErrno("fsync " + p.string(), err);
-  return Status::Ok();
-}
-
 // RocksDB holds a lock on <db>/LOCK while a database is open read-write. Probing it first
 // means a server whose data dir is in use fails at once instead of after a long load. The
 // probe goes through the Env's LockFile, which also knows the locks of this process (a plain
