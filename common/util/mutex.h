@@ -1,0 +1,139 @@
+// Mutexes the compiler can reason about: std::mutex and std::shared_mutex wrapped as clang
+// capabilities (common/util/thread_annotations.h), with scoped locks and a condition variable.
+// Use these for every mutex that guards members, and annotate the members GUARDED_BY.
+//
+//   Mutex mu_;
+//   std::deque<Job> queue_ GUARDED_BY(mu_);
+//   CondVar not_empty_;
+//   ...
+//   MutexLock l(&mu_);
+//   while (queue_.empty()) not_empty_.Wait(&mu_);
+//
+// Thread-safety: as the std types they wrap. Not copyable, not movable.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <shared_mutex>
+
+#include "common/util/thread_annotations.h"
+
+namespace rdkv {
+
+class CAPABILITY("mutex") Mutex {
+ public:
+  Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+
+  void Lock() ACQUIRE() { mu_.lock(); }
+  void Unlock() RELEASE() { mu_.unlock(); }
+  bool TryLock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  // Tells the analysis that the caller holds this mutex (no run-time check).
+  void AssertHeld() const ASSERT_CAPABILITY(this) {}
+
+ private:
+  friend class CondVar;
+  std::mutex mu_;
+};
+
+// Many readers or one writer. Writers are not preferred (glibc): where a stream of readers
+// must not hold a writer off, put a turnstile Mutex in front (server/cluster_state.h).
+class CAPABILITY("shared_mutex") SharedMutex {
+ public:
+  SharedMutex() = default;
+  SharedMutex(const SharedMutex&) = delete;
+  SharedMutex& operator=(const SharedMutex&) = delete;
+
+  void Lock() ACQUIRE() { mu_.lock(); }
+  void Unlock() RELEASE() { mu_.unlock(); }
+  void ReaderLock() ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void ReaderUnlock() RELEASE_SHARED() { mu_.unlock_shared(); }
+  void AssertHeld() const ASSERT_CAPABILITY(this) {}
+  void AssertReaderHeld() const ASSERT_SHARED_CAPABILITY(this) {}
+
+ private:
+  std::shared_mutex mu_;
+};
+
+// Holds a Mutex for its scope; Unlock()/Lock() release and retake it within the scope.
+class SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~MutexLock() RELEASE() {
+    if (held_) mu_->Unlock();
+  }
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+  void Unlock() RELEASE() {
+    mu_->Unlock();
+    held_ = false;
+  }
+  void Lock() ACQUIRE() {
+    mu_->Lock();
+    held_ = true;
+  }
+
+ private:
+  Mutex* const mu_;
+  bool held_ = true;
+};
+
+// Holds a SharedMutex exclusively for its scope.
+class SCOPED_CAPABILITY WriterMutexLock {
+ public:
+  explicit WriterMutexLock(SharedMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  ~WriterMutexLock() RELEASE() { mu_->Unlock(); }
+  WriterMutexLock(const WriterMutexLock&) = delete;
+  WriterMutexLock& operator=(const WriterMutexLock&) = delete;
+
+ private:
+  SharedMutex* const mu_;
+};
+
+// Holds a SharedMutex shared for its scope.
+class SCOPED_CAPABILITY ReaderMutexLock {
+ public:
+  explicit ReaderMutexLock(SharedMutex* mu) ACQUIRE_SHARED(mu) : mu_(mu) { mu_->ReaderLock(); }
+  ~ReaderMutexLock() RELEASE() { mu_->ReaderUnlock(); }
+  ReaderMutexLock(const ReaderMutexLock&) = delete;
+  ReaderMutexLock& operator=(const ReaderMutexLock&) = delete;
+
+ private:
+  SharedMutex* const mu_;
+};
+
+// A condition variable for Mutex. Spurious wake-ups happen: wait in a loop on the condition.
+class CondVar {
+ public:
+  CondVar() = default;
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+
+  void Wait(Mutex* mu) REQUIRES(mu) {
+    std::unique_lock<std::mutex> l(mu->mu_, std::adopt_lock);
+    cv_.wait(l);
+    l.release();
+  }
+  // False when `deadline` passed (the condition may still have become true: check it).
+  template <typename Clock, typename Duration>
+  bool WaitUntil(Mutex* mu, std::chrono::time_point<Clock, Duration> deadline) REQUIRES(mu) {
+    std::unique_lock<std::mutex> l(mu->mu_, std::adopt_lock);
+    bool woken = cv_.wait_until(l, deadline) == std::cv_status::no_timeout;
+    l.release();
+    return woken;
+  }
+  template <typename Rep, typename Period>
+  bool WaitFor(Mutex* mu, std::chrono::duration<Rep, Period> d) REQUIRES(mu) {
+    return WaitUntil(mu, std::chrono::steady_clock::now() + d);
+  }
+  void Signal() { cv_.notify_one(); }
+  void SignalAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable cv_;
+};
+
+}  // namespace rdkv
