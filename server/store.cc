@@ -273,7 +273,7 @@ Result<std::string> Store::Get(std::string_view key, uint64_t* version) const {
 }
 
 uint32_t Store::ShardOfKey(std::string_view key) const {
-  return static_cast<uint32_t>((kv::KeyHash(key) & 0xfffff) % header_->shard_count);
+  return kv::ShardOf(kv::KeyHash(key), header_->shard_count);
 }
 
 bool Store::Owns(uint32_t shard) const {

@@ -23,11 +23,12 @@
 #include <string_view>
 #include <vector>
 
+#include "common/kv/limits.h"
 #include "rdkv/status.h"
 
 namespace rdkv::cluster {
 
-inline constexpr uint32_t kMaxShards = 4096;
+using kv::kMaxShards;
 inline constexpr uint32_t kMaxServers = 256;
 // "host:port" with a 253-byte DNS name and a 5-digit port, with room to spare.
 inline constexpr size_t kMaxAddressBytes = 261;
@@ -61,9 +62,7 @@ struct ClusterMap {
   std::string ToPrettyJson() const;
 };
 
-inline uint32_t ShardOf(uint64_t key_hash, uint32_t shards) {
-  return static_cast<uint32_t>((key_hash & 0xfffff) % shards);
-}
+using kv::ShardOf;
 
 // Parses and validates a map. Every problem is kInvalidArgument naming the field.
 Result<ClusterMap> ParseClusterMap(std::string_view json);

@@ -28,6 +28,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "common/kv/limits.h"
+
 namespace rdkv::kv {
 
 inline constexpr uint32_t kLayoutVersion = 1;
@@ -38,15 +40,11 @@ inline constexpr size_t kSlotsPerBucket = 8;
 inline constexpr size_t kWindowBuckets = 2;  // buckets a key may live in (one READ)
 inline constexpr size_t kWindowBytes = kBucketBytes * kWindowBuckets;
 inline constexpr size_t kUnit = 64;          // item alignment and size unit
-inline constexpr size_t kMaxKeyBytes = 1024;
 inline constexpr uint32_t kMaxItemUnits = 0xffff;  // 4 MiB - 64 B
 
 inline constexpr uint32_t kStateLive = 0x4556494c;  // "LIVE"
 inline constexpr uint32_t kStateDead = 0x44414544;  // "DEAD"
 inline constexpr uint32_t kStatePending = 0x444e4550;  // "PEND": written, not yet current
-
-// Shards a cluster may have (common/cluster/cluster_map.h keeps the same bound).
-inline constexpr uint32_t kMaxShards = 4096;
 
 // The first page of the region. The static part is written once before the region is served
 // and covered by header_checksum. The ownership part changes while serving (cluster map

@@ -5,29 +5,10 @@
 
 namespace rdkv::kv {
 
-std::string_view OpName(Op op) {
-  switch (op) {
-    case Op::kPut: return "put";
-    case Op::kInsert: return "insert";
-    case Op::kDelete: return "delete";
-    case Op::kCas: return "cas";
-    case Op::kStats: return "stats";
-    case Op::kPing: return "ping";
-    case Op::kSnapshot: return "snapshot";
-    case Op::kClusterMap: return "cluster_map";
-    case Op::kShardScan: return "shard_scan";
-    case Op::kImport: return "import";
-    case Op::kDropShard: return "drop_shard";
-  }
-  return "unknown";
-}
-
 namespace {
 // The structs are laid out little-endian on every platform rdkv builds for (x86-64, aarch64
 // little-endian); a static_assert keeps it honest.
 static_assert(std::endian::native == std::endian::little, "rdkv's wire format is little-endian");
-
-bool KnownOp(uint8_t op) { return op >= 1 && op <= kMaxOp; }
 }  // namespace
 
 void EncodeRequest(const Request& r, std::vector<uint8_t>* out) {
@@ -58,7 +39,8 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
     return Status::ProtocolError("request has protocol version " + std::to_string(h.version) +
                                  ", this server speaks " + std::to_string(kWireVersion));
   }
-  if (!KnownOp(h.op)) return Status::ProtocolError("unknown operation " + std::to_string(h.op));
+  const OpInfo* info = FindOp(h.op);
+  if (info == nullptr) return Status::ProtocolError("unknown operation " + std::to_string(h.op));
   if (h.flags != 0) return Status::ProtocolError("request has reserved flags set");
   uint64_t total = uint64_t{sizeof(h)} + h.key_bytes + h.value_bytes;
   if (total != in.size()) {
@@ -72,21 +54,19 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
   const char* p = reinterpret_cast<const char*>(in.data() + sizeof(h));
   r.key = std::string_view(p, h.key_bytes);
   r.value = std::string_view(p + h.key_bytes, h.value_bytes);
-  bool keyed = r.op == Op::kPut || r.op == Op::kInsert || r.op == Op::kDelete ||
-               r.op == Op::kCas || r.op == Op::kImport;
-  if (keyed) {
-    if (r.key.empty()) return Status::InvalidArgument("key is empty (keys are 1..1024 bytes)");
+  if (info->keyed) {
+    if (r.key.empty()) return CheckKey(r.key);
     if (r.key.size() > limits.max_key_bytes) {
       return Status::InvalidArgument("key of " + std::to_string(r.key.size()) +
                                      " bytes is longer than the limit of " +
-                                     std::to_string(limits.max_key_bytes));
+                                     std::to_string(limits.max_key_bytes) + " bytes");
     }
     if (r.value.size() > limits.max_value_bytes) {
       return Status::InvalidArgument("value of " + std::to_string(r.value.size()) +
                                      " bytes is larger than --max_value_size=" +
                                      std::to_string(limits.max_value_bytes));
     }
-    if (r.op == Op::kDelete && !r.value.empty()) {
+    if (!info->has_value && !r.value.empty()) {
       return Status::InvalidArgument("delete carries no value");
     }
   }

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/kv/limits.h"
+#include "common/kv/ops.h"
 #include "rdkv/status.h"
 
 namespace rdkv::kv {
@@ -21,32 +23,22 @@ namespace rdkv::kv {
 inline constexpr uint16_t kWireMagic = 0x4b52;  // "RK"
 inline constexpr uint8_t kWireVersion = 1;
 
-enum class Op : uint8_t {
-  kPut = 1,      // upsert
-  kInsert = 2,   // only if absent (kAlreadyExists otherwise)
-  kDelete = 3,   // kNotFound if absent
-  kCas = 4,      // replace only if current version == expected_version (kVersionMismatch)
-  kStats = 5,    // body: JSON object
-  kPing = 6,
-  kSnapshot = 7,    // key: snapshot name (may be empty); response body: the snapshot's path
-  kClusterMap = 8,  // value empty: response body = the server's cluster map (JSON; empty when
-                    // standalone), item_version = its epoch. value = a map (JSON): install it
-                    // (admin; its epoch must be higher; saved to <data_dir>/cluster_map.json
-                    // first when the server has a data dir); answered after lost shards' leases.
-  kShardScan = 9,   // admin: key = shard number (decimal), expected_version = cursor; response
-                    // body = ScanEntry list (EncodeScanEntries), item_version = next cursor
-                    // (kScanDone at the end)
-  kImport = 10,     // admin: store key/value with exactly version expected_version (> 0);
-                    // refused (kInvalidArgument) when this server owns the key's shard, and
-                    // (kAlreadyExists) when the key is present; answered once in RocksDB
-  kDropShard = 11,  // admin: delete every item of shard `key` that this server does not own;
-                    // expected_version > 0: the start of a copy in: kBusy while another copy
-                    // of the shard into this server is active, then raise the version counter
-                    // above it (the old owner's counter); item_version = items dropped
-};
+// Operations and what each one is: common/kv/ops.h. Per-op fields:
+//   kSnapshot: key = snapshot name (may be empty); response body = the snapshot's path
+//   kClusterMap: value empty: response body = the server's cluster map (JSON; empty when
+//     standalone), item_version = its epoch. value = a map (JSON): install it (its epoch must
+//     be higher; saved to <data_dir>/cluster_map.json first when the server has a data dir);
+//     answered after lost shards' leases.
+//   kShardScan: key = shard number (decimal), expected_version = cursor; response body =
+//     ScanEntry list (EncodeScanEntries), item_version = next cursor (kScanDone at the end)
+//   kImport: store key/value with exactly version expected_version (> 0); refused
+//     (kInvalidArgument) when this server owns the key's shard, and (kAlreadyExists) when the
+//     key is present; answered once in RocksDB
+//   kDropShard: delete every item of shard `key` that this server does not own;
+//     expected_version > 0: the start of a copy in: kBusy while another copy of the shard into
+//     this server is active, then raise the version counter above it (the old owner's
+//     counter); item_version = items dropped
 inline constexpr uint64_t kScanDone = ~uint64_t{0};
-inline constexpr uint8_t kMaxOp = 11;
-std::string_view OpName(Op op);
 
 struct RequestHeader {
   uint16_t magic;
@@ -85,8 +77,8 @@ struct Response {
 
 // Limits the decoder enforces (a server passes its own --max_value_size).
 struct WireLimits {
-  size_t max_key_bytes = 1024;
-  size_t max_value_bytes = 1u << 20;
+  size_t max_key_bytes = kMaxKeyBytes;
+  size_t max_value_bytes = kDefaultMaxValueBytes;
 };
 
 void EncodeRequest(const Request& r, std::vector<uint8_t>* out);
