@@ -107,7 +107,9 @@ Result<ImportRequest> DecodeImport(const Request& r) {
   RDKV_RETURN_IF_ERROR(
       CheckFields(r, Op::kImport, {.key = true, .value = true, .expected_version = true}));
   RDKV_RETURN_IF_ERROR(CheckKey(r.key));
-  if (r.expected_version == 0) return Status::InvalidArgument("IMPORT needs the item's version (> 0)");
+  if (r.expected_version == 0) {
+    return Status::InvalidArgument("IMPORT needs the item's version (> 0)");
+  }
   return ImportRequest{r.key, r.value, r.expected_version};
 }
 

@@ -147,8 +147,9 @@ TEST(AdminWireTest, MalformedRequestsAreRefused) {
   EXPECT_EQ(code(DecodeDropShard({Op::kDropShard, "3", "v", 0})), kProto);
   EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, "3", "", kScanDone})), kInvalid);
   // Shard numbers: canonical decimal below kMaxShards only.
-  const std::string_view bad_shards[] = {"", "-1", "+1", "01", "00", "1a", " 1", "1 ", "4096", "99999",
-                               "4294967296", "0x10", std::string_view("1\0", 2)};
+  const std::string_view bad_shards[] = {"",     "-1",    "+1",         "01",   "00",
+                                         "1a",   " 1",    "1 ",         "4096", "99999",
+                                         "4294967296", "0x10", std::string_view("1\0", 2)};
   for (std::string_view bad : bad_shards) {
     EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, bad, "", 0})), kInvalid) << bad;
     EXPECT_EQ(code(DecodeDropShard({Op::kDropShard, bad, "", 0})), kInvalid) << bad;
@@ -228,7 +229,9 @@ TEST(AdminWireTest, MalformedAnswersAreRefused) {
     std::string e(kScanEntryHeaderBytes, '\0');
     std::memcpy(e.data(), &kb, 4);
     std::memcpy(e.data() + 4, &vb, 4);
-    return e + std::string(std::min<uint32_t>(kb, 2000), 'k') + std::string(std::min<uint32_t>(vb, 2000), 'v');
+    // At most 2000 bytes of each: lengths past that make the entry cut short.
+    return e + std::string(std::min<uint32_t>(kb, 2000), 'k') +
+           std::string(std::min<uint32_t>(vb, 2000), 'v');
   };
   const WireLimits limits{1024, 100};
   EXPECT_TRUE(DecodeShardScanAnswer(0, kScanDone, entry(1, 100), limits).ok());
