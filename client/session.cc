@@ -138,7 +138,7 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
                                              const ClientOptions& options, ScratchPool* pool) {
   // Room for the largest request to a server with kvserver's largest --max_value_size (1 MiB);
   // a server with a larger limit gets a second connection sized for it.
-  size_t max_message = sizeof(kv::RequestHeader) + kv::kMaxKeyBytes + (1u << 20) + 4096;
+  size_t max_message = kv::MaxMessageBytes(kv::kMaxValueBytes);
   for (int round = 0; round < 2; ++round) {
     RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Connection> conn,
                           ConnectOnce(fabric, address, options, max_message));
@@ -183,7 +183,7 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
     Status valid = ValidateRegionHeader(header, region);
     if (!valid.ok()) return WithAddress(valid, address);
     // Requests carry up to a full key and value: make sure the connection can send them.
-    size_t need = sizeof(kv::RequestHeader) + kv::kMaxKeyBytes + header.max_value_bytes + 4096;
+    size_t need = kv::MaxMessageBytes(header.max_value_bytes);
     if (need > max_message && round == 0) {
       max_message = need;
       continue;  // reconnect with room for the server's largest value

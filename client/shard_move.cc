@@ -71,17 +71,22 @@ Result<Survey> AskEveryServer(AdminChannel& channel, const cluster::ClusterMap& 
     survey.servers[e.id] = e;
     uint64_t epoch = 0;
     std::string body;
-    Status s = channel.Call(e, kv::Request{kv::Op::kClusterMap, {}, {}, 0}, &epoch, &body);
+    Status s = channel.Call(e, kv::EncodeMapFetch({}), &epoch, &body);
     if (!s.ok()) {
       return Status::Unavailable("cannot move shards: " + ServerName(e) +
                                  " did not answer for its cluster map (" + s.ToString() +
                                  "); every server must be reachable before a move starts. "
                                  "Nothing was changed");
     }
-    if (body.empty()) {
+    Result<kv::MapAnswer> answer = kv::DecodeMapAnswer(epoch, body);
+    if (!answer.ok()) {
+      return Status::ProtocolError(ServerName(e) + " sent a malformed cluster map answer: " +
+                                   answer.status().message());
+    }
+    if (answer->map_json.empty()) {
       return Status::NotSupported(ServerName(e) + " serves standalone (no cluster map)");
     }
-    Result<cluster::ClusterMap> map = cluster::ParseClusterMap(body);
+    Result<cluster::ClusterMap> map = cluster::ParseClusterMap(answer->map_json);
     if (!map.ok()) {
       return Status::ProtocolError(
           ServerName(e) + " sent a cluster map that does not parse: " + map.status().message());
@@ -305,7 +310,7 @@ class Mover {
     std::vector<double> millis(todo.size());
     auto install = [&](size_t i) {
       Clock::time_point t0 = Clock::now();
-      results[i] = Call(todo[i], kv::Request{kv::Op::kClusterMap, {}, json, 0}, nullptr, nullptr);
+      results[i] = Call(todo[i], kv::EncodeMapInstall({json}), nullptr, nullptr);
       millis[i] = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     };
     std::vector<std::thread> threads;
@@ -330,8 +335,17 @@ class Mover {
 
   // DROP_SHARD; `version_floor` > 0 also raises the server's version counter above it.
   Status Drop(uint32_t id, uint32_t shard, uint64_t* dropped, uint64_t version_floor = 0) {
-    return Call(id, kv::Request{kv::Op::kDropShard, std::to_string(shard), {}, version_floor},
-                dropped, nullptr);
+    std::string scratch, body;
+    uint64_t version = 0;
+    RDKV_RETURN_IF_ERROR(
+        Call(id, kv::EncodeDropShard({shard, version_floor}, &scratch), &version, &body));
+    Result<kv::DropShardAnswer> answer = kv::DecodeDropShardAnswer(version, body);
+    if (!answer.ok()) {
+      return Status::ProtocolError(Name(id) + " sent a malformed DROP_SHARD answer: " +
+                                   answer.status().message());
+    }
+    *dropped = answer->dropped;
+    return Status::Ok();
   }
 
   // The last version server `id` handed out (its STATS "version_counter").
@@ -350,26 +364,25 @@ class Mover {
 
   // SHARD_SCAN on `from`, IMPORT of each answer's items into `to`, several in flight.
   Status Copy(uint32_t shard, uint32_t from, uint32_t to, uint64_t* items, uint64_t* bytes) {
-    const std::string key = std::to_string(shard);
     const cluster::ServerEntry& target = servers_.at(to);
-    std::string batch;
+    std::string scratch, batch;
     uint64_t cursor = 0;
     do {
       batch.clear();
       uint64_t next = 0;
       RDKV_RETURN_IF_ERROR(
-          Call(from, kv::Request{kv::Op::kShardScan, key, {}, cursor}, &next, &batch));
-      if (next != kv::kScanDone && next <= cursor) {
-        return Status::ProtocolError(Name(from) + " answered SHARD_SCAN " + key + " at cursor " +
-                                     std::to_string(cursor) + " with no progress (next cursor " +
-                                     std::to_string(next) + ")");
+          Call(from, kv::EncodeShardScan({shard, cursor}, &scratch), &next, &batch));
+      // Values up to the protocol's largest: the source's own limit is not known here.
+      Result<kv::ShardScanAnswer> answer = kv::DecodeShardScanAnswer(
+          cursor, next, batch, kv::WireLimits{kv::kMaxKeyBytes, kv::kMaxValueBytes});
+      if (!answer.ok()) {
+        return Status::ProtocolError(Name(from) + " sent a malformed SHARD_SCAN answer for shard " +
+                                     std::to_string(shard) + ": " + answer.status().message());
       }
-      RDKV_ASSIGN_OR_RETURN(std::vector<kv::ScanEntry> entries,
-                            kv::DecodeScanEntries(batch, kv::WireLimits{}));
-      RDKV_RETURN_IF_ERROR(ImportAll(target, entries));
-      *items += entries.size();
-      for (const kv::ScanEntry& e : entries) *bytes += e.key.size() + e.value.size();
-      cursor = next;
+      RDKV_RETURN_IF_ERROR(ImportAll(target, answer->entries));
+      *items += answer->entries.size();
+      for (const kv::ScanEntry& e : answer->entries) *bytes += e.key.size() + e.value.size();
+      cursor = answer->next_cursor;
     } while (cursor != kv::kScanDone);
     return Status::Ok();
   }
@@ -387,8 +400,8 @@ class Mover {
         size_t i = next.fetch_add(1, std::memory_order_relaxed);
         if (i >= entries.size()) return;
         const kv::ScanEntry& e = entries[i];
-        Status s = channel_.Call(target, kv::Request{kv::Op::kImport, e.key, e.value, e.version},
-                                 nullptr, nullptr);
+        Status s = channel_.Call(target, kv::EncodeImport({e.key, e.value, e.version}), nullptr,
+                                 nullptr);
         if (!s.ok()) {
           std::lock_guard<std::mutex> l(mu);
           if (first.ok()) {

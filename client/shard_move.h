@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
 #include "rdkv/client.h"
 #include "rdkv/status.h"

@@ -121,7 +121,10 @@ int main(int argc, char** argv) {
   o.memory_bytes = *mem;
   rdkv::Result<uint64_t> maxv = rdkv::ParseByteSize(FLAGS_max_value_size);
   if (!maxv.ok()) return fail("--max_value_size: " + maxv.status().message());
-  if (*maxv > (1u << 20)) return fail("--max_value_size: at most 1MiB");
+  if (*maxv > rdkv::kv::kMaxValueBytes) {
+    return fail("--max_value_size: at most " + std::to_string(rdkv::kv::kMaxValueBytes) +
+                " bytes (1MiB)");
+  }
   o.max_value_bytes = *maxv;
   if (FLAGS_index_fraction < 0.001 || FLAGS_index_fraction > 0.5) {
     return fail("--index_fraction must be within 0.001..0.5");

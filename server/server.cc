@@ -20,16 +20,14 @@ namespace {
 namespace fs = std::filesystem;
 
 // The largest request or response payload this server's transport accepts (and the most it
-// sends to a client that accepts more). Without a map it follows max_value_bytes: the largest
-// key and value and their header. With one it is also room for the largest map any install
-// could bring (cluster::kMaxMapJsonBytes: 4096 shards, 256 servers): CLUSTER_MAP carries the
-// whole map in one message both ways (fetch and install), and a small --max_value_size must
-// not make the map unsendable.
+// sends to a client that accepts more). Without a map it follows max_value_bytes
+// (kv::MaxMessageBytes, the size clients use too). With one it is also room for the largest
+// map any install could bring (cluster::kMaxMapJsonBytes: 4096 shards, 256 servers):
+// CLUSTER_MAP and INSTALL_MAP carry the whole map in one message, and a small
+// --max_value_size must not make the map unsendable.
 size_t MessageLimit(const ServerOptions& options) {
-  constexpr size_t kSlack = 1024;
-  constexpr size_t kHeader = std::max(sizeof(kv::RequestHeader), sizeof(kv::ResponseHeader));
-  size_t limit = kHeader + kv::kMaxKeyBytes + options.max_value_bytes + kSlack;
-  if (options.cluster_map) limit = std::max(limit, kHeader + cluster::kMaxMapJsonBytes + kSlack);
+  size_t limit = kv::MaxMessageBytes(options.max_value_bytes);
+  if (options.cluster_map) limit = std::max(limit, kv::kMessageSlack + cluster::kMaxMapJsonBytes);
   return limit;
 }
 

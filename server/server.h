@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "common/kv/limits.h"
 #include "common/transport/transport.h"
 #include "rdkv/status.h"
 #include "common/cluster/cluster_map.h"
@@ -25,7 +26,7 @@ struct ServerOptions {
   std::string auth_token;
   uint64_t memory_bytes = 256ull << 20;   // the registered region
   double index_fraction = 1.0 / 16;       // share of the region for the hash index
-  uint64_t max_value_bytes = 1u << 20;
+  uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // at most kv::kMaxValueBytes
   int worker_threads = 2;
   std::chrono::milliseconds grace{90};    // freed memory is reused no earlier than this
   bool huge_pages = true;

@@ -1,9 +1,9 @@
 #include "server/store.h"
 
-#include "common/kv/wire.h"
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -28,22 +28,27 @@ uint64_t LoadWord(uint64_t* p) {
 
 }  // namespace
 
-// Locks the stripes of a key's two buckets, in order, once each.
-struct Store::WindowLock {
+// Holds the stripes of a key's two buckets, the lower index first, each once. Which stripes
+// is known only at run time, so the analysis cannot name them; they guard region memory, not
+// members, and the scoped MutexLocks release them.
+class Store::WindowLock {
+ public:
   WindowLock(const Store& s, uint64_t hash) {
     uint64_t b = kv::BucketOf(hash, s.header_->bucket_count);
     size_t a = b % kStripes, c = (b + 1) % kStripes;
-    first = &s.stripes_[std::min(a, c)];
-    second = a == c ? nullptr : &s.stripes_[std::max(a, c)];
-    first->lock();
-    if (second) second->lock();
+    first_.emplace(&s.stripes_[std::min(a, c)]);
+    if (a != c) second_.emplace(&s.stripes_[std::max(a, c)]);
   }
   ~WindowLock() {
-    if (second) second->unlock();
-    first->unlock();
+    second_.reset();  // the reverse order of taking them
+    first_.reset();
   }
-  std::mutex* first;
-  std::mutex* second;
+  WindowLock(const WindowLock&) = delete;
+  WindowLock& operator=(const WindowLock&) = delete;
+
+ private:
+  std::optional<MutexLock> first_;
+  std::optional<MutexLock> second_;
 };
 
 Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_bytes,
@@ -56,8 +61,9 @@ Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_by
   if (options.shard_count == 0 || options.shard_count > kv::kMaxShards) {
     return Status::InvalidArgument("shard count must be 1.." + std::to_string(kv::kMaxShards));
   }
-  if (options.max_value_bytes > (1u << 20)) {
-    return Status::InvalidArgument("max value size above 1 MiB is not supported");
+  if (options.max_value_bytes > kv::kMaxValueBytes) {
+    return Status::InvalidArgument("max value size above " + std::to_string(kv::kMaxValueBytes) +
+                                   " bytes is not supported");
   }
   std::memset(region + g.index_offset, 0, (g.bucket_count + 1) * kv::kBucketBytes);
   auto* h = reinterpret_cast<kv::RegionHeader*>(region);
@@ -137,10 +143,7 @@ Block Store::MarkDead(uint64_t slot_word) {
 
 Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view value,
                               uint64_t expected, uint64_t* current_version) {
-  if (key.empty() || key.size() > kv::kMaxKeyBytes) {
-    return Status::InvalidArgument("key of " + std::to_string(key.size()) +
-                                   " bytes: keys are 1..1024 bytes");
-  }
+  RDKV_RETURN_IF_ERROR(kv::CheckKey(key));
   if (value.size() > options_.max_value_bytes) {
     return Status::InvalidArgument("value of " + std::to_string(value.size()) +
                                    " bytes is larger than the maximum of " +
@@ -246,10 +249,7 @@ Status Store::Restore(std::string_view key, std::string_view value, uint64_t ver
 }
 
 Status Store::Delete(std::string_view key) {
-  if (key.empty() || key.size() > kv::kMaxKeyBytes) {
-    return Status::InvalidArgument("key of " + std::to_string(key.size()) +
-                                   " bytes: keys are 1..1024 bytes");
-  }
+  RDKV_RETURN_IF_ERROR(kv::CheckKey(key));
   uint64_t hash = kv::KeyHash(key);
   WindowLock lock(*this, hash);
   uint64_t* slot = FindSlot(hash, key);
@@ -303,14 +303,14 @@ uint64_t Store::map_epoch() const {
   return LoadWord(&h->map_epoch);
 }
 
-uint64_t Store::ScanShard(uint32_t shard, uint64_t cursor, size_t max_bytes,
-                          std::string* out) const {
+uint64_t Store::ScanShard(uint32_t shard, uint64_t cursor,
+                          const std::function<bool(const ScanItem&)>& visit) const {
   const uint64_t slots = (header_->bucket_count + 1) * kv::kSlotsPerBucket;
   uint64_t* base = reinterpret_cast<uint64_t*>(region_ + header_->index_offset);
   while (cursor < slots) {
     uint64_t bucket = cursor / kv::kSlotsPerBucket;
     // Every writer that touches this bucket holds its stripe.
-    std::lock_guard lock(stripes_[bucket % kStripes]);
+    MutexLock lock(&stripes_[bucket % kStripes]);
     for (; cursor < (bucket + 1) * kv::kSlotsPerBucket; ++cursor) {
       uint64_t word = base[cursor];
       if (word == 0) continue;
@@ -318,13 +318,12 @@ uint64_t Store::ScanShard(uint32_t shard, uint64_t cursor, size_t max_bytes,
       const char* k = reinterpret_cast<const char*>(it) + sizeof(ItemHeader);
       std::string_view key(k, it->key_bytes);
       if (ShardOfKey(key) != shard) continue;
-      size_t entry = 16 + size_t{it->key_bytes} + it->value_bytes;
-      if (!out->empty() && out->size() + entry > max_bytes) return cursor;  // next call resumes here
-      kv::AppendScanEntry({key, std::string_view(k + it->key_bytes, it->value_bytes), it->version},
-                          out);
+      if (!visit({key, std::string_view(k + it->key_bytes, it->value_bytes), it->version})) {
+        return cursor;  // the next scan resumes with this item
+      }
     }
   }
-  return kv::kScanDone;
+  return kScanComplete;
 }
 
 void Store::EnsureVersionAbove(uint64_t v) {

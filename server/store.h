@@ -14,13 +14,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "common/kv/layout.h"
+#include "common/kv/limits.h"
+#include "common/util/mutex.h"
 #include "rdkv/status.h"
 #include "server/allocator.h"
 
@@ -28,7 +30,7 @@ namespace rdkv::server {
 
 struct StoreOptions {
   double index_fraction = 1.0 / 16;
-  uint64_t max_value_bytes = 1u << 20;
+  uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;
   std::chrono::milliseconds grace{90};
   // Cluster: the map epoch, shard count and the shards this server owns at start
   // (empty: standalone, shard_count 1, shard 0 owned).
@@ -36,6 +38,16 @@ struct StoreOptions {
   uint32_t shard_count = 1;
   uint32_t server_id = 0;
   std::vector<uint32_t> owned_shards;
+};
+
+// The cursor ScanShard returns when it has visited every slot.
+inline constexpr uint64_t kScanComplete = ~uint64_t{0};
+
+// One item as a shard scan sees it.
+struct ScanItem {
+  std::string_view key;
+  std::string_view value;
+  uint64_t version = 0;
 };
 
 struct StoreCounters {
@@ -74,9 +86,13 @@ class Store {
   void SetMapEpoch(uint64_t epoch);
   uint64_t map_epoch() const;
 
-  // Appends items of `shard` found at index slots [cursor, ...) to `out` (wire ScanEntry
-  // encoding) until about `max_bytes`; returns the next cursor, or kv::kScanDone.
-  uint64_t ScanShard(uint32_t shard, uint64_t cursor, size_t max_bytes, std::string* out) const;
+  // Visits the items of `shard` found at index slots [cursor, ...) in slot order; returns the
+  // cursor to resume at, or kScanComplete when every slot was visited. `visit` returns false
+  // to stop before the item it was given (the returned cursor is that item's slot, so the next
+  // scan starts with it). The item's views are valid only during the call; `visit` runs under
+  // a stripe lock and must not call back into the Store.
+  uint64_t ScanShard(uint32_t shard, uint64_t cursor,
+                     const std::function<bool(const ScanItem&)>& visit) const;
 
   // Recovery: stores an absent key with exactly `version` (> 0), leaving the version counter
   // alone; the caller raises it afterwards with EnsureVersionAbove. Keys of different index
@@ -100,7 +116,7 @@ class Store {
   Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value,
                          uint64_t expected, uint64_t* current_version);
 
-  struct WindowLock;
+  class WindowLock;
   // Finds the slot holding `key` in its window; nullptr when absent.
   uint64_t* FindSlot(uint64_t hash, std::string_view key) const;
   uint64_t* Window(uint64_t hash) const;
@@ -116,7 +132,8 @@ class Store {
   const StoreOptions options_;
   mutable Allocator allocator_;
   static constexpr size_t kStripes = 4096;
-  mutable std::array<std::mutex, kStripes> stripes_;
+  // Writers of a bucket hold its stripe (two buckets: WindowLock); they guard region memory.
+  mutable std::array<Mutex, kStripes> stripes_;
   std::atomic<uint64_t> version_counter_{0};
   std::atomic<uint64_t> items_{0};
   std::atomic<uint64_t> item_bytes_{0};

@@ -16,17 +16,18 @@ enum class Op : uint8_t {
   kStats = 5,       // body: JSON object
   kPing = 6,
   kSnapshot = 7,    // a RocksDB checkpoint (admin)
-  kClusterMap = 8,  // fetch the map (no value) or install one (value: the map; admin)
+  kClusterMap = 8,  // fetch the server's cluster map
   kShardScan = 9,   // admin: one batch of a shard's items
   kImport = 10,     // admin: store one item with exactly its version (a shard copy)
   kDropShard = 11,  // admin: delete a shard this server does not own
+  kInstallMap = 12, // admin: install a cluster map with a higher epoch (wire version 2)
 };
 
 enum class OpClass : uint8_t {
   kWrite,  // a keyed write of an application: routed to the key's owner, counted as a write;
            // the writer's cached location of the key goes stale
-  kQuery,  // reads server state, changes nothing (STATS, PING, CLUSTER_MAP fetch)
-  kAdmin,  // operators and the shard mover (SNAPSHOT, map install, SHARD_SCAN, IMPORT, DROP)
+  kQuery,  // reads server state, changes nothing (STATS, PING, CLUSTER_MAP)
+  kAdmin,  // operators and the shard mover (SNAPSHOT, INSTALL_MAP, SHARD_SCAN, IMPORT, DROP)
 };
 
 struct OpInfo {
@@ -51,6 +52,7 @@ inline constexpr OpInfo kOpTable[] = {
     {Op::kShardScan, "shard_scan", OpClass::kAdmin, false, false},
     {Op::kImport, "import", OpClass::kAdmin, true, true},
     {Op::kDropShard, "drop_shard", OpClass::kAdmin, false, false},
+    {Op::kInstallMap, "install_map", OpClass::kAdmin, false, false},
 };
 inline constexpr uint8_t kMaxOp = sizeof(kOpTable) / sizeof(kOpTable[0]) - 1;
 

@@ -75,7 +75,7 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
 
 void AppendScanEntry(const ScanEntry& e, std::string* out) {
   uint32_t kb = static_cast<uint32_t>(e.key.size()), vb = static_cast<uint32_t>(e.value.size());
-  char head[16];
+  char head[kScanEntryHeaderBytes];
   std::memcpy(head, &kb, 4);
   std::memcpy(head + 4, &vb, 4);
   std::memcpy(head + 8, &e.version, 8);
@@ -88,13 +88,15 @@ Result<std::vector<ScanEntry>> DecodeScanEntries(std::string_view in, const Wire
   std::vector<ScanEntry> out;
   size_t pos = 0;
   while (pos < in.size()) {
-    if (in.size() - pos < 16) return Status::ProtocolError("scan entry header cut short");
+    if (in.size() - pos < kScanEntryHeaderBytes) {
+      return Status::ProtocolError("scan entry header cut short");
+    }
     uint32_t kb, vb;
     ScanEntry e;
     std::memcpy(&kb, in.data() + pos, 4);
     std::memcpy(&vb, in.data() + pos + 4, 4);
     std::memcpy(&e.version, in.data() + pos + 8, 8);
-    pos += 16;
+    pos += kScanEntryHeaderBytes;
     if (kb == 0 || kb > limits.max_key_bytes || vb > limits.max_value_bytes) {
       return Status::ProtocolError("scan entry breaks the key/value limits");
     }
@@ -127,8 +129,10 @@ Result<Response> DecodeResponse(std::span<const uint8_t> in) {
   ResponseHeader h;
   if (in.size() < sizeof(h)) return Status::ProtocolError("response shorter than its header");
   std::memcpy(&h, in.data(), sizeof(h));
-  if (h.magic != kWireMagic || h.version != kWireVersion) {
-    return Status::ProtocolError("response has a bad magic number or version");
+  if (h.magic != kWireMagic) return Status::ProtocolError("response has a bad magic number");
+  if (h.version != kWireVersion) {
+    return Status::ProtocolError("response has protocol version " + std::to_string(h.version) +
+                                 ", this client speaks " + std::to_string(kWireVersion));
   }
   if (h.status > static_cast<uint8_t>(StatusCode::kProtocolError)) {
     return Status::ProtocolError("response has unknown status " + std::to_string(h.status));

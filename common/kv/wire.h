@@ -1,4 +1,4 @@
-// The two-sided request/response messages between clients and kvserver, version 1.
+// The two-sided request/response messages between clients and kvserver, version 2.
 // docs/design.md ("Wire protocol") is the prose version. All integers little-endian.
 //
 // Request  = RequestHeader (24 B) | key (key_bytes) | value (value_bytes)
@@ -21,23 +21,16 @@
 namespace rdkv::kv {
 
 inline constexpr uint16_t kWireMagic = 0x4b52;  // "RK"
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;
 
-// Operations and what each one is: common/kv/ops.h. Per-op fields:
-//   kSnapshot: key = snapshot name (may be empty); response body = the snapshot's path
-//   kClusterMap: value empty: response body = the server's cluster map (JSON; empty when
-//     standalone), item_version = its epoch. value = a map (JSON): install it (its epoch must
-//     be higher; saved to <data_dir>/cluster_map.json first when the server has a data dir);
-//     answered after lost shards' leases.
-//   kShardScan: key = shard number (decimal), expected_version = cursor; response body =
-//     ScanEntry list (EncodeScanEntries), item_version = next cursor (kScanDone at the end)
-//   kImport: store key/value with exactly version expected_version (> 0); refused
-//     (kInvalidArgument) when this server owns the key's shard, and (kAlreadyExists) when the
-//     key is present; answered once in RocksDB
-//   kDropShard: delete every item of shard `key` that this server does not own;
-//     expected_version > 0: the start of a copy in: kBusy while another copy of the shard into
-//     this server is active, then raise the version counter above it (the old owner's
-//     counter); item_version = items dropped
+// Operations and what each one is: common/kv/ops.h. The admin messages (SNAPSHOT, the map
+// fetch and install, SHARD_SCAN, IMPORT, DROP_SHARD) and their answers: common/kv/admin_wire.h,
+// which has the one encoder and decoder of each.
+//
+// Version 2 split the map install off CLUSTER_MAP into its own op (INSTALL_MAP); a peer of
+// another version gets kProtocolError naming both versions.
+
+// The next cursor of a SHARD_SCAN answer that ends the scan.
 inline constexpr uint64_t kScanDone = ~uint64_t{0};
 
 struct RequestHeader {
@@ -61,6 +54,8 @@ struct ResponseHeader {
   uint64_t item_version;     // the key's new version (writes) or current version (kVersionMismatch)
 };
 static_assert(sizeof(ResponseHeader) == 24);
+// MaxMessageBytes' slack holds either header.
+static_assert(sizeof(RequestHeader) <= kMessageSlack && sizeof(ResponseHeader) <= kMessageSlack);
 
 struct Request {
   Op op = Op::kPing;
@@ -93,6 +88,8 @@ struct ScanEntry {
   uint64_t version = 0;
 };
 // u32 key_bytes | u32 value_bytes | u64 version | key | value, repeated.
+inline constexpr size_t kScanEntryHeaderBytes = 16;
+// Appends one entry (no limits checked: the caller's are, see ScanAnswerBuilder).
 void AppendScanEntry(const ScanEntry& e, std::string* out);
 // Views into `in`. kProtocolError when an entry runs past the end or breaks the limits.
 Result<std::vector<ScanEntry>> DecodeScanEntries(std::string_view in, const WireLimits& limits);

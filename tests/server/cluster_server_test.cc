@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "server/server.h"
@@ -87,7 +88,7 @@ TEST_F(ClusterServerTest, WritesToOtherShardsAreRedirected) {
   EXPECT_EQ(r.status.code(), StatusCode::kWrongOwner);
   EXPECT_EQ(r.version, 5u) << "a redirect carries the map epoch";
   EXPECT_NE(r.status.message().find("server 1 (127.0.0.1:2)"), std::string::npos) << r.status.message();
-  r = Call(*c, {kv::Op::kClusterMap, "", "", 0});
+  r = Call(*c, kv::EncodeMapFetch({}));
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.version, 5u);
   auto parsed = cluster::ParseClusterMap(r.body);
@@ -116,46 +117,49 @@ TEST_F(ClusterServerTest, MovingAShardClearsOwnershipAfterTheLeaseAndCarriesTheD
   next.epoch = 2;
   next.owners[2] = 1;
   auto t0 = Clock::now();
-  kv::Response r = Call(*c0, {kv::Op::kClusterMap, "", next.ToJson(), 0});
+  kv::Response r = Call(*c0, kv::EncodeMapInstall({next.ToJson()}));
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(150)) << "acknowledged before the lease";
   EXPECT_EQ(Call(*c0, {kv::Op::kPut, *moved.begin(), "late", 0}).status.code(),
             StatusCode::kWrongOwner);
   // An older or equal epoch is refused.
-  EXPECT_EQ(Call(*c0, {kv::Op::kClusterMap, "", map.ToJson(), 0}).status.code(),
+  EXPECT_EQ(Call(*c0, kv::EncodeMapInstall({map.ToJson()})).status.code(),
             StatusCode::kInvalidArgument);
 
   // Copy the shard, then hand it to the new owner.
   uint64_t cursor = 0;
   std::set<std::string> copied;
+  std::string scratch;
   do {
-    r = Call(*c0, {kv::Op::kShardScan, "2", "", cursor});
+    r = Call(*c0, kv::EncodeShardScan({2, cursor}, &scratch));
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
     const std::string body(r.body);  // the next Call reuses the response buffer
-    auto entries = kv::DecodeScanEntries(body, kv::WireLimits{});
-    ASSERT_TRUE(entries.ok());
-    for (const kv::ScanEntry& e : *entries) {
+    auto answer = kv::DecodeShardScanAnswer(cursor, r.version, body, kv::WireLimits{});
+    ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+    for (const kv::ScanEntry& e : answer->entries) {
       EXPECT_EQ(e.value, "v" + std::string(e.key));
-      ASSERT_TRUE(Call(*c1, {kv::Op::kImport, e.key, e.value, e.version}).status.ok());
+      ASSERT_TRUE(Call(*c1, kv::EncodeImport({e.key, e.value, e.version})).status.ok());
       copied.insert(std::string(e.key));
     }
-    cursor = r.version;
+    cursor = answer->next_cursor;
   } while (cursor != kv::kScanDone);
   EXPECT_EQ(copied, moved);
-  ASSERT_TRUE(Call(*c1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*c1, kv::EncodeMapInstall({next.ToJson()})).status.ok());
   r = Call(*c1, {kv::Op::kCas, *moved.begin(), "after-move", 0});
   EXPECT_EQ(r.status.code(), StatusCode::kVersionMismatch) << "the import kept a real version";
   EXPECT_GT(r.version, 0u);
   EXPECT_TRUE(Call(*c1, {kv::Op::kPut, *moved.begin(), "after-move", 0}).status.ok());
 
   // The old owner drops its stale copy, keeps the rest.
-  r = Call(*c0, {kv::Op::kDropShard, "2", "", 0});
+  r = Call(*c0, kv::EncodeDropShard({2, 0}, &scratch));
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_EQ(r.version, moved.size());
   EXPECT_EQ(s0->stats().items, 1u);
-  EXPECT_EQ(Call(*c1, {kv::Op::kDropShard, "2", "", 0}).status.code(), StatusCode::kInvalidArgument)
+  EXPECT_EQ(Call(*c1, kv::EncodeDropShard({2, 0}, &scratch)).status.code(),
+            StatusCode::kInvalidArgument)
       << "an owned shard cannot be dropped";
-  EXPECT_EQ(Call(*c0, {kv::Op::kShardScan, "99", "", 0}).status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Call(*c0, kv::EncodeShardScan({99, 0}, &scratch)).status.code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(ClusterServerTest, StandaloneServerHasNoMap) {
@@ -165,12 +169,12 @@ TEST_F(ClusterServerTest, StandaloneServerHasNoMap) {
   auto s = Server::Start(o);
   ASSERT_TRUE(s.ok());
   auto c = Connect(**s);
-  kv::Response r = Call(*c, {kv::Op::kClusterMap, "", "", 0});
+  kv::Response r = Call(*c, kv::EncodeMapFetch({}));
   EXPECT_TRUE(r.status.ok());
   EXPECT_TRUE(r.body.empty());
   EXPECT_EQ(r.version, 0u);
   cluster::ClusterMap m = cluster::MakeUniformMap({"127.0.0.1:1"}, 4);
-  EXPECT_EQ(Call(*c, {kv::Op::kClusterMap, "", m.ToJson(), 0}).status.code(), StatusCode::kNotSupported);
+  EXPECT_EQ(Call(*c, kv::EncodeMapInstall({m.ToJson()})).status.code(), StatusCode::kNotSupported);
 }
 
 }  // namespace

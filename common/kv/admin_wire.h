@@ -1,0 +1,143 @@
+// The admin messages of the wire protocol as typed structs, with the one encoder and the one
+// decoder of each. docs/design.md ("Wire protocol", "Admin messages") is the prose version.
+//
+// An admin request travels in the generic request frame (common/kv/wire.h): its fields are
+// the frame's key, value and expected_version, each with the meaning given below and nothing
+// else; a field a message does not use must be empty (zero). Answers travel in the response
+// frame: its item_version and body.
+//
+//   message          op            key                value       expected_version
+//   SNAPSHOT         kSnapshot     name (0..255 B)    -           -
+//   MAP_FETCH        kClusterMap   -                  -           -
+//   MAP_INSTALL      kInstallMap   -                  map (JSON)  -
+//   SHARD_SCAN       kShardScan    shard (decimal)    -           cursor
+//   IMPORT           kImport       key                value       the item's version (> 0)
+//   DROP_SHARD       kDropShard    shard (decimal)    -           version floor (0: none)
+//
+//   answer           item_version                     body
+//   SNAPSHOT         0                                the snapshot's path
+//   MAP_FETCH        the map's epoch (0: standalone)  the map (JSON; empty when standalone)
+//   MAP_INSTALL      the installed epoch              -
+//   SHARD_SCAN       next cursor (kScanDone: end)     scan entries (wire.h, AppendScanEntry)
+//   IMPORT           the item's version               -
+//   DROP_SHARD       items dropped                    -
+//
+// A shard number is written in canonical decimal (no sign, no leading zero, below kMaxShards).
+//
+// Decoders take an already framed request or answer (DecodeRequest/DecodeResponse checked the
+// frame's lengths), check every field and never read outside it. A request field that the
+// message does not use, or a shard number that is not canonical, is kProtocolError; a value
+// outside its range (IMPORT version 0) is kInvalidArgument. Decoded structs view the input.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/kv/limits.h"
+#include "common/kv/wire.h"
+#include "rdkv/status.h"
+
+namespace rdkv::kv {
+
+// The longest snapshot name a SNAPSHOT may carry (a directory name).
+inline constexpr size_t kMaxSnapshotNameBytes = 255;
+// Longest canonical decimal of a shard number below kMaxShards.
+inline constexpr size_t kMaxShardDigits = 4;
+static_assert(kMaxShards <= 10'000, "kMaxShardDigits must hold every shard number");
+
+// --- requests ---
+
+struct SnapshotRequest {
+  std::string_view name;  // may be empty: the server picks one
+};
+struct MapFetchRequest {};
+struct MapInstallRequest {
+  std::string_view map_json;  // non-empty; the server parses and checks it
+};
+struct ShardScanRequest {
+  uint32_t shard = 0;
+  uint64_t cursor = 0;  // 0 to start; then the previous answer's next_cursor
+};
+struct ImportRequest {
+  std::string_view key;
+  std::string_view value;
+  uint64_t version = 0;  // > 0: the item's version on its old owner
+};
+struct DropShardRequest {
+  uint32_t shard = 0;
+  uint64_t version_floor = 0;  // > 0: the start of a copy in (docs/design.md "Moving a shard")
+};
+
+// Encoders: the frame's fields for a message. The Request views the message's strings and
+// `*scratch` (which holds the decimal shard number); both must outlive it.
+Request EncodeSnapshot(const SnapshotRequest& m);
+Request EncodeMapFetch(const MapFetchRequest& m);
+Request EncodeMapInstall(const MapInstallRequest& m);
+Request EncodeShardScan(const ShardScanRequest& m, std::string* scratch);
+Request EncodeImport(const ImportRequest& m);
+Request EncodeDropShard(const DropShardRequest& m, std::string* scratch);
+
+// Decoders of a request whose op is the message's op (checked: kInternal otherwise).
+Result<SnapshotRequest> DecodeSnapshot(const Request& r);
+Result<MapFetchRequest> DecodeMapFetch(const Request& r);
+Result<MapInstallRequest> DecodeMapInstall(const Request& r);
+Result<ShardScanRequest> DecodeShardScan(const Request& r);
+Result<ImportRequest> DecodeImport(const Request& r);
+Result<DropShardRequest> DecodeDropShard(const Request& r);
+
+// --- answers ---
+
+struct SnapshotAnswer {
+  std::string_view path;
+};
+struct MapAnswer {
+  uint64_t epoch = 0;          // 0 and an empty map_json: the server is standalone
+  std::string_view map_json;
+};
+struct ShardScanAnswer {
+  uint64_t next_cursor = kScanDone;
+  std::vector<ScanEntry> entries;
+};
+struct DropShardAnswer {
+  uint64_t dropped = 0;
+};
+
+// The largest SHARD_SCAN answer body of a server whose values are at most `max_value_bytes`:
+// entries are added while the body stays within this, and one entry always fits. The whole
+// answer (header and body) fits MaxMessageBytes(max_value_bytes).
+inline constexpr size_t MaxScanAnswerBodyBytes(uint64_t max_value_bytes) {
+  return kScanEntryHeaderBytes + kMaxKeyBytes + static_cast<size_t>(max_value_bytes);
+}
+static_assert(sizeof(ResponseHeader) + MaxScanAnswerBodyBytes(kMaxValueBytes) <=
+                  MaxMessageBytes(kMaxValueBytes),
+              "a full shard-scan answer must fit the message limit");
+
+// Builds a SHARD_SCAN answer body: Add appends an entry when the body stays within
+// MaxScanAnswerBodyBytes (the first entry always goes in) and returns false, appending
+// nothing, when it is full.
+class ScanAnswerBuilder {
+ public:
+  explicit ScanAnswerBuilder(uint64_t max_value_bytes)
+      : max_body_bytes_(MaxScanAnswerBodyBytes(max_value_bytes)) {}
+  bool Add(const ScanEntry& e);
+  const std::string& body() const { return body_; }
+
+ private:
+  size_t max_body_bytes_;
+  std::string body_;
+};
+
+// Answer decoders; `version` and `body` are the response's item_version and body.
+Result<SnapshotAnswer> DecodeSnapshotAnswer(uint64_t version, std::string_view body);
+// kProtocolError for an epoch without a map (a standalone server answers epoch 0, no map).
+Result<MapAnswer> DecodeMapAnswer(uint64_t version, std::string_view body);
+// kProtocolError for a body the entries do not fill exactly, an entry that breaks `limits`,
+// or a next cursor that does not advance past `request_cursor` (and is not kScanDone).
+Result<ShardScanAnswer> DecodeShardScanAnswer(uint64_t request_cursor, uint64_t version,
+                                              std::string_view body, const WireLimits& limits);
+// kProtocolError for a non-empty body.
+Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view body);
+
+}  // namespace rdkv::kv

@@ -1,0 +1,156 @@
+// The Service's admin requests and the map fetch: SNAPSHOT, CLUSTER_MAP, INSTALL_MAP,
+// SHARD_SCAN, DROP_SHARD (IMPORT is a write: service_write.cc). Each decodes its message with
+// common/kv/admin_wire.h; none is on the datapath.
+#include <shared_mutex>
+
+#include "common/kv/admin_wire.h"
+#include "server/service.h"
+
+namespace rdkv::server {
+
+// A shard scan's cursor passes through the wire unchanged.
+static_assert(kScanComplete == kv::kScanDone, "the store's end of scan is the wire's");
+
+namespace {
+// The keys a DROP_SHARD collects per scan before deleting them (a bound on its memory).
+constexpr size_t kDropBatchKeyBytes = size_t{1} << 20;
+}  // namespace
+
+Status Service::RequireCluster(std::string_view what) const {
+  if (cluster_ != nullptr) return Status::Ok();
+  return Status::NotSupported(std::string(what) +
+                              ": this server is standalone: start it with --cluster_map and "
+                              "--server_id to take part in a cluster");
+}
+
+Status Service::CheckShardInRange(uint32_t shard) const {
+  if (shard < store_->shard_count()) return Status::Ok();
+  return Status::InvalidArgument("shard " + std::to_string(shard) +
+                                 " does not exist: this server's map has shards 0.." +
+                                 std::to_string(store_->shard_count() - 1));
+}
+
+bool Service::HandleSnapshot(const kv::Request& r, Exchange ex) {
+  counters_.snapshots.fetch_add(1, std::memory_order_relaxed);
+  Result<kv::SnapshotRequest> m = kv::DecodeSnapshot(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (persister_ == nullptr) {
+    return AnswerNow(ex, Status::NotSupported("this server runs with durability=none: it has "
+                                              "nothing on disk to snapshot"));
+  }
+  // A checkpoint flushes RocksDB's memtables: done on the snapshot thread.
+  persister_->Snapshot(std::string(m->name),
+                       [answer = AnswerLater(ex)](Result<std::string> path) {
+                         answer(path.status(), 0, path.ok() ? *path : std::string());
+                       });
+  return false;
+}
+
+bool Service::HandleMapFetch(const kv::Request& r, Exchange ex) {
+  Result<kv::MapFetchRequest> m = kv::DecodeMapFetch(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (cluster_ == nullptr) return AnswerNow(ex, Status::Ok());  // standalone: no map, epoch 0
+  std::shared_ptr<const cluster::ClusterMap> map = cluster_->map();
+  return AnswerNow(ex, Status::Ok(), map->epoch, map->ToJson());
+}
+
+bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
+  Result<kv::MapInstallRequest> m = kv::DecodeMapInstall(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (Status s = RequireCluster("install_map"); !s.ok()) return AnswerNow(ex, s);
+  Result<cluster::ClusterMap> next = cluster::ParseClusterMap(m->map_json);
+  if (!next.ok()) return AnswerNow(ex, next.status());
+  // Answered after the leases of the shards this server loses (ClusterState::Install).
+  if (Status s = cluster_->Install(std::move(next).value()); !s.ok()) return AnswerNow(ex, s);
+  counters_.map_changes.fetch_add(1, std::memory_order_relaxed);
+  return AnswerNow(ex, Status::Ok(), cluster_->map()->epoch);
+}
+
+bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
+  Result<kv::ShardScanRequest> m = kv::DecodeShardScan(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (Status s = RequireCluster("shard_scan"); !s.ok()) return AnswerNow(ex, s);
+  if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
+  kv::ScanAnswerBuilder answer(limits_.max_value_bytes);
+  const uint64_t next = store_->ScanShard(m->shard, m->cursor, [&](const ScanItem& item) {
+    return answer.Add(kv::ScanEntry{item.key, item.value, item.version});
+  });
+  return AnswerNow(ex, Status::Ok(), next, answer.body());
+}
+
+bool Service::HandleDropShard(const kv::Request& r, Exchange ex) {
+  Result<kv::DropShardRequest> m = kv::DecodeDropShard(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (Status s = RequireCluster("drop_shard"); !s.ok()) return AnswerNow(ex, s);
+  if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
+  uint64_t dropped = 0;
+  Status s = DropShard(m->shard, m->version_floor, &dropped);
+  return AnswerNow(ex, s, s.ok() ? dropped : 0);
+}
+
+Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* dropped) {
+  // The shard has moved away (or is about to be copied in); its stale items go, on disk too.
+  // Admitted first (backpressure, a failing disk), then under the ownership guard for the
+  // whole drop: an install that gives this server the shard waits for it.
+  if (persister_ != nullptr) RDKV_RETURN_IF_ERROR(persister_->Admit());
+  std::shared_lock<std::shared_mutex> owner_guard = cluster_->WriteGuard();
+  if (store_->Owns(shard)) {
+    return Status::InvalidArgument("shard " + std::to_string(shard) +
+                                   " is still owned by this server; move it first");
+  }
+  if (version_floor > 0) {
+    // The start of a copy into this server: refused while another copy of the shard is active.
+    RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));
+    // A version floor from the shard's old owner: keys of the shard deleted there left no item
+    // to carry their versions, and must not get them again here (CAS would be fooled).
+    store_->EnsureVersionAbove(version_floor);
+    if (persister_ != nullptr) persister_->EnqueueMaxVersion(store_->version_counter(), nullptr);
+  }
+  uint64_t cursor = 0;
+  std::vector<std::string> keys;
+  do {
+    // Collect a batch of keys (the scan holds the store's stripes), then delete them.
+    keys.clear();
+    size_t key_bytes = 0;
+    cursor = store_->ScanShard(shard, cursor, [&](const ScanItem& item) {
+      if (!keys.empty() && key_bytes + item.key.size() > kDropBatchKeyBytes) return false;
+      keys.emplace_back(item.key);
+      key_bytes += item.key.size();
+      return true;
+    });
+    for (const std::string& key : keys) {
+      MutexLock key_lock(KeyStripe(key));
+      if (!store_->Delete(key).ok()) continue;
+      ++*dropped;
+      if (persister_ != nullptr) persister_->EnqueueDelete(key, nullptr);
+    }
+  } while (cursor != kScanComplete);
+  // Answered once the floor and the deletes are durable: the copy that follows may be empty,
+  // and nothing else would make them so before the shard is served here.
+  if (persister_ != nullptr && (*dropped > 0 || version_floor > 0)) {
+    Status flushed = persister_->Flush();
+    if (!flushed.ok()) {
+      return Status(flushed.code(), "dropped " + std::to_string(*dropped) +
+                                        " item(s) of shard " + std::to_string(shard) +
+                                        " but could not make that durable: " + flushed.message());
+    }
+  }
+  return Status::Ok();
+}
+
+Status Service::NoteCopy(uint32_t shard, bool begin) {
+  const auto now = std::chrono::steady_clock::now();
+  MutexLock lock(&copies_mu_);
+  auto it = copy_seen_.find(shard);
+  if (begin && it != copy_seen_.end() && now - it->second < kCopyQuiet) {
+    auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second);
+    return Status::Busy("a copy of shard " + std::to_string(shard) +
+                        " into this server was active " + std::to_string(ago.count()) +
+                        " ms ago (another move of it running?); a copy is refused until " +
+                        std::to_string(kCopyQuiet.count()) + " ms after the last one's requests");
+  }
+  copy_seen_[shard] = now;
+  return Status::Ok();
+}
+
+}  // namespace rdkv::server
