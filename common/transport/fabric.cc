@@ -1,10 +1,14 @@
 // Fabric factory and transport selection (control path).
 #include <glog/logging.h>
-#include <infiniband/verbs.h>
 
 #include "common/transport/tcp/tcp_fabric.h"
 #include "common/transport/transport.h"
+
+#if RDKV_WITH_VERBS
+#include <infiniband/verbs.h>
+
 #include "common/transport/verbs/verbs_fabric.h"
+#endif
 
 namespace rdkv::transport {
 
@@ -13,11 +17,22 @@ std::string_view TransportKindName(TransportKind kind) {
 }
 
 Result<std::unique_ptr<Fabric>> Fabric::Create(const FabricOptions& options) {
-  if (options.kind == TransportKind::kVerbs) return CreateVerbsFabric(options);
+  if (options.kind == TransportKind::kVerbs) {
+#if RDKV_WITH_VERBS
+    return CreateVerbsFabric(options);
+#else
+    return Status::NotSupported("this build of rdkv has no verbs transport (RDKV_WITH_VERBS=OFF): "
+                                "use tcp");
+#endif
+  }
   return CreateTcpFabric(options);
 }
 
 bool RdmaDeviceAvailable(std::string* why) {
+#if !RDKV_WITH_VERBS
+  if (why) *why = "this build of rdkv has no verbs transport (RDKV_WITH_VERBS=OFF)";
+  return false;
+#else
   int num = 0;
   ibv_device** list = ibv_get_device_list(&num);
   if (list == nullptr) {
@@ -49,6 +64,7 @@ bool RdmaDeviceAvailable(std::string* why) {
                              : std::to_string(num) + " RDMA device(s) but no active port");
   }
   return found;
+#endif
 }
 
 Result<TransportKind> ChooseTransport(std::string_view flag_value) {

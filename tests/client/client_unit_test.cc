@@ -223,8 +223,9 @@ class FakeClientTest : public ::testing::Test {
  protected:
   Result<std::unique_ptr<Client>> Connect(ClientOptions o = {}) {
     if (o.seed.empty()) o.seed = "127.0.0.1:1";
-    // The fake never reuses memory, so a long deadline is safe; it keeps sanitizer slowness
-    // from adding retries to the READ counts the tests check (the slow-path test sets its own).
+    // The fake reuses no block for 20 s (its grace period), so a long deadline is safe; it keeps
+    // sanitizer slowness from adding retries to the READ counts the tests check (the slow-path
+    // test sets its own).
     if (o.read_deadline == ClientOptions{}.read_deadline) o.read_deadline = std::chrono::seconds(10);
     auto f = std::make_unique<FakeFabric>(&server_);
     fabric_ = f.get();
@@ -302,9 +303,10 @@ TEST_F(FakeClientTest, StaleCacheFallsBackToIndex) {
   EXPECT_EQ(c->stats().cache_misses, 2u);
 }
 
-// A write between storing its new slot and retiring the old item (server/store.cc's order):
-// a GET through the index already returns the new value. A cached GET that starts afterwards
-// must not return the old one; with cache_checks_slot it sees the slot moved and falls back.
+// Fault injected by hand: a new item linked while the old one is still LIVE (server/store.cc
+// marks the old item DEAD before it stores the slot; an older store did not). A GET through
+// the index already returns the new value. A cached GET that starts afterwards must not return
+// the old one; with cache_checks_slot it sees the slot moved and falls back.
 TEST_F(FakeClientTest, CacheChecksSlotNeverGoesBackInTime) {
   ClientOptions o;
   o.cache_checks_slot = true;

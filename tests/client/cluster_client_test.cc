@@ -2,11 +2,6 @@
 // them. Routing of every operation, any server as seed, a server down and back, a write
 // redirect after a map change, and the stale-map test: a client holding the old map and the
 // old owner's lease never returns the old owner's value after the move was acknowledged.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -25,6 +20,7 @@
 #include "common/kv/wire.h"
 #include "rdkv/client.h"
 #include "server/server.h"
+#include "tests/support/cluster_fixture.h"
 
 namespace rdkv {
 namespace {
@@ -34,101 +30,16 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kShards = 16;
 
-uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-// A key whose shard is `shard`.
-std::string KeyIn(uint32_t shard, int n) {
-  for (int i = 0;; ++i) {
-    std::string k = "key" + std::to_string(n) + "-" + std::to_string(i);
-    if (cluster::ShardOf(kv::KeyHash(k), kShards) == shard) return k;
-  }
-}
-
-class ClusterClientTest : public ::testing::Test {
+class ClusterClientTest : public testing::ClusterTest {
  protected:
+  ClusterClientTest() : ClusterTest("cluster-client", kShards) {}
   void SetUp() override {
-    char tmpl[] = "/tmp/rdkv-cluster-client-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    std::vector<std::string> addrs;
-    for (int i = 0; i < 3; ++i) {
-      ports_[i] = FreePort();
-      addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
-    }
-    map_ = cluster::MakeUniformMap(addrs, kShards);
-    for (uint32_t i = 0; i < 3; ++i) {
-      servers_[i] = StartServer(i);
-      ASSERT_NE(servers_[i], nullptr);
-    }
-    auto f = transport::Fabric::Create({});
-    ASSERT_TRUE(f.ok());
-    fabric_ = std::move(*f);
-  }
-  void TearDown() override {
-    for (auto& s : servers_) s.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
+    ClusterTest::SetUp();
+    if (HasFatalFailure()) return;
+    PickPorts();
+    StartServers();
   }
 
-  std::unique_ptr<server::Server> StartServer(uint32_t id) {
-    server::ServerOptions o;
-    o.port = ports_[id];
-    o.transport = transport::TransportKind::kTcp;
-    o.memory_bytes = 16ull << 20;
-    o.huge_pages = false;
-    o.cluster_map = map_;
-    o.server_id = id;
-    // A cluster server needs a data dir for its newest map (durability none: only the map).
-    o.persist.data_dir = root_ + "/server-" + std::to_string(id);
-    for (int i = 0;; ++i) {  // a just-closed listener may hold the port briefly
-      auto s = server::Server::Start(o);
-      if (s.ok()) return std::move(s).value();
-      if (i == 50) {
-        ADD_FAILURE() << "server " << id << " did not start: " << s.status().ToString();
-        return nullptr;
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-  }
-
-  std::unique_ptr<Client> NewClient(int seed, ClientOptions o = {}) {
-    o.seed = "127.0.0.1:" + std::to_string(ports_[seed]);
-    o.transport = "tcp";
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
-
-  // Raw admin requests, as an operator's tool sends them.
-  std::unique_ptr<transport::Connection> Raw(int id) {
-    transport::ConnectOptions co;
-    co.host = "127.0.0.1";
-    co.port = ports_[id];
-    auto c = fabric_->Connect(co);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-  kv::Response Call(transport::Connection& c, const kv::Request& r) {
-    std::vector<uint8_t> req;
-    kv::EncodeRequest(r, &req);
-    Status s = c.Call(req, &buf_, std::chrono::seconds(5));  // the response's body views buf_
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    auto d = kv::DecodeResponse(buf_);
-    EXPECT_TRUE(d.ok());
-    return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
-  }
   // Copies shard `shard` from `from` to `to` (scan + import); `rewrite` may change values.
   void CopyShard(transport::Connection& from, transport::Connection& to, uint32_t shard,
                  const std::function<std::string(std::string_view, std::string_view)>& rewrite) {
@@ -146,13 +57,6 @@ class ClusterClientTest : public ::testing::Test {
       }
     } while (cursor != kv::kScanDone);
   }
-
-  std::string root_;  // the servers' data dirs
-  uint16_t ports_[3] = {};
-  cluster::ClusterMap map_;
-  std::unique_ptr<server::Server> servers_[3];
-  std::unique_ptr<transport::Fabric> fabric_;
-  std::vector<uint8_t> buf_;
 };
 
 TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {

@@ -4,11 +4,7 @@
 // the new owner already served the shard); a move is refused before anything changes when a
 // server is down or the arguments are bad; a server with a data dir comes back from a restart
 // with the map it was last sent (server/saved_map.h).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -31,6 +27,7 @@
 #include "server/saved_map.h"
 #include "server/server.h"
 #include "server/service.h"
+#include "tests/support/cluster_fixture.h"
 
 namespace rdkv {
 namespace {
@@ -41,50 +38,13 @@ namespace persistence = server::persistence;
 
 constexpr uint32_t kShards = 16;  // shard s belongs to server s % 3 at epoch 1
 
-uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-uint32_t ShardOfKey(const std::string& key) { return cluster::ShardOf(kv::KeyHash(key), kShards); }
-
-// A key whose shard is `shard`.
-std::string KeyIn(uint32_t shard, int n) {
-  for (int i = 0;; ++i) {
-    std::string k = "key" + std::to_string(n) + "-" + std::to_string(i);
-    if (ShardOfKey(k) == shard) return k;
-  }
-}
-
-class ClusterMoveTest : public ::testing::Test {
+class ClusterMoveTest : public testing::ClusterTest {
  protected:
+  ClusterMoveTest() : ClusterTest("move", kShards) {}
   void SetUp() override {
-    char tmpl[] = "/tmp/rdkv-move-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    std::vector<std::string> addrs;
-    for (int i = 0; i < 3; ++i) {
-      ports_[i] = FreePort();
-      addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
-    }
-    map_ = cluster::MakeUniformMap(addrs, kShards);
-    auto f = transport::Fabric::Create({});
-    ASSERT_TRUE(f.ok());
-    fabric_ = std::move(*f);
-  }
-  void TearDown() override {
-    for (auto& s : servers_) s.reset();
-    std::error_code ec;
-    fs::remove_all(root_, ec);
+    ClusterTest::SetUp();
+    if (HasFatalFailure()) return;
+    PickPorts();
   }
 
   // Durability none unless `durability` says otherwise; always a data dir under root_ that
@@ -92,68 +52,14 @@ class ClusterMoveTest : public ::testing::Test {
   // that).
   void StartAll(persistence::Durability durability = persistence::Durability::kNone) {
     durability_ = durability;
-    for (uint32_t i = 0; i < 3; ++i) {
-      servers_[i] = StartServer(i);
-      ASSERT_NE(servers_[i], nullptr);
-    }
+    StartServers();
   }
-
-  std::string DataDir(uint32_t id) const { return root_ + "/server-" + std::to_string(id); }
-
-  server::ServerOptions Options(uint32_t id) const {
-    server::ServerOptions o;
-    o.port = ports_[id];
-    o.transport = transport::TransportKind::kTcp;
-    o.memory_bytes = 16ull << 20;
-    o.huge_pages = false;
-    o.cluster_map = map_;  // always epoch 1, like a --cluster_map file that is never edited
-    o.server_id = id;
+  // The fixture's options (map_ is always epoch 1, like a --cluster_map file that is never
+  // edited) with this test's durability.
+  server::ServerOptions Options(uint32_t id) const override {
+    server::ServerOptions o = ClusterTest::Options(id);
     o.persist.durability = durability_;
-    o.persist.data_dir = DataDir(id);
     return o;
-  }
-
-  std::unique_ptr<server::Server> StartServer(uint32_t id) {
-    server::ServerOptions o = Options(id);
-    for (int i = 0;; ++i) {  // a just-closed listener may hold the port briefly
-      auto s = server::Server::Start(o);
-      if (s.ok()) return std::move(s).value();
-      if (i == 50) {
-        ADD_FAILURE() << "server " << id << " did not start: " << s.status().ToString();
-        return nullptr;
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-  }
-
-  std::unique_ptr<Client> NewClient(int seed, ClientOptions o = {}) {
-    o.seed = "127.0.0.1:" + std::to_string(ports_[seed]);
-    o.transport = "tcp";
-    auto c = Client::Connect(o);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
-
-  // Raw admin requests, as an operator's tool sends them.
-  std::unique_ptr<transport::Connection> Raw(int id) {
-    transport::ConnectOptions co;
-    co.host = "127.0.0.1";
-    co.port = ports_[id];
-    auto c = fabric_->Connect(co);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-  kv::Response Call(int id, const kv::Request& r) {
-    auto c = Raw(id);
-    if (c == nullptr) return kv::Response{Status::Unavailable("no connection"), 0, {}};
-    std::vector<uint8_t> req;
-    kv::EncodeRequest(r, &req);
-    Status s = c->Call(req, &buf_, std::chrono::seconds(5));  // the response's body views buf_
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    if (!s.ok()) return kv::Response{s, 0, {}};
-    auto d = kv::DecodeResponse(buf_);
-    EXPECT_TRUE(d.ok());
-    return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
   }
   uint64_t EpochOf(int id) {
     kv::Response r = Call(id, {kv::Op::kClusterMap, "", "", 0});
@@ -190,13 +96,7 @@ class ClusterMoveTest : public ::testing::Test {
     return out;
   }
   size_t ItemsIn(int id, uint32_t shard) { return ScanOf(id, shard).size(); }
-  std::string root_;
-  uint16_t ports_[3] = {};
-  cluster::ClusterMap map_;
   persistence::Durability durability_ = persistence::Durability::kNone;
-  std::unique_ptr<server::Server> servers_[3];
-  std::unique_ptr<transport::Fabric> fabric_;
-  std::vector<uint8_t> buf_;
 };
 
 TEST_F(ClusterMoveTest, MoveUnderConcurrentWritesKeepsEveryAcknowledgedWrite) {
@@ -928,7 +828,7 @@ TEST(ClusterMoveLimitsTest, MapLargerThanTheValueBasedMessageLimit) {
   std::vector<std::string> addrs;
   std::vector<uint16_t> ports;
   for (int i = 0; i < 2; ++i) {
-    ports.push_back(FreePort());
+    ports.push_back(testing::FreePort());
     addrs.push_back("127.0.0.1:" + std::to_string(ports.back()));
   }
   cluster::ClusterMap map = cluster::MakeUniformMap(addrs, 1024);

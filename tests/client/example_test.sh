@@ -26,8 +26,26 @@ headers=$(cd "$work/prefix/include" && find . -type f | sort | tr '\n' ' ')
 while read -r inc; do
   [[ -f $work/prefix/include/$inc ]] || fail "an installed header includes \"$inc\", which is not installed"
 done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$work/prefix/include/rdkv/"*.h)
-[[ -f $work/prefix/lib/cmake/rdkv/rdkvConfig.cmake || -f $work/prefix/lib64/cmake/rdkv/rdkvConfig.cmake ]] ||
-  fail "no rdkvConfig.cmake installed"
+cmakedir=$(dirname "$(find "$work/prefix" -path '*/cmake/rdkv/rdkvConfig.cmake' | head -n1)")
+[[ -f $cmakedir/rdkvConfig.cmake ]] || fail "no rdkvConfig.cmake installed"
+
+# One archive: rdkv::client with the internal libraries folded in, nothing else installed.
+archives=$(cd "$work/prefix" && find . -name '*.a' -o -name '*.so*' | sort | tr '\n' ' ')
+[[ $archives == "./lib/librdkv_client.a " || $archives == "./lib64/librdkv_client.a " ]] ||
+  fail "installed libraries are: $archives (want only librdkv_client.a)"
+# The export defines rdkv::client alone, and passes no build flags of rdkv's own (warnings,
+# sanitizers) to applications.
+targets=$(grep -ho 'add_library(rdkv::[A-Za-z_]*' "$cmakedir"/rdkvTargets*.cmake | sort -u | tr '\n' ' ')
+[[ $targets == "add_library(rdkv::client " ]] || fail "exported targets are: $targets"
+if grep -nE 'rdkv_build_flags|fsanitize|-Werror|-Wall' "$cmakedir"/rdkvTargets*.cmake; then
+  fail "the exported targets carry rdkv's build flags (above)"
+fi
+# rdma-core is required by the package only when this build has the verbs transport.
+if grep -q '^RDKV_WITH_VERBS:BOOL=OFF' "$build/CMakeCache.txt"; then
+  if grep -nE 'IBVERBS|RDMACM|ibverbs|rdmacm' "$cmakedir"/rdkvTargets*.cmake; then
+    fail "a tcp-only install names rdma-core (above)"
+  fi
+fi
 
 echo "== configure + build client/examples against the installed package"
 cmake -S "$src/client/examples" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \

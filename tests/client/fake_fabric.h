@@ -1,11 +1,29 @@
-// An in-process fake of the fabric and of a kvserver's region, for the client's unit tests.
+// An in-process fake of the fabric and of a kvserver, for the client's unit tests.
 //
-// FakeServer owns a region formatted like kvserver's (header, index, heap) and a tiny store
-// (bump allocation, no reuse unless asked) that follows docs/design.md's write order. READs
-// are memcpy's from the region; hooks let a test tear, slow down or fail them. Calls run the
-// wire protocol against the store.
+// FakeServer's region is formatted and written by the real server::Store (server/store.h), so
+// every write publishes in kvserver's order (docs/design.md, "Server"): the new item complete
+// and PENDING, the old item DEAD, the slot stored, the new item LIVE, the old block into limbo.
+// READs are memcpy's from the region. Calls run the wire protocol against the store.
+//
+// On top of the real store, a fault-injecting environment (in the manner of RocksDB's
+// FaultInjectionTestEnv: the real thing, plus faults a test asks for by name):
+//   - on_read: after each READ's copy, may alter the destination or fail the READ (torn,
+//     slow, lost READs);
+//   - WriteItem / Retire / Window / FindSlot: items and slot words the store would never write
+//     (foreign items under a key's fingerprint, a new item linked while the old one is LIVE).
+//     WriteItem places items in the injection area, the heap's last part, which the store's
+//     allocator never hands out (the region header counts it in the heap, so clients read it);
+//   - ReuseNext: the next write's item lands in a given block, as if the allocator had
+//     reused that block before its grace period ended;
+//   - SetHeader, down, generation, calls_time_out: a damaged header, a server that is gone,
+//     broken connections, calls that are not answered.
+// Outside ReuseNext, retired blocks wait a grace period of 20 s (twice the read deadline the
+// client tests use), so a block is not reused under a reader unless a test asks for it.
+// Keys that a test has linked to an injected item by hand (a slot word it stored itself) must
+// not be written through the store afterwards: the store would retire a block it never gave.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,38 +40,49 @@
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
+#include "server/store.h"
 
 namespace rdkv::testing {
 
 class FakeServer {
  public:
-  explicit FakeServer(size_t region_bytes = 1 << 20, uint64_t max_value = 64 << 10)
-      : bytes_(region_bytes), max_value_(max_value) {
+  // `grace`: how long retired blocks wait before the store reuses them; the default is twice
+  // the read deadline FakeClientTest gives its clients (kvserver's rule: deadline <= grace / 2).
+  explicit FakeServer(size_t region_bytes = 1 << 20, uint64_t max_value = 64 << 10,
+                      std::chrono::milliseconds grace = std::chrono::seconds(20))
+      : bytes_(region_bytes), max_value_(max_value), grace_(grace) {
     region_ = static_cast<uint8_t*>(std::aligned_alloc(4096, bytes_));
     Format();
   }
-  ~FakeServer() { std::free(region_); }
+  ~FakeServer() {
+    store_.reset();
+    std::free(region_);
+  }
 
-  // Reformats the region as a new server incarnation (a restart).
+  // Reformats the region as a new server incarnation (a restart; durability none: versions
+  // start again from 1).
   void Format() {
     std::lock_guard<std::mutex> l(mu_);
+    store_.reset();
     std::memset(region_, 0, bytes_);
-    kv::Geometry g = kv::ComputeGeometry(bytes_, 1.0 / 16);
-    kv::RegionHeader h{};
-    h.magic = kv::kRegionMagic;
-    h.layout_version = kv::kLayoutVersion;
-    h.header_bytes = kv::kHeaderBytes;
+    // The store formats all but the injection area; the header then counts that area in the
+    // heap (so clients accept slot words pointing there) while the store's allocator, sized at
+    // Format, never hands it out.
+    const uint64_t reserve = InjectionAreaBytes(bytes_);
+    server::StoreOptions o;
+    o.max_value_bytes = max_value_;
+    o.grace = grace_;
+    auto store = server::Store::Format(region_, bytes_ - reserve, o);
+    if (!store.ok()) std::abort();  // the region is too small for a store: a test bug
+    store_ = std::move(store).value();
+    kv::RegionHeader h = header();
+    injection_base_units_ = static_cast<uint32_t>(h.heap_bytes / kv::kUnit);
     h.region_bytes = bytes_;
-    h.index_offset = g.index_offset;
-    h.bucket_count = g.bucket_count;
-    h.heap_offset = g.heap_offset;
-    h.heap_bytes = g.heap_bytes;
-    h.incarnation = ++incarnation_counter_ * 7919;
-    h.max_value_bytes = max_value_;
-    h.shard_count = 1;
+    h.heap_bytes = bytes_ - h.heap_offset;
     h.header_checksum = kv::HeaderChecksum(h);
-    std::memcpy(region_, &h, sizeof(h));
-    bump_units_ = 0;
+    SetHeader(h);
+    injection_next_units_ = injection_base_units_;
+    reuse_next_.reset();
   }
 
   kv::RegionHeader header() const {
@@ -63,13 +93,16 @@ class FakeServer {
   void SetHeader(const kv::RegionHeader& h) { std::memcpy(region_, &h, sizeof(h)); }
   uint8_t* region() const { return region_; }
   size_t size() const { return bytes_; }
+  // The real store (its Get, counters, ...). Replaced by Format.
+  server::Store& store() { return *store_; }
 
-  // --- the store (design order: write item, store slot, retire old) ---
+  // --- the region, read and written directly (fault injection) ---
   struct Found {
     uint64_t* slot = nullptr;
     kv::ItemHeader item{};
   };
 
+  // The 16 slots of `hash`'s index window.
   uint64_t* Window(uint64_t hash) {
     kv::RegionHeader h = header();
     return reinterpret_cast<uint64_t*>(region_ + h.index_offset +
@@ -84,9 +117,10 @@ class FakeServer {
   uint64_t* FindSlot(std::string_view key) {
     uint64_t hash = kv::KeyHash(key);
     uint64_t* w = Window(hash);
-    for (size_t i = 0; i < 16; ++i) {
-      if (w[i] == 0) continue;
-      kv::SlotFields f = kv::UnpackSlot(w[i]);
+    for (size_t i = 0; i < kv::kSlotsPerBucket * kv::kWindowBuckets; ++i) {
+      uint64_t word = std::atomic_ref<uint64_t>(w[i]).load(std::memory_order_acquire);
+      if (word == 0) continue;
+      kv::SlotFields f = kv::UnpackSlot(word);
       if (f.fingerprint != kv::FingerprintOf(hash)) continue;
       const uint8_t* it = ItemAt(f.offset_units);
       kv::ItemHeader ih;
@@ -99,8 +133,8 @@ class FakeServer {
     return nullptr;
   }
 
-  // Writes an item at `offset_units` (or the bump pointer when offset_units is ~0u) and returns
-  // its slot word.
+  // Fault: writes an item the store did not write, at `at` (offset in units) or, when `at` is
+  // ~0u, in the injection area; links nothing. Returns the slot word that would point at it.
   uint64_t WriteItem(std::string_view key, std::string_view value, uint64_t version,
                      uint32_t state = kv::kStateLive, uint32_t at = ~0u) {
     kv::ItemHeader ih{};
@@ -112,28 +146,30 @@ class FakeServer {
     ih.checksum = kv::ItemChecksum(ih, key, value);
     uint32_t off = at;
     if (off == ~0u) {
-      off = bump_units_;
-      bump_units_ += ih.units;
+      std::lock_guard<std::mutex> l(mu_);
+      off = injection_next_units_;
+      if (uint64_t{off + ih.units} * kv::kUnit > header().heap_bytes) std::abort();  // area full
+      injection_next_units_ += ih.units;
     }
     uint8_t* p = ItemAt(off);
-    std::memcpy(p, &ih, sizeof(ih));
     std::memcpy(p + sizeof(ih), key.data(), key.size());
     std::memcpy(p + sizeof(ih) + key.size(), value.data(), value.size());
+    std::memcpy(p, &ih, sizeof(ih));
     return kv::PackSlot({kv::FingerprintOf(kv::KeyHash(key)), static_cast<uint16_t>(ih.units), off});
   }
 
+  // Fault: marks the item `slot_word` points at DEAD (state and checksum), outside the store.
   void Retire(uint64_t slot_word) {
     kv::SlotFields f = kv::UnpackSlot(slot_word);
     uint8_t* p = ItemAt(f.offset_units);
     kv::ItemHeader ih;
     std::memcpy(&ih, p, sizeof(ih));
+    ih.checksum = kv::RestateChecksum(ih.checksum, ih.state, kv::kStateDead);
     ih.state = kv::kStateDead;
-    std::string_view k(reinterpret_cast<char*>(p + sizeof(ih)), ih.key_bytes);
-    std::string_view v(reinterpret_cast<char*>(p + sizeof(ih) + ih.key_bytes), ih.value_bytes);
-    ih.checksum = kv::ItemChecksum(ih, k, v);
     std::memcpy(p, &ih, sizeof(ih));
   }
 
+  // The version of `key`'s current item; 0 when absent.
   uint64_t CurrentVersion(std::string_view key) {
     uint64_t* s = FindSlot(key);
     if (s == nullptr) return 0;
@@ -142,49 +178,34 @@ class FakeServer {
     return ih.version;
   }
 
-  // Applies a write; returns the status and new version as kvserver would.
+  // Applies a write through the store; returns the status and the new version as kvserver
+  // would (for kVersionMismatch, *version is the current one).
   Status Apply(kv::Op op, std::string_view key, std::string_view value, uint64_t expected,
                uint64_t* version) {
     std::lock_guard<std::mutex> l(mu_);
-    uint64_t* slot = FindSlot(key);
-    if (op == kv::Op::kDelete) {
-      if (slot == nullptr) return Status::NotFound("no such key");
-      uint64_t old = *slot;
-      *slot = 0;
-      Retire(old);
-      return Status::Ok();
+    Result<uint64_t> v = uint64_t{0};
+    switch (op) {
+      case kv::Op::kDelete: return store_->Delete(key);
+      case kv::Op::kInsert:
+        v = store_->Insert(key, value, version);
+        // The fake's own answer text, fixed so tests can check the client passes it on.
+        if (v.status().Is(StatusCode::kAlreadyExists)) return Status::AlreadyExists("key exists");
+        break;
+      case kv::Op::kCas: v = store_->Cas(key, expected, value, version); break;
+      default: v = store_->Put(key, value); break;
     }
-    if (op == kv::Op::kInsert && slot != nullptr) return Status::AlreadyExists("key exists");
-    if (op == kv::Op::kCas) {
-      if (slot == nullptr) return Status::NotFound("no such key");
-      uint64_t cur = CurrentVersion(key);
-      if (cur != expected) {
-        *version = cur;
-        return Status::VersionMismatch("version is " + std::to_string(cur));
-      }
-    }
-    uint64_t* target = slot;
-    if (target == nullptr) {
-      uint64_t* w = Window(kv::KeyHash(key));
-      for (size_t i = 0; i < 16 && target == nullptr; ++i) {
-        if (w[i] == 0) target = &w[i];
-      }
-      if (target == nullptr) return Status::OutOfSpace("index window full");
-    }
-    uint32_t at = ~0u;
+    if (!v.ok()) return v.status();
+    *version = *v;
     if (reuse_next_.has_value()) {
-      at = *reuse_next_;
+      MoveItem(key, *reuse_next_);
       reuse_next_.reset();
     }
-    *version = ++version_counter_;
-    uint64_t word = WriteItem(key, value, *version, kv::kStateLive, at);
-    uint64_t old = *target;
-    __atomic_store_n(target, word, __ATOMIC_RELEASE);
-    if (slot != nullptr) Retire(old);
     return Status::Ok();
   }
 
-  // The next write places its item at this offset (to test reuse of a freed block).
+  // Fault: the next write places its item at this offset, as if the allocator had reused a
+  // freed block before its grace period ended (the store writes it where its allocator says;
+  // the fake then copies it into this block and moves the slot there, item first).
   void ReuseNext(uint32_t offset_units) {
     std::lock_guard<std::mutex> l(mu_);
     reuse_next_ = offset_units;
@@ -201,9 +222,16 @@ class FakeServer {
     Status s;
     std::string body;
     switch (req->op) {
-      case kv::Op::kStats: body = R"({"items":1})"; break;
+      case kv::Op::kPut:
+      case kv::Op::kInsert:
+      case kv::Op::kCas:
+      case kv::Op::kDelete:
+        s = Apply(req->op, req->key, req->value, req->expected_version, &version);
+        break;
+      case kv::Op::kStats: body = R"({"items":1})"; break;  // a fixed body, for tests
       case kv::Op::kPing: break;
-      default: s = Apply(req->op, req->key, req->value, req->expected_version, &version);
+      case kv::Op::kClusterMap: break;  // standalone, as kvserver: an empty map, epoch 0
+      default: s = Status::NotSupported("the fake server is standalone, without persistence");
     }
     kv::EncodeResponse(s, version, body, response);
   }
@@ -220,13 +248,30 @@ class FakeServer {
   std::function<transport::ReadStatus(transport::ReadOp& op, uint64_t offset)> on_read;
 
  private:
+  static uint64_t InjectionAreaBytes(size_t region_bytes) {
+    return std::max<uint64_t>(64 * kv::kUnit, region_bytes / 16 / kv::kUnit * kv::kUnit);
+  }
+
+  // Copies `key`'s current item to block `to` and points its slot there (item, then slot).
+  // The store's own block is left allocated and unlinked (a leak, for the test's lifetime).
+  void MoveItem(std::string_view key, uint32_t to) {
+    uint64_t* slot = FindSlot(key);
+    if (slot == nullptr) return;
+    kv::SlotFields f = kv::UnpackSlot(*slot);
+    if (f.offset_units == to) return;
+    std::memmove(ItemAt(to), ItemAt(f.offset_units), uint64_t{f.units} * kv::kUnit);
+    f.offset_units = to;
+    std::atomic_ref<uint64_t>(*slot).store(kv::PackSlot(f), std::memory_order_release);
+  }
+
   size_t bytes_;
   uint64_t max_value_;
+  std::chrono::milliseconds grace_;
   uint8_t* region_;
   std::mutex mu_;
-  uint32_t bump_units_ = 0;
-  uint64_t version_counter_ = 0;
-  uint64_t incarnation_counter_ = 0;
+  std::unique_ptr<server::Store> store_;
+  uint32_t injection_base_units_ = 0;
+  uint32_t injection_next_units_ = 0;
   std::optional<uint32_t> reuse_next_;
 };
 

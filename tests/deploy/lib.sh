@@ -48,16 +48,34 @@ finish() {
   ((_failed == 0))
 }
 
-# free_base_port N: a port P such that P..P+N-1 have no listener on this machine.
+# free_base_port N: a port P such that P..P+N-1 are free on this machine right now.
+# P lies below the kernel's ephemeral range (ip_local_port_range), which is where the port-0
+# listeners and outgoing connections of tests running in parallel get their ports; a port is
+# free when nothing listens on it and (with python3) it can be bound. Callers pick a fresh range
+# for each cluster they start rather than reusing one for the whole test.
 free_base_port() {
-  local n=$1 p i busy
-  for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 30000))
+  local n=$1 p i busy lo=32768 hi
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+  hi=$((lo - n))
+  ((hi > 10000)) || hi=$((32768 - n))
+  for _ in $(seq 1 100); do
+    p=$((10000 + RANDOM % (hi - 10000)))
     busy=0
     for ((i = 0; i < n; i++)); do
-      if [[ -n $(ss -Hltn "sport = :$((p + i))" 2>/dev/null) ]]; then busy=1; break; fi
+      if [[ -n $(ss -Hltn "sport = :$((p + i))" 2>/dev/null) ]] || ! port_bindable $((p + i)); then
+        busy=1
+        break
+      fi
     done
     ((busy)) || { echo "$p"; return 0; }
   done
   return 1
+}
+
+# port_bindable PORT: 127.0.0.1:PORT can be bound now (true when python3 is missing).
+port_bindable() {
+  command -v python3 >/dev/null || return 0
+  python3 -c 'import socket,sys
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))' "$1" 2>/dev/null
 }

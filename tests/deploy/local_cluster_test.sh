@@ -51,6 +51,12 @@ assert m["owners"] == [s % n for s in range(shards)], m["owners"]
 EOF
 }
 
+# new_ports N: exports RDKV_BASE_PORT, a fresh free range of N ports, into `base`.
+new_ports() {
+  base=$(free_base_port "$1") || skip "no free port range found"
+  export RDKV_BASE_PORT=$base
+}
+
 test_script() {
   command -v python3 >/dev/null || skip "python3 is not installed (the stand-in kvserver is a python script)"
   local bin=$WORK/bin
@@ -67,8 +73,7 @@ test_script() {
 
   # A normal lifecycle.
   local base d=$WORK/c1
-  base=$(free_base_port 3) || skip "no free port range found"
-  export RDKV_BASE_PORT=$base
+  new_ports 3
   expect_rc 0 "start 3 servers" "$LC" start 3 "$d"
   contains "  ... prints the seed address" "seed: 127.0.0.1:$base"
   check "  ... the generated map has 3 servers, 64 shards, round-robin owners, epoch 1" \
@@ -99,15 +104,18 @@ test_script() {
   contains "  ... says they are not running" "not running"
   expect_rc 0 "stop on a dir that never held a cluster" "$LC" stop "$WORK/never"
   expect_rc 3 "status on a dir that never held a cluster exits 3" "$LC" status "$WORK/never"
+  new_ports 3
   expect_rc 0 "start again in the same dir after stop" "$LC" start 3 "$d"
   expect_rc 0 "  ... and stop" "$LC" stop "$d"
 
   # RDKV_CLUSTER_DIR as the default state dir; N=1.
+  new_ports 1
   RDKV_CLUSTER_DIR=$WORK/c3 expect_rc 0 "start 1 with RDKV_CLUSTER_DIR" "$LC" start 1
   check "  ... writes its state there" test -s "$WORK/c3/server-0/pid"
   RDKV_CLUSTER_DIR=$WORK/c3 expect_rc 0 "  ... stop with RDKV_CLUSTER_DIR" "$LC" stop
 
   # A kvserver without the cluster/persistence flags: they are left out, with a warning.
+  new_ports 2
   FAKE_KVSERVER_FLAGS="" RDKV_DURABILITY=sync expect_rc 0 "start with a kvserver lacking --cluster_map etc." \
     "$LC" start 2 "$WORK/c4"
   contains "  ... warns which flags it left out" "does not take --cluster_map --durability --server_id --data_dir"
@@ -115,6 +123,7 @@ test_script() {
   "$LC" stop "$WORK/c4" >/dev/null
 
   # A port held by something else.
+  new_ports 3
   # (SO_REUSEADDR: the port may still have TIME_WAIT connections from the clusters above.)
   python3 -c 'import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(); time.sleep(60)' $((base + 1)) &
@@ -133,12 +142,14 @@ s.bind(("127.0.0.1",int(sys.argv[1]))); s.listen(); time.sleep(60)' $((base + 1)
   listener_pid=""
 
   # A server that exits at start.
+  new_ports 2
   FAKE_KVSERVER_FAIL="NotSupported: test failure" expect_rc 1 "a server that dies at start fails start" \
     "$LC" start 2 "$WORK/c6"
   contains "  ... shows its log" "cannot start: NotSupported: test failure"
   check "  ... and leaves nothing running" pids_gone "$WORK/c6"
 
   # A server that ignores SIGTERM gets SIGKILL.
+  new_ports 2
   FAKE_KVSERVER_IGNORE_TERM=1 expect_rc 0 "start servers that ignore SIGTERM" "$LC" start 2 "$WORK/c7"
   RDKV_STOP_TIMEOUT=1 expect_rc 0 "stop them" "$LC" stop "$WORK/c7"
   contains "  ... escalating to SIGKILL" "sending SIGKILL"

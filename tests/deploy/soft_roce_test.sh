@@ -126,7 +126,11 @@ expect_rc 2 "an unknown argument: exit 2" "$SR" --bogus
 expect_rc 0 "--help" "$SR" --help
 contains "  ... shows the usage" "--remove"
 if command -v setpriv >/dev/null; then
-  expect_rc 2 "as non-root: exit 2" setpriv --reuid=65534 --regid=65534 --clear-groups "$SR" --netdev nosuch0
+  # The unprivileged user runs a copy in $WORK (mode 755), from $WORK: the clone itself may live
+  # under a home directory it cannot enter (0700).
+  install -m 755 "$SR" "$WORK/setup-soft-roce.sh"
+  expect_rc 2 "as non-root: exit 2" setpriv --reuid=65534 --regid=65534 --clear-groups \
+    env -C "$WORK" "$WORK/setup-soft-roce.sh" --netdev nosuch0
   contains "  ... saying it needs root" "must run as root"
 else
   echo "SKIPPED: the non-root check: setpriv (util-linux) is not installed"

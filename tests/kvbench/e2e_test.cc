@@ -5,9 +5,6 @@
 // kvbench binary itself runs against the server and its YCSB text and JSON output are parsed
 // back.
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,23 +20,12 @@
 #include "rdkv/client.h"
 #include "common/cluster/cluster_map.h"
 #include "server/server.h"
+#include "tests/support/cluster_fixture.h"
 
 namespace rdkv::kvbench {
 namespace {
 
 const std::string kWorkloads = KVBENCH_WORKLOADS_DIR;
-
-uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Three servers sharing one cluster map; port() is the seed's. Each has a data dir under
 // `root` for its newest map (durability none), removed with the cluster.
@@ -64,14 +50,12 @@ std::unique_ptr<LocalCluster> StartServer() {
   std::vector<std::string> addresses;
   std::vector<uint16_t> ports;
   for (int i = 0; i < 3; ++i) {
-    ports.push_back(FreePort());
+    ports.push_back(testing::FreePort());
     addresses.push_back("127.0.0.1:" + std::to_string(ports.back()));
   }
   cluster::ClusterMap map = cluster::MakeUniformMap(addresses, 16);
   auto c = std::make_unique<LocalCluster>();
-  char tmpl[] = "/tmp/rdkv-kvbench-XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl), nullptr);
-  c->root = tmpl;
+  c->root = testing::MakeTempDir("kvbench");
   for (uint32_t i = 0; i < 3; ++i) {
     server::ServerOptions o;
     o.port = ports[i];
@@ -80,10 +64,9 @@ std::unique_ptr<LocalCluster> StartServer() {
     o.cluster_map = map;
     o.server_id = i;
     o.persist.data_dir = c->root + "/server-" + std::to_string(i);
-    auto s = server::Server::Start(o);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return nullptr;
-    c->servers.push_back(std::move(*s));
+    auto s = testing::StartServerRetrying(o);
+    if (s == nullptr) return nullptr;
+    c->servers.push_back(std::move(s));
   }
   return c;
 }

@@ -13,67 +13,34 @@
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "server/server.h"
+#include "tests/support/cluster_fixture.h"
 
 namespace rdkv::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-class ClusterServerTest : public ::testing::Test {
+class ClusterServerTest : public rdkv::testing::ClusterTest {
  protected:
   static constexpr uint32_t kShards = 8;
+  ClusterServerTest() : ClusterTest("cluster-server", kShards) {}
+
+  // Server `id` of `map` on a port of its own choosing (the map's addresses are not dialled).
   std::unique_ptr<Server> StartServer(uint32_t id, const cluster::ClusterMap& map) {
     ServerOptions o;
     o.port = 0;
     o.memory_bytes = 16 << 20;
     o.cluster_map = map;
     o.server_id = id;
-    // A cluster server needs a data dir for its newest map (durability none: only the map).
-    o.persist.data_dir = root_ + "/server-" + std::to_string(id);
+    o.persist.data_dir = DataDir(id);
     o.ownership_lease = std::chrono::milliseconds(150);
     auto s = Server::Start(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     return s.ok() ? std::move(*s) : nullptr;
   }
-  std::unique_ptr<transport::Connection> Connect(const Server& s) {
-    transport::ConnectOptions co;
-    co.host = "127.0.0.1";
-    co.port = s.port();
-    auto c = fabric_->Connect(co);
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(*c) : nullptr;
-  }
-  kv::Response Call(transport::Connection& c, const kv::Request& r) {
-    std::vector<uint8_t> req;
-    kv::EncodeRequest(r, &req);
-    Status s = c.Call(req, &buf_, std::chrono::seconds(5));
-    EXPECT_TRUE(s.ok()) << s.ToString();
-    auto d = kv::DecodeResponse(buf_);
-    EXPECT_TRUE(d.ok());
-    return d.ok() ? *d : kv::Response{Status::Internal("undecodable"), 0, {}};
-  }
+  std::unique_ptr<transport::Connection> Connect(const Server& s) { return ConnectTo(s.port()); }
   // A key whose shard is `shard`.
-  static std::string KeyIn(uint32_t shard, int n) {
-    for (int i = 0;; ++i) {
-      std::string k = "k" + std::to_string(n) + "-" + std::to_string(i);
-      if (cluster::ShardOf(kv::KeyHash(k), kShards) == shard) return k;
-    }
-  }
-  void SetUp() override {
-    char tmpl[] = "/tmp/rdkv-cluster-server-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
-    auto f = transport::Fabric::Create({});
-    ASSERT_TRUE(f.ok());
-    fabric_ = std::move(*f);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(root_, ec);
-  }
-  std::string root_;
-  std::unique_ptr<transport::Fabric> fabric_;
-  std::vector<uint8_t> buf_;
+  std::string KeyIn(uint32_t shard, int n) const { return ClusterTest::KeyIn(shard, n, "k"); }
 };
 
 TEST_F(ClusterServerTest, WritesToOtherShardsAreRedirected) {
