@@ -21,6 +21,8 @@
 #include "client/shard_move.h"
 #include "common/cluster/cluster_map.h"
 #include "common/kv/layout.h"
+#include "common/kv/limits.h"
+#include "common/kv/ops.h"
 #include "common/kv/wire.h"
 #include "rdkv/client.h"
 
@@ -216,7 +218,7 @@ class ClientImpl final : public Client {
   }
 
   Result<GetResult> Get(std::string_view key) override {
-    Status bad = CheckKey(key);
+    Status bad = kv::CheckKey(key);
     if (!bad.ok()) return Fail(bad);
     std::optional<Result<GetResult>> out;
     KeyJob job;
@@ -234,7 +236,7 @@ class ClientImpl final : public Client {
     std::vector<KeyJob> jobs;
     jobs.reserve(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      Status bad = CheckKey(keys[i]);
+      Status bad = kv::CheckKey(keys[i]);
       if (!bad.ok()) {
         outs[i] = bad;
         continue;
@@ -406,15 +408,6 @@ class ClientImpl final : public Client {
   T Fail(T error) {
     Add(stats_.errors);
     return error;
-  }
-
-  static Status CheckKey(std::string_view key) {
-    if (key.empty()) return Status::InvalidArgument("key is empty (keys are 1..1024 bytes)");
-    if (key.size() > kv::kMaxKeyBytes) {
-      return Status::InvalidArgument("key of " + std::to_string(key.size()) +
-                                     " bytes is longer than the limit of 1024 bytes");
-    }
-    return Status::Ok();
   }
 
   // "server 10.0.0.1:7400", or in a cluster "server 2 (10.0.0.1:7400)".
@@ -1104,7 +1097,7 @@ class ClientImpl final : public Client {
 
   Result<uint64_t> Write(kv::Op op, std::string_view key, std::string_view value,
                          uint64_t expected) {
-    Status bad = CheckKey(key);
+    Status bad = kv::CheckKey(key);
     if (!bad.ok()) return Fail(bad);
     uint64_t version = 0;
     if (!cluster_) {
@@ -1141,8 +1134,10 @@ class ClientImpl final : public Client {
     auto session_or = LinkSession(link);
     if (!session_or.ok()) return Fail(session_or.status());
     std::shared_ptr<Session> session = std::move(session_or).value();
-    bool keyed = !key.empty();
-    if (keyed && value.size() > session->header().max_value_bytes) {
+    // The op table decides: a snapshot's name or a shard move's request is no keyed write.
+    const bool keyed = kv::InfoOf(op).keyed;
+    const bool write = kv::IsWrite(op);
+    if (kv::InfoOf(op).has_value && value.size() > session->header().max_value_bytes) {
       return Fail(Status::InvalidArgument(
           "value of " + std::to_string(value.size()) + " bytes is larger than the server's limit of " +
           std::to_string(session->header().max_value_bytes) + " bytes"));
@@ -1154,9 +1149,9 @@ class ClientImpl final : public Client {
     req.expected_version = expected;
     std::vector<uint8_t> request, response;
     kv::EncodeRequest(req, &request);
-    if (keyed) Add(stats_.writes);
+    if (write) Add(stats_.writes);
     Status s = session->conn().Call(request, &response, timeout);
-    if (keyed) {
+    if (write) {
       // This client's cached location of the key is (or is about to be) stale.
       link.cache.Erase(kv::KeyHash(key));
     }
