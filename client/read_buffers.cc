@@ -12,6 +12,15 @@ namespace {
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 }  // namespace
 
+ScratchShape ScratchShapeFor(size_t batch_limit, uint64_t max_value_bytes) {
+  ScratchShape shape;
+  shape.window_capacity = batch_limit;
+  size_t max_item = kv::UnitsFor(kv::ItemBytes(kv::kMaxKeyBytes, max_value_bytes)) * kv::kUnit;
+  shape.item_capacity = max_item + (64u << 10);
+  shape.op_capacity = std::max<size_t>(batch_limit, kMaxCandidates + 1);
+  return shape;
+}
+
 bool ReadScratch::Idle() const {
   for (size_t i = 0; i < op_capacity; ++i) {
     if (!ops[i].done()) return false;

@@ -112,10 +112,6 @@ Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDe
 
 namespace {
 
-Status WithAddress(const Status& s, const ServerAddress& address) {
-  return Status(s.code(), "server " + address.ToString() + ": " + s.message());
-}
-
 Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fabric,
                                                            const ServerAddress& address,
                                                            const ClientOptions& options,
@@ -128,7 +124,7 @@ Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fa
   co.max_outstanding_reads = options.max_outstanding_reads;
   co.max_message_size = max_message_size;
   auto conn = fabric->Connect(co);
-  if (!conn.ok()) return WithAddress(conn.status(), address);
+  if (!conn.ok()) return conn.status();
   return std::move(conn).value();
 }
 
@@ -144,18 +140,16 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
                           ConnectOnce(fabric, address, options, max_message));
     const auto& regions = conn->regions();
     if (regions.empty()) {
-      return WithAddress(Status::ProtocolError("advertised no region"), address);
+      return Status::ProtocolError("advertised no region");
     }
     const transport::RegionDescriptor region = regions[0];
     if (region.layout_version != kv::kLayoutVersion) {
-      return WithAddress(Status::ProtocolError("region has layout version " +
-                                               std::to_string(region.layout_version) +
-                                               ", this client reads " +
-                                               std::to_string(kv::kLayoutVersion)),
-                         address);
+      return Status::ProtocolError("region has layout version " +
+                                   std::to_string(region.layout_version) + ", this client reads " +
+                                   std::to_string(kv::kLayoutVersion));
     }
     if (region.length < kv::kHeaderBytes) {
-      return WithAddress(Status::ProtocolError("region is smaller than its header"), address);
+      return Status::ProtocolError("region is smaller than its header");
     }
     RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::MemoryRegion> buf,
                           fabric->AllocateRegion(kv::kHeaderBytes, transport::RegionAccess::kLocal));
@@ -170,18 +164,16 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
     if (!s.ok()) {
       // On a timeout the READ still owns `buf`: close the connection before freeing it.
       conn.reset();
-      return WithAddress(Status(s.code(), "reading the region header: " + s.message()), address);
+      return Status(s.code(), "reading the region header: " + s.message());
     }
     if (op.status.load() != transport::ReadStatus::kOk) {
-      return WithAddress(Status::Unavailable("reading the region header failed (READ status " +
-                                             std::to_string(static_cast<int>(op.status.load())) +
-                                             ")"),
-                         address);
+      return Status::Unavailable("reading the region header failed (READ status " +
+                                 std::to_string(static_cast<int>(op.status.load())) + ")");
     }
     kv::RegionHeader header;
     std::memcpy(&header, buf->data(), sizeof(header));
     Status valid = ValidateRegionHeader(header, region);
-    if (!valid.ok()) return WithAddress(valid, address);
+    if (!valid.ok()) return valid;
     // Requests carry up to a full key and value: make sure the connection can send them.
     size_t need = sizeof(kv::RequestHeader) + kv::kMaxKeyBytes + header.max_value_bytes + 4096;
     if (need > max_message && round == 0) {
@@ -190,7 +182,7 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
     }
     return std::make_shared<Session>(std::move(conn), header, region, pool);
   }
-  return WithAddress(Status::Internal("could not size the connection's messages"), address);
+  return Status::Internal("could not size the connection's messages");
 }
 
 }  // namespace rdkv::client

@@ -2,7 +2,7 @@
 //
 // A Session is immutable after OpenSession except for `broken` and the quarantine. Threads
 // hold it through a shared_ptr for the duration of one call; a reconnect replaces it in the
-// ServerLink and the old one is destroyed (closing its Connection) when its last user is done.
+// Link and the old one is destroyed (closing its Connection) when its last user is done.
 //
 // Thread-safety: every method is safe from any thread.
 #pragma once
@@ -84,8 +84,9 @@ class Session {
 Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDescriptor& region);
 
 // Connects to `address` over `fabric`, READs and validates the region header.
-// Errors: kUnavailable / kTimedOut / kPermissionDenied from the transport (with the address),
-// kProtocolError for a region this client cannot read.
+// Errors: kUnavailable / kTimedOut / kPermissionDenied from the transport, kProtocolError for
+// a region this client cannot read. Messages do not name the server: the caller does, once
+// (Links::SessionOf).
 Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const ServerAddress& address,
                                              const ClientOptions& options, ScratchPool* pool);
 

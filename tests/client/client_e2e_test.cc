@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "rdkv/admin.h"
 #include "rdkv/client.h"
 #include "server/server.h"
 
@@ -290,7 +291,7 @@ TEST(ClientE2E, NamedSnapshotIsNotAWrite) {
   ASSERT_TRUE(c->Put("nightly", "v").ok());
   ASSERT_TRUE(c->Get("nightly").ok());  // caches the key's location
   ClientStats before = c->stats();
-  auto snap = c->Snapshot("nightly");
+  auto snap = Admin(*c).Snapshot("nightly");
   ASSERT_TRUE(snap.ok()) << snap.status().ToString();
   EXPECT_NE(snap->find("nightly"), std::string::npos) << *snap;
   ClientStats after = c->stats();
