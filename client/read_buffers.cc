@@ -29,12 +29,12 @@ bool ReadScratch::Idle() const {
 }
 
 void ScratchPool::SetShape(const ScratchShape& shape) {
-  std::lock_guard<std::mutex> l(shape_mu_);
+  MutexLock l(&shape_mu_);
   shape_ = shape;
 }
 
 ScratchShape ScratchPool::shape() const {
-  std::lock_guard<std::mutex> l(shape_mu_);
+  MutexLock l(&shape_mu_);
   return shape_;
 }
 
@@ -47,7 +47,7 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
   size_t first = MyShard();
   for (size_t i = 0; i < kShards; ++i) {
     Shard& sh = shards_[(first + i) % kShards];
-    std::lock_guard<std::mutex> l(sh.mu);
+    MutexLock l(&sh.mu);
     while (!sh.free.empty()) {
       std::unique_ptr<ReadScratch> s = std::move(sh.free.back());
       sh.free.pop_back();
@@ -68,7 +68,7 @@ void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
     return;  // stale shape
   }
   Shard& sh = shards_[MyShard()];
-  std::lock_guard<std::mutex> l(sh.mu);
+  MutexLock l(&sh.mu);
   sh.free.push_back(std::move(s));
 }
 

@@ -13,11 +13,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common/kv/layout.h"
 #include "common/transport/transport.h"
+#include "common/util/mutex.h"
 #include "rdkv/client.h"
 #include "rdkv/status.h"
 
@@ -79,14 +79,14 @@ class ScratchPool {
  private:
   static constexpr size_t kShards = 8;
   struct alignas(64) Shard {
-    std::mutex mu;
-    std::vector<std::unique_ptr<ReadScratch>> free;
+    Mutex mu;
+    std::vector<std::unique_ptr<ReadScratch>> free GUARDED_BY(mu);
   };
   size_t MyShard() const;
 
   transport::Fabric* fabric_;
-  mutable std::mutex shape_mu_;
-  ScratchShape shape_;
+  mutable Mutex shape_mu_;
+  ScratchShape shape_ GUARDED_BY(shape_mu_);
   Shard shards_[kShards];
 };
 

@@ -12,6 +12,7 @@ Session::Session(std::unique_ptr<transport::Connection> conn, const kv::RegionHe
 
 Session::~Session() {
   conn_.reset();  // every READ it owned is now void: its destination may be reused
+  MutexLock l(&quarantine_mu_);  // no other user is left; taken for the analysis
   for (auto& s : quarantine_) {
     for (size_t i = 0; i < s->op_capacity; ++i) {
       if (!s->ops[i].done()) s->ops[i].status.store(transport::ReadStatus::kConnectionLost);
@@ -23,7 +24,7 @@ Session::~Session() {
 void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
   std::vector<std::unique_ptr<ReadScratch>> ready;
   {
-    std::lock_guard<std::mutex> l(quarantine_mu_);
+    MutexLock l(&quarantine_mu_);
     quarantine_.push_back(std::move(scratch));
     for (size_t i = 0; i < quarantine_.size();) {
       if (quarantine_[i]->Idle()) {
@@ -40,7 +41,7 @@ void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
 
 bool Session::ClaimLeaseRefresh(std::chrono::steady_clock::time_point now,
                                 std::chrono::steady_clock::duration half_lease) {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   if (lease_valid_ && now - lease_posted_ <= half_lease) return false;  // fresh
   bool expired = !lease_valid_ || now - lease_posted_ >= 2 * half_lease;
   // Another batch is refreshing it and this one is still covered. A claim whose READ failed
@@ -51,7 +52,7 @@ bool Session::ClaimLeaseRefresh(std::chrono::steady_clock::time_point now,
 }
 
 void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const uint8_t* ownership) {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   if (lease_valid_ && posted < lease_posted_) return;
   lease_valid_ = true;
   lease_posted_ = posted;
@@ -63,7 +64,7 @@ void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const ui
 Session::LeaseVerdict Session::CheckLease(uint32_t shard,
                                           std::chrono::steady_clock::time_point completed,
                                           std::chrono::steady_clock::duration lease) const {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   if (!lease_valid_ || shard >= kv::kMaxShards) return LeaseVerdict::kExpired;
   if (!kv::OwnsShard(owned_, shard)) return LeaseVerdict::kNotOwned;
   if (completed >= lease_posted_ + lease) return LeaseVerdict::kExpired;
@@ -71,7 +72,7 @@ Session::LeaseVerdict Session::CheckLease(uint32_t shard,
 }
 
 uint64_t Session::lease_epoch() const {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   return lease_epoch_;
 }
 

@@ -10,7 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "client/seed.h"
 #include "common/kv/layout.h"
 #include "common/transport/transport.h"
+#include "common/util/mutex.h"
 #include "rdkv/client.h"
 
 namespace rdkv::client {
@@ -69,14 +69,14 @@ class Session {
   const transport::RegionDescriptor region_;
   ScratchPool* pool_;
   std::atomic<bool> broken_{false};
-  std::mutex quarantine_mu_;
-  std::vector<std::unique_ptr<ReadScratch>> quarantine_;
-  mutable std::mutex lease_mu_;
-  bool lease_valid_ = false;                          // guarded by lease_mu_
-  std::chrono::steady_clock::time_point lease_posted_;  // guarded by lease_mu_
-  uint64_t lease_epoch_ = 0;                          // guarded by lease_mu_
-  uint64_t owned_[kv::kMaxShards / 64] = {};          // guarded by lease_mu_
-  bool refresh_claimed_ = false;                      // guarded by lease_mu_
+  Mutex quarantine_mu_;
+  std::vector<std::unique_ptr<ReadScratch>> quarantine_ GUARDED_BY(quarantine_mu_);
+  mutable Mutex lease_mu_;
+  bool lease_valid_ GUARDED_BY(lease_mu_) = false;
+  std::chrono::steady_clock::time_point lease_posted_ GUARDED_BY(lease_mu_);
+  uint64_t lease_epoch_ GUARDED_BY(lease_mu_) = 0;
+  uint64_t owned_[kv::kMaxShards / 64] GUARDED_BY(lease_mu_) = {};
+  bool refresh_claimed_ GUARDED_BY(lease_mu_) = false;
 };
 
 // Validates a region header READ from a server (magic, layout version, checksum, geometry
