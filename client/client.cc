@@ -5,7 +5,7 @@
 
 #include "client/client_impl.h"
 #include "client/client_internal.h"
-#include "client/seed.h"
+#include "common/util/units.h"
 #include "rdkv/client.h"
 
 namespace rdkv::client {
@@ -53,7 +53,8 @@ Status ValidateOptions(const ClientOptions& o) {
 Result<std::unique_ptr<Client>> ConnectWithFabric(const ClientOptions& options,
                                                   std::unique_ptr<transport::Fabric> fabric) {
   RDKV_RETURN_IF_ERROR(ValidateOptions(options));
-  RDKV_ASSIGN_OR_RETURN(ServerAddress address, ParseServerAddress(options.seed));
+  ServerAddress address;
+  RDKV_RETURN_IF_ERROR(ParseHostPort(options.seed, &address.host, &address.port));
   auto client = std::make_unique<ClientImpl>(options, std::move(address), std::move(fabric));
   RDKV_RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<Client>(std::move(client));
@@ -68,7 +69,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   if (options.seed.empty()) {
     return Status::InvalidArgument("ClientOptions.seed is empty: give a server as host:port");
   }
-  RDKV_RETURN_IF_ERROR(client::ParseServerAddress(options.seed).status());
+  std::string host;
+  uint16_t port = 0;
+  RDKV_RETURN_IF_ERROR(ParseHostPort(options.seed, &host, &port));
   RDKV_ASSIGN_OR_RETURN(transport::TransportKind kind, transport::ChooseTransport(options.transport));
   transport::FabricOptions fo;
   fo.kind = kind;

@@ -17,7 +17,6 @@
 #include "client/links.h"
 #include "client/read_buffers.h"
 #include "client/router.h"
-#include "client/seed.h"
 #include "client/writer.h"
 #include "common/transport/transport.h"
 #include "rdkv/client.h"

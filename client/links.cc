@@ -37,8 +37,8 @@ Link* Links::LinkFor(uint32_t id, const std::string& address) {
   MutexLock l(&mu_);
   auto it = links_.find(key);
   if (it != links_.end()) return it->second.get();
-  auto parsed = ParseServerAddress(address);
-  ServerAddress a = parsed.ok() ? parsed.value() : ServerAddress{address, 0};
+  ServerAddress a;
+  if (!ParseHostPort(address, &a.host, &a.port).ok()) a = ServerAddress{address, 0};
   auto link = std::make_unique<Link>(id, std::move(a), options_.location_cache_entries);
   Link* raw = link.get();
   links_.emplace(std::move(key), std::move(link));

@@ -17,7 +17,6 @@
 #include "client/counters.h"
 #include "client/location_cache.h"
 #include "client/read_buffers.h"
-#include "client/seed.h"
 #include "client/session.h"
 #include "common/transport/transport.h"
 #include "common/util/mutex.h"

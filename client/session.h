@@ -14,13 +14,20 @@
 #include <vector>
 
 #include "client/read_buffers.h"
-#include "client/seed.h"
 #include "common/kv/layout.h"
 #include "common/transport/transport.h"
 #include "common/util/mutex.h"
+#include "common/util/units.h"
 #include "rdkv/client.h"
 
 namespace rdkv::client {
+
+// Where a server listens (ParseHostPort reads it, FormatHostPort writes it).
+struct ServerAddress {
+  std::string host;   // a name or an address; IPv6 without the brackets
+  uint16_t port = 0;  // 1..65535
+  std::string ToString() const { return FormatHostPort(host, port); }
+};
 
 class Session {
  public:

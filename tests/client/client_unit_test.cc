@@ -8,14 +8,20 @@
 
 #include "client/client_internal.h"
 #include "client/location_cache.h"
-#include "client/seed.h"
 #include "client/session.h"
+#include "common/util/units.h"
 #include "tests/client/fake_fabric.h"
 
 namespace rdkv {
 namespace {
 
-using client::ParseServerAddress;
+// The client reads a server address with the one parser (ParseHostPort) into a
+// client::ServerAddress, which writes it back with the one formatter (FormatHostPort).
+Result<client::ServerAddress> ParseServerAddress(std::string_view text) {
+  client::ServerAddress a;
+  RDKV_RETURN_IF_ERROR(ParseHostPort(text, &a.host, &a.port));
+  return a;
+}
 using testing::FakeFabric;
 using testing::FakeServer;
 

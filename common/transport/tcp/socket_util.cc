@@ -13,6 +13,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/util/units.h"
+
 namespace rdkv::transport::tcp {
 
 namespace {
@@ -21,11 +23,6 @@ int MillisUntil(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
-}
-
-std::string HostPort(const std::string& host, uint16_t port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-         std::to_string(port);
 }
 
 struct AddrInfoList {
@@ -43,7 +40,7 @@ Status Resolve(const std::string& host, uint16_t port, bool passive, AddrInfoLis
   std::string service = std::to_string(port);
   int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out->head);
   if (rc != 0) {
-    return Status::Unavailable("cannot resolve " + HostPort(host, port) + ": " + gai_strerror(rc));
+    return Status::Unavailable("cannot resolve " + FormatHostPort(host, port) + ": " + gai_strerror(rc));
   }
   return Status::Ok();
 }
@@ -90,7 +87,7 @@ Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point 
       } while (prc < 0 && errno == EINTR);
       if (prc == 0) {
         close(fd);
-        return Status::TimedOut("connect to " + HostPort(host, port) + " timed out");
+        return Status::TimedOut("connect to " + FormatHostPort(host, port) + " timed out");
       }
       int err = 0;
       socklen_t len = sizeof err;
@@ -109,13 +106,13 @@ Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point 
     last_error = strerror(errno);
     close(fd);
   }
-  return Status::Unavailable("connect to " + HostPort(host, port) + ": " + last_error);
+  return Status::Unavailable("connect to " + FormatHostPort(host, port) + ": " + last_error);
 }
 
 Result<int> ListenOn(const std::string& host, uint16_t port, int backlog) {
   AddrInfoList list;
   RDKV_RETURN_IF_ERROR(Resolve(host, port, true, &list));
-  Status last = Status::Unavailable("no address for " + HostPort(host, port));
+  Status last = Status::Unavailable("no address for " + FormatHostPort(host, port));
   for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
@@ -125,12 +122,12 @@ Result<int> ListenOn(const std::string& host, uint16_t port, int backlog) {
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      last = Status::FromErrno("bind " + HostPort(host, port), errno);
+      last = Status::FromErrno("bind " + FormatHostPort(host, port), errno);
       close(fd);
       continue;
     }
     if (listen(fd, backlog) != 0) {
-      last = Status::FromErrno("listen " + HostPort(host, port), errno);
+      last = Status::FromErrno("listen " + FormatHostPort(host, port), errno);
       close(fd);
       continue;
     }
@@ -163,7 +160,7 @@ std::string PeerName(int fd) {
     inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
     port = ntohs(a->sin6_port);
   }
-  return HostPort(host, port);
+  return FormatHostPort(host, port);
 }
 
 Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point deadline,
