@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -12,7 +11,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
+#include "common/util/resolve.h"
 #include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
@@ -23,26 +24,6 @@ int MillisUntil(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
-}
-
-struct AddrInfoList {
-  addrinfo* head = nullptr;
-  ~AddrInfoList() {
-    if (head != nullptr) freeaddrinfo(head);
-  }
-};
-
-Status Resolve(const std::string& host, uint16_t port, bool passive, AddrInfoList* out) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  std::string service = std::to_string(port);
-  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out->head);
-  if (rc != 0) {
-    return Status::Unavailable("cannot resolve " + FormatHostPort(host, port) + ": " + gai_strerror(rc));
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -69,16 +50,15 @@ Status SetNonBlocking(int fd, bool nonblocking) {
 }
 
 Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  AddrInfoList list;
-  RDKV_RETURN_IF_ERROR(Resolve(host, port, false, &list));
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, false));
   std::string last_error = "no address";
-  for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  for (const ResolvedAddress& ai : addresses) {
+    int fd = socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol);
     if (fd < 0) {
       last_error = std::string("socket: ") + strerror(errno);
       continue;
     }
-    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    int rc = connect(fd, ai.sockaddr_ptr(), ai.length);
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
       int prc;
@@ -110,18 +90,17 @@ Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point 
 }
 
 Result<int> ListenOn(const std::string& host, uint16_t port, int backlog) {
-  AddrInfoList list;
-  RDKV_RETURN_IF_ERROR(Resolve(host, port, true, &list));
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, true));
   Status last = Status::Unavailable("no address for " + FormatHostPort(host, port));
-  for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  for (const ResolvedAddress& ai : addresses) {
+    int fd = socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol);
     if (fd < 0) {
       last = Status::FromErrno("socket", errno);
       continue;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+    if (bind(fd, ai.sockaddr_ptr(), ai.length) != 0) {
       last = Status::FromErrno("bind " + FormatHostPort(host, port), errno);
       close(fd);
       continue;

@@ -3,7 +3,6 @@
 // See docs/transport-verbs.md.
 #include <arpa/inet.h>
 #include <glog/logging.h>
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -13,6 +12,7 @@
 
 #include "common/transport/memory.h"
 #include "common/transport/verbs/verbs_internal.h"
+#include "common/util/resolve.h"
 #include "common/util/units.h"
 
 namespace rdkv::transport::verbs {
@@ -43,28 +43,17 @@ std::string SockaddrText(const sockaddr* sa) {
   return FormatHostPort(buf, port);
 }
 
+// The first IPv4 address of host:port if there is one, else its first address.
 Result<sockaddr_storage> ResolveAddress(const std::string& host, uint16_t port, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0) {
-    return Status::Unavailable("cannot resolve " + FormatHostPort(host, port) + ": " + gai_strerror(rc));
-  }
-  const addrinfo* pick = res;
-  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET) {
-      pick = a;
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, passive));
+  const ResolvedAddress* pick = &addresses.front();
+  for (const ResolvedAddress& a : addresses) {
+    if (a.family == AF_INET) {
+      pick = &a;
       break;
     }
   }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, pick->ai_addr, std::min<size_t>(pick->ai_addrlen, sizeof(ss)));
-  freeaddrinfo(res);
-  return ss;
+  return pick->addr;
 }
 
 struct CmEventInfo {
