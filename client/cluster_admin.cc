@@ -105,7 +105,9 @@ Result<std::string> ClusterAdmin::Snapshot(std::string_view name) {
   if (map == nullptr) {
     targets.push_back(&links_->seed());
   } else {
-    for (const cluster::ServerEntry& e : map->servers) targets.push_back(links_->LinkFor(e.id, e.address));
+    for (const cluster::ServerEntry& e : map->servers) {
+      targets.push_back(links_->LinkFor(e.id, e.address));
+    }
   }
   kv::Request req = Plain(kv::Op::kSnapshot);
   req.key = name;  // the snapshot's name travels in the key field

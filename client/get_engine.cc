@@ -419,7 +419,9 @@ Status GetEngine::CachePass(Session& session, ScratchLease& x, std::span<KeyJob>
       // batch per connection at a time while the lease is still valid).
       const bool probe = cluster && session.ClaimLeaseRefresh(t0, lease_ / 2);
       uint8_t* own = x->items + OwnershipOffset(*x);
-      if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
+      if (probe) {
+        AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
+      }
       RDKV_RETURN_IF_ERROR(RunReads(session, x));
       Clock::time_point completed = Clock::now();
       if (probe) session.UpdateLease(t0, own);

@@ -101,10 +101,10 @@ class GetEngine {
                     size_t* end, bool* any_work, bool* any_retry);
   Status JudgeCandidates(Session& session, ScratchLease& x, std::span<KeyJob> jobs,
                          bool* any_retry);
-  void EndAttempt(const Session& session, KeyJob& job, std::chrono::steady_clock::time_point completed,
-                  bool* any_retry);
-  void NotFound(const Session& session, KeyJob& job, std::chrono::steady_clock::time_point completed,
-                bool* any_retry);
+  void EndAttempt(const Session& session, KeyJob& job,
+                  std::chrono::steady_clock::time_point completed, bool* any_retry);
+  void NotFound(const Session& session, KeyJob& job,
+                std::chrono::steady_clock::time_point completed, bool* any_retry);
   void Retry(KeyJob& job, bool* any_retry);
   // The lease gate: true when a result read from `session` at `completed` may be returned.
   // Otherwise the job either ended with kWrongOwner (the server does not serve its shard;

@@ -351,7 +351,8 @@ TEST_F(ClusterMoveTest, FinishesAMoveInterruptedAfterStepOne) {
   std::string log;
   const std::vector<uint32_t> shards = {4};  // server 1 -> server 2
   auto report =
-      Admin(*admin).MoveShards(shards, 2, [&](std::string_view l) { log += std::string(l) + "\n"; });
+      Admin(*admin).MoveShards(shards, 2,
+                               [&](std::string_view l) { log += std::string(l) + "\n"; });
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->resumed, std::vector<uint32_t>{3});
   EXPECT_EQ(report->resumed_from_epoch, 1u);
