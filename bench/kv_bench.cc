@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
     auto s = rdkv::server::Server::Start(so);
     if (!s.ok()) Die(s.status(), "embedded server");
     embedded = std::move(*s);
-    seed = FLAGS_host + ":" + std::to_string(embedded->port());
+    seed = rdkv::FormatHostPort(FLAGS_host, embedded->port());
   }
   rdkv::ClientOptions co;
   co.seed = seed;

@@ -13,7 +13,7 @@ namespace rdkv::client {
 Result<std::unique_ptr<Client>> ConnectWithFabric(const ClientOptions& options,
                                                   std::unique_ptr<transport::Fabric> fabric);
 
-// How CheckItem's verdict on one candidate item is acted upon by a GET.
+// How CheckItem's verdict on one candidate item is acted upon by a GET (client/get_engine.cc).
 enum class Verdict : uint8_t {
   kAccept,   // a LIVE, intact item of the key
   kForeign,  // an intact item of another key (a fingerprint collision): not this key's slot
@@ -23,7 +23,8 @@ enum class Verdict : uint8_t {
 Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::string_view* value,
                      uint64_t* version, bool* torn);
 
-// "key 'abc'" with non-printable bytes escaped and long keys shortened, for error messages.
+// "key 'abc'" with non-printable bytes escaped and long keys shortened, for error messages
+// (client/call.cc).
 std::string DescribeKey(std::string_view key);
 
 }  // namespace rdkv::client

@@ -12,6 +12,15 @@ namespace {
 size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 }  // namespace
 
+ScratchShape ScratchShapeFor(size_t batch_limit, uint64_t max_value_bytes) {
+  ScratchShape shape;
+  shape.window_capacity = batch_limit;
+  size_t max_item = kv::UnitsFor(kv::ItemBytes(kv::kMaxKeyBytes, max_value_bytes)) * kv::kUnit;
+  shape.item_capacity = max_item + (64u << 10);
+  shape.op_capacity = std::max<size_t>(batch_limit, kMaxCandidates + 1);
+  return shape;
+}
+
 bool ReadScratch::Idle() const {
   for (size_t i = 0; i < op_capacity; ++i) {
     if (!ops[i].done()) return false;
@@ -20,12 +29,12 @@ bool ReadScratch::Idle() const {
 }
 
 void ScratchPool::SetShape(const ScratchShape& shape) {
-  std::lock_guard<std::mutex> l(shape_mu_);
+  MutexLock l(&shape_mu_);
   shape_ = shape;
 }
 
 ScratchShape ScratchPool::shape() const {
-  std::lock_guard<std::mutex> l(shape_mu_);
+  MutexLock l(&shape_mu_);
   return shape_;
 }
 
@@ -38,7 +47,7 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
   size_t first = MyShard();
   for (size_t i = 0; i < kShards; ++i) {
     Shard& sh = shards_[(first + i) % kShards];
-    std::lock_guard<std::mutex> l(sh.mu);
+    MutexLock l(&sh.mu);
     while (!sh.free.empty()) {
       std::unique_ptr<ReadScratch> s = std::move(sh.free.back());
       sh.free.pop_back();
@@ -59,7 +68,7 @@ void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
     return;  // stale shape
   }
   Shard& sh = shards_[MyShard()];
-  std::lock_guard<std::mutex> l(sh.mu);
+  MutexLock l(&sh.mu);
   sh.free.push_back(std::move(s));
 }
 

@@ -9,13 +9,16 @@
 // Thread-safety: ScratchPool is thread-safe. A ReadScratch is used by one thread at a time.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/kv/layout.h"
 #include "common/transport/transport.h"
+#include "common/util/mutex.h"
+#include "rdkv/client.h"
 #include "rdkv/status.h"
 
 namespace rdkv::client {
@@ -42,6 +45,19 @@ struct ScratchShape {
   size_t op_capacity = 1;
 };
 
+// Candidate slots in one key's index window.
+inline constexpr size_t kMaxCandidates = kv::kSlotsPerBucket * kv::kWindowBuckets;
+
+// READs one GET batch posts at most: max_batch_reads, never above max_outstanding_reads.
+inline size_t BatchLimit(const ClientOptions& o) {
+  return std::max<uint32_t>(1, std::min(o.max_batch_reads, o.max_outstanding_reads));
+}
+
+// The scratch a GET batch of up to `batch_limit` READs needs from a server whose values are at
+// most `max_value_bytes`: a window per READ, room for the largest item (and 64 KiB more), ops
+// for a batch or for one key's candidates and its ownership READ.
+ScratchShape ScratchShapeFor(size_t batch_limit, uint64_t max_value_bytes);
+
 class ScratchPool {
  public:
   explicit ScratchPool(transport::Fabric* fabric) : fabric_(fabric) {}
@@ -63,14 +79,14 @@ class ScratchPool {
  private:
   static constexpr size_t kShards = 8;
   struct alignas(64) Shard {
-    std::mutex mu;
-    std::vector<std::unique_ptr<ReadScratch>> free;
+    Mutex mu;
+    std::vector<std::unique_ptr<ReadScratch>> free GUARDED_BY(mu);
   };
   size_t MyShard() const;
 
   transport::Fabric* fabric_;
-  mutable std::mutex shape_mu_;
-  ScratchShape shape_;
+  mutable Mutex shape_mu_;
+  ScratchShape shape_ GUARDED_BY(shape_mu_);
   Shard shards_[kShards];
 };
 

@@ -12,6 +12,7 @@ Session::Session(std::unique_ptr<transport::Connection> conn, const kv::RegionHe
 
 Session::~Session() {
   conn_.reset();  // every READ it owned is now void: its destination may be reused
+  MutexLock l(&quarantine_mu_);  // no other user is left; taken for the analysis
   for (auto& s : quarantine_) {
     for (size_t i = 0; i < s->op_capacity; ++i) {
       if (!s->ops[i].done()) s->ops[i].status.store(transport::ReadStatus::kConnectionLost);
@@ -23,7 +24,7 @@ Session::~Session() {
 void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
   std::vector<std::unique_ptr<ReadScratch>> ready;
   {
-    std::lock_guard<std::mutex> l(quarantine_mu_);
+    MutexLock l(&quarantine_mu_);
     quarantine_.push_back(std::move(scratch));
     for (size_t i = 0; i < quarantine_.size();) {
       if (quarantine_[i]->Idle()) {
@@ -40,7 +41,7 @@ void Session::Quarantine(std::unique_ptr<ReadScratch> scratch) {
 
 bool Session::ClaimLeaseRefresh(std::chrono::steady_clock::time_point now,
                                 std::chrono::steady_clock::duration half_lease) {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   if (lease_valid_ && now - lease_posted_ <= half_lease) return false;  // fresh
   bool expired = !lease_valid_ || now - lease_posted_ >= 2 * half_lease;
   // Another batch is refreshing it and this one is still covered. A claim whose READ failed
@@ -51,7 +52,7 @@ bool Session::ClaimLeaseRefresh(std::chrono::steady_clock::time_point now,
 }
 
 void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const uint8_t* ownership) {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   if (lease_valid_ && posted < lease_posted_) return;
   lease_valid_ = true;
   lease_posted_ = posted;
@@ -63,7 +64,7 @@ void Session::UpdateLease(std::chrono::steady_clock::time_point posted, const ui
 Session::LeaseVerdict Session::CheckLease(uint32_t shard,
                                           std::chrono::steady_clock::time_point completed,
                                           std::chrono::steady_clock::duration lease) const {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   if (!lease_valid_ || shard >= kv::kMaxShards) return LeaseVerdict::kExpired;
   if (!kv::OwnsShard(owned_, shard)) return LeaseVerdict::kNotOwned;
   if (completed >= lease_posted_ + lease) return LeaseVerdict::kExpired;
@@ -71,7 +72,7 @@ Session::LeaseVerdict Session::CheckLease(uint32_t shard,
 }
 
 uint64_t Session::lease_epoch() const {
-  std::lock_guard<std::mutex> l(lease_mu_);
+  MutexLock l(&lease_mu_);
   return lease_epoch_;
 }
 
@@ -112,10 +113,6 @@ Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDe
 
 namespace {
 
-Status WithAddress(const Status& s, const ServerAddress& address) {
-  return Status(s.code(), "server " + address.ToString() + ": " + s.message());
-}
-
 Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fabric,
                                                            const ServerAddress& address,
                                                            const ClientOptions& options,
@@ -128,7 +125,7 @@ Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fa
   co.max_outstanding_reads = options.max_outstanding_reads;
   co.max_message_size = max_message_size;
   auto conn = fabric->Connect(co);
-  if (!conn.ok()) return WithAddress(conn.status(), address);
+  if (!conn.ok()) return conn.status();
   return std::move(conn).value();
 }
 
@@ -144,18 +141,16 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
                           ConnectOnce(fabric, address, options, max_message));
     const auto& regions = conn->regions();
     if (regions.empty()) {
-      return WithAddress(Status::ProtocolError("advertised no region"), address);
+      return Status::ProtocolError("advertised no region");
     }
     const transport::RegionDescriptor region = regions[0];
     if (region.layout_version != kv::kLayoutVersion) {
-      return WithAddress(Status::ProtocolError("region has layout version " +
-                                               std::to_string(region.layout_version) +
-                                               ", this client reads " +
-                                               std::to_string(kv::kLayoutVersion)),
-                         address);
+      return Status::ProtocolError("region has layout version " +
+                                   std::to_string(region.layout_version) + ", this client reads " +
+                                   std::to_string(kv::kLayoutVersion));
     }
     if (region.length < kv::kHeaderBytes) {
-      return WithAddress(Status::ProtocolError("region is smaller than its header"), address);
+      return Status::ProtocolError("region is smaller than its header");
     }
     RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::MemoryRegion> buf,
                           fabric->AllocateRegion(kv::kHeaderBytes, transport::RegionAccess::kLocal));
@@ -170,18 +165,16 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
     if (!s.ok()) {
       // On a timeout the READ still owns `buf`: close the connection before freeing it.
       conn.reset();
-      return WithAddress(Status(s.code(), "reading the region header: " + s.message()), address);
+      return Status(s.code(), "reading the region header: " + s.message());
     }
     if (op.status.load() != transport::ReadStatus::kOk) {
-      return WithAddress(Status::Unavailable("reading the region header failed (READ status " +
-                                             std::to_string(static_cast<int>(op.status.load())) +
-                                             ")"),
-                         address);
+      return Status::Unavailable("reading the region header failed (READ status " +
+                                 std::to_string(static_cast<int>(op.status.load())) + ")");
     }
     kv::RegionHeader header;
     std::memcpy(&header, buf->data(), sizeof(header));
     Status valid = ValidateRegionHeader(header, region);
-    if (!valid.ok()) return WithAddress(valid, address);
+    if (!valid.ok()) return valid;
     // Requests carry up to a full key and value: make sure the connection can send them.
     size_t need = kv::MaxMessageBytes(header.max_value_bytes);
     if (need > max_message && round == 0) {
@@ -190,7 +183,7 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
     }
     return std::make_shared<Session>(std::move(conn), header, region, pool);
   }
-  return WithAddress(Status::Internal("could not size the connection's messages"), address);
+  return Status::Internal("could not size the connection's messages");
 }
 
 }  // namespace rdkv::client

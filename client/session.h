@@ -2,7 +2,7 @@
 //
 // A Session is immutable after OpenSession except for `broken` and the quarantine. Threads
 // hold it through a shared_ptr for the duration of one call; a reconnect replaces it in the
-// ServerLink and the old one is destroyed (closing its Connection) when its last user is done.
+// Link and the old one is destroyed (closing its Connection) when its last user is done.
 //
 // Thread-safety: every method is safe from any thread.
 #pragma once
@@ -10,17 +10,24 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "client/read_buffers.h"
-#include "client/seed.h"
 #include "common/kv/layout.h"
 #include "common/transport/transport.h"
+#include "common/util/mutex.h"
+#include "common/util/units.h"
 #include "rdkv/client.h"
 
 namespace rdkv::client {
+
+// Where a server listens (ParseHostPort reads it, FormatHostPort writes it).
+struct ServerAddress {
+  std::string host;   // a name or an address; IPv6 without the brackets
+  uint16_t port = 0;  // 1..65535
+  std::string ToString() const { return FormatHostPort(host, port); }
+};
 
 class Session {
  public:
@@ -69,14 +76,14 @@ class Session {
   const transport::RegionDescriptor region_;
   ScratchPool* pool_;
   std::atomic<bool> broken_{false};
-  std::mutex quarantine_mu_;
-  std::vector<std::unique_ptr<ReadScratch>> quarantine_;
-  mutable std::mutex lease_mu_;
-  bool lease_valid_ = false;                          // guarded by lease_mu_
-  std::chrono::steady_clock::time_point lease_posted_;  // guarded by lease_mu_
-  uint64_t lease_epoch_ = 0;                          // guarded by lease_mu_
-  uint64_t owned_[kv::kMaxShards / 64] = {};          // guarded by lease_mu_
-  bool refresh_claimed_ = false;                      // guarded by lease_mu_
+  Mutex quarantine_mu_;
+  std::vector<std::unique_ptr<ReadScratch>> quarantine_ GUARDED_BY(quarantine_mu_);
+  mutable Mutex lease_mu_;
+  bool lease_valid_ GUARDED_BY(lease_mu_) = false;
+  std::chrono::steady_clock::time_point lease_posted_ GUARDED_BY(lease_mu_);
+  uint64_t lease_epoch_ GUARDED_BY(lease_mu_) = 0;
+  uint64_t owned_[kv::kMaxShards / 64] GUARDED_BY(lease_mu_) = {};
+  bool refresh_claimed_ GUARDED_BY(lease_mu_) = false;
 };
 
 // Validates a region header READ from a server (magic, layout version, checksum, geometry
@@ -84,8 +91,9 @@ class Session {
 Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDescriptor& region);
 
 // Connects to `address` over `fabric`, READs and validates the region header.
-// Errors: kUnavailable / kTimedOut / kPermissionDenied from the transport (with the address),
-// kProtocolError for a region this client cannot read.
+// Errors: kUnavailable / kTimedOut / kPermissionDenied from the transport, kProtocolError for
+// a region this client cannot read. Messages do not name the server: the caller does, once
+// (Links::SessionOf).
 Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const ServerAddress& address,
                                              const ClientOptions& options, ScratchPool* pool);
 

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rdkv/admin.h"
 #include "rdkv/client.h"
 
 DEFINE_string(server, "127.0.0.1:7400", "The kvserver to talk to, as host:port (in a cluster: "
@@ -513,7 +514,7 @@ class Cli {
     int code = kExitError;
     rdkv::Client* c = client(&code);
     if (c == nullptr) return code;
-    auto r = c->Snapshot(name);
+    auto r = rdkv::Admin(*c).Snapshot(name);
     if (!r.ok()) return Report(r.status(), "snapshot");
     if (FLAGS_json) {
       json lines = json::array();
@@ -576,7 +577,7 @@ class Cli {
     int code = kExitError;
     rdkv::Client* c = client(&code);
     if (c == nullptr) return code;
-    std::vector<rdkv::ServerInfo> servers = c->Servers(true);
+    std::vector<rdkv::ServerInfo> servers = rdkv::Admin(*c).Servers(true);
     json per = json::array();
     json total = json::object();
     size_t reachable = 0;
@@ -605,7 +606,9 @@ class Cli {
     int code = kExitError;
     rdkv::Client* c = client(&code);
     if (c == nullptr) return code;
-    std::vector<rdkv::ServerInfo> servers = c->Servers(false);
+    rdkv::Admin admin(*c);
+    std::vector<rdkv::ServerInfo> servers = admin.Servers(false);
+    const uint64_t epoch = admin.map_epoch();
     bool all_up = true;
     for (const auto& s : servers) all_up = all_up && s.reachable;
     if (FLAGS_json) {
@@ -616,11 +619,11 @@ class Cli {
         if (!s.reachable) one["error"] = s.error;
         arr.push_back(std::move(one));
       }
-      EmitJson({{"ok", all_up}, {"map_epoch", c->map_epoch()}, {"standalone", c->map_epoch() == 0},
+      EmitJson({{"ok", all_up}, {"map_epoch", epoch}, {"standalone", epoch == 0},
                 {"servers", arr}});
     } else {
-      std::cout << (c->map_epoch() == 0 ? std::string("standalone server")
-                                        : "cluster map epoch " + std::to_string(c->map_epoch()))
+      std::cout << (epoch == 0 ? std::string("standalone server")
+                               : "cluster map epoch " + std::to_string(epoch))
                 << "\n";
       for (const auto& s : servers) {
         std::cout << "server " << s.id << "  " << s.address << "  "
@@ -641,7 +644,7 @@ class Cli {
     // Progress goes to stdout in text mode, to stderr with --json (stdout: one object).
     std::ostream& progress_out = FLAGS_json ? std::cerr : std::cout;
     rdkv::Result<rdkv::MoveReport> r =
-        c->MoveShards(shards, to, [&progress_out](std::string_view line) {
+        rdkv::Admin(*c).MoveShards(shards, to, [&progress_out](std::string_view line) {
           progress_out << line << "\n" << std::flush;
         });
     if (!r.ok()) return Report(r.status(), "cluster move");

@@ -1,11 +1,14 @@
 // hello: a first rdkv application. Connects to a kvserver, then Put / Get / Cas / Delete one
-// key and prints what happens. Exits 0 when every result is the expected one, 1 otherwise.
+// key and prints what happens; then, as an operator tool would (rdkv/admin.h), lists the
+// servers the client sees. Exits 0 when every result is the expected one, 1 otherwise.
 //
 //   hello HOST:PORT [TRANSPORT]       TRANSPORT: auto (default), tcp or verbs
+#include <rdkv/admin.h>
 #include <rdkv/client.h>
 
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -64,6 +67,13 @@ int main(int argc, char** argv) {
 
   got = kv.Get(key);
   Expect(got.status().Is(rdkv::StatusCode::kNotFound), "Get after Delete -> " + got.status().ToString());
+
+  // Operator calls take the connected Client; applications need only rdkv/client.h.
+  rdkv::Admin admin(kv);
+  std::vector<rdkv::ServerInfo> servers = admin.Servers(/*with_stats=*/false);
+  Expect(servers.size() == 1 && servers[0].reachable,
+         "Admin::Servers -> " + std::to_string(servers.size()) + " server(s), map epoch " +
+             std::to_string(admin.map_epoch()));
 
   rdkv::ClientStats stats = kv.stats();
   std::printf("%llu GETs took %llu one-sided READs\n", static_cast<unsigned long long>(stats.gets),

@@ -70,4 +70,14 @@ Status ParseHostPort(std::string_view text, std::string* host_out, uint16_t* por
   return Status::Ok();
 }
 
+std::string FormatHostPort(std::string_view host, uint16_t port) {
+  std::string out;
+  if (host.find(':') != std::string_view::npos) {
+    out.append("[").append(host).append("]");
+  } else {
+    out.append(host);
+  }
+  return out + ":" + std::to_string(port);
+}
+
 }  // namespace rdkv

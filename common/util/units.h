@@ -1,7 +1,9 @@
-// Parsing of human-written sizes ("4GiB", "256M", "1048576").
+// Parsing of human-written sizes ("4GiB", "256M", "1048576"), and the one parser and the one
+// formatter of server addresses ("host:port", "[ipv6]:port").
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "rdkv/status.h"
@@ -15,5 +17,8 @@ Result<uint64_t> ParseByteSize(std::string_view text);
 // Splits "host:port" or "[ipv6]:port" (port 1..65535; IPv6 hosts come back without the
 // brackets). kInvalidArgument quoting the input and saying what is wrong otherwise.
 Status ParseHostPort(std::string_view text, std::string* host, uint16_t* port);
+// "host:port", the host in brackets when it is an IPv6 address ("[::1]:7400"): what
+// ParseHostPort reads back.
+std::string FormatHostPort(std::string_view host, uint16_t port);
 
 }  // namespace rdkv

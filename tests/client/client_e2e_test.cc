@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "rdkv/admin.h"
 #include "rdkv/client.h"
 #include "server/server.h"
 
@@ -267,6 +270,38 @@ TEST_F(ClientE2ETest, LocationCacheMakesTheSecondGetOneRead) {
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(nocache->Get("hot").ok());
   EXPECT_EQ(nocache->stats().get_reads, 20u);
   EXPECT_EQ(nocache->stats().cache_hits, 0u);
+}
+
+// A snapshot's name travels in the request's key field, but a snapshot is no write: it is
+// not counted in ClientStats::writes and leaves the cached location of a key that happens to
+// share its name alone (the op table, not "carries a key", decides what a write is).
+TEST(ClientE2E, NamedSnapshotIsNotAWrite) {
+  char tmpl[] = "/tmp/rdkv-client-snapshot-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  server::ServerOptions so = SmallServer();
+  so.persist.durability = server::persistence::Durability::kAsync;
+  so.persist.data_dir = root + "/data";
+  auto server = StartServer(so);
+  ASSERT_NE(server, nullptr);
+  ClientOptions o;
+  o.read_deadline = 500ms;
+  auto c = ConnectTo(server->port(), o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Put("nightly", "v").ok());
+  ASSERT_TRUE(c->Get("nightly").ok());  // caches the key's location
+  ClientStats before = c->stats();
+  auto snap = Admin(*c).Snapshot("nightly");
+  ASSERT_TRUE(snap.ok()) << snap.status().ToString();
+  EXPECT_NE(snap->find("nightly"), std::string::npos) << *snap;
+  ClientStats after = c->stats();
+  EXPECT_EQ(after.writes, before.writes);
+  ASSERT_TRUE(c->Get("nightly").ok());
+  EXPECT_EQ(c->stats().cache_hits - after.cache_hits, 1u);  // the location is still cached
+  EXPECT_EQ(c->stats().get_reads - after.get_reads, 1u);
+  c.reset();
+  server.reset();
+  std::filesystem::remove_all(root);
 }
 
 TEST(ClientE2E, AuthToken) {

@@ -8,14 +8,21 @@
 
 #include "client/client_internal.h"
 #include "client/location_cache.h"
-#include "client/seed.h"
 #include "client/session.h"
+#include "common/util/units.h"
+#include "rdkv/admin.h"
 #include "tests/client/fake_fabric.h"
 
 namespace rdkv {
 namespace {
 
-using client::ParseServerAddress;
+// The client reads a server address with the one parser (ParseHostPort) into a
+// client::ServerAddress, which writes it back with the one formatter (FormatHostPort).
+Result<client::ServerAddress> ParseServerAddress(std::string_view text) {
+  client::ServerAddress a;
+  RDKV_RETURN_IF_ERROR(ParseHostPort(text, &a.host, &a.port));
+  return a;
+}
 using testing::FakeFabric;
 using testing::FakeServer;
 
@@ -685,6 +692,53 @@ TEST_F(FakeClientTest, MultiGetReadErrorFailsUnresolvedKeys) {
   auto results = c->MultiGet(keys);
   EXPECT_TRUE(results[0].ok());  // answered by the cache READ before the failure
   EXPECT_EQ(results[1].status().code(), StatusCode::kConnectionLost);
+}
+
+// --- rdkv::Admin ---
+
+// A Client that is not the library's (an application's test double).
+class OtherClient final : public Client {
+ public:
+  Result<GetResult> Get(std::string_view) override { return Status::NotSupported("other"); }
+  std::vector<Result<GetResult>> MultiGet(std::span<const std::string_view>) override {
+    return {};
+  }
+  Result<uint64_t> Put(std::string_view, std::string_view) override {
+    return Status::NotSupported("other");
+  }
+  Result<uint64_t> Insert(std::string_view, std::string_view) override {
+    return Status::NotSupported("other");
+  }
+  Status Delete(std::string_view) override { return Status::NotSupported("other"); }
+  Result<uint64_t> Cas(std::string_view, uint64_t, std::string_view) override {
+    return Status::NotSupported("other");
+  }
+  Result<std::string> Stats() override { return Status::NotSupported("other"); }
+  Status Ping() override { return Status::NotSupported("other"); }
+  ClientStats stats() const override { return {}; }
+  uint64_t max_value_bytes() const override { return 0; }
+};
+
+TEST_F(FakeClientTest, AdminOfAStandaloneServerHasNoMapToChange) {
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  EXPECT_EQ(admin.map_epoch(), 0u);
+  const uint32_t shard = 0;
+  auto moved = admin.MoveShards(std::span<const uint32_t>(&shard, 1), 1, nullptr);
+  EXPECT_EQ(moved.status().code(), StatusCode::kNotSupported) << moved.status().ToString();
+  EXPECT_NE(moved.status().message().find("standalone"), std::string::npos);
+}
+
+TEST(AdminTest, NeedsAClientMadeByTheLibrary) {
+  OtherClient other;
+  Admin admin(other);
+  EXPECT_EQ(admin.Snapshot("x").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(admin.Servers(true).empty());
+  EXPECT_EQ(admin.map_epoch(), 0u);
+  const uint32_t shard = 0;
+  EXPECT_EQ(admin.MoveShards(std::span<const uint32_t>(&shard, 1), 1, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "common/cluster/cluster_map.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
+#include "rdkv/admin.h"
 #include "rdkv/client.h"
 #include "server/server.h"
 #include "tests/support/cluster_fixture.h"
@@ -62,7 +63,7 @@ class ClusterClientTest : public testing::ClusterTest {
 TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(c->map_epoch(), 1u);
+  EXPECT_EQ(Admin(*c).map_epoch(), 1u);
   std::vector<std::string> keys;
   for (int i = 0; i < 200; ++i) keys.push_back("user:" + std::to_string(i));
   for (const auto& k : keys) ASSERT_TRUE(c->Put(k, "v-" + k).ok()) << k;
@@ -102,7 +103,7 @@ TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {
   EXPECT_TRUE(c->Insert(keys[2], "back").ok());
   EXPECT_TRUE(c->Ping().ok());
 
-  auto servers = c->Servers(true);
+  auto servers = Admin(*c).Servers(true);
   ASSERT_EQ(servers.size(), 3u);
   size_t shards = 0;
   for (const ServerInfo& s : servers) {
@@ -181,7 +182,7 @@ TEST_F(ClusterClientTest, ServerDownFailsOnlyItsKeysThenReconnects) {
   EXPECT_TRUE(many[0].ok());
   EXPECT_EQ(many[1].status().code(), StatusCode::kUnavailable);
   EXPECT_TRUE(many[2].ok());
-  auto servers = c->Servers(false);
+  auto servers = Admin(*c).Servers(false);
   ASSERT_EQ(servers.size(), 3u);
   EXPECT_FALSE(servers[1].reachable);
   EXPECT_TRUE(servers[0].reachable && servers[2].reachable);
@@ -214,10 +215,10 @@ TEST_F(ClusterClientTest, WriteFollowsRedirectAfterMapChange) {
   ASSERT_TRUE(Call(*raw1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
   ASSERT_TRUE(Call(*raw2, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
 
-  EXPECT_EQ(c->map_epoch(), 1u);
+  EXPECT_EQ(Admin(*c).map_epoch(), 1u);
   auto put = c->Put(k, "after");
   ASSERT_TRUE(put.ok()) << put.status().ToString();
-  EXPECT_EQ(c->map_epoch(), 2u);
+  EXPECT_EQ(Admin(*c).map_epoch(), 2u);
   auto got = c->Get(k);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->value, "after");
@@ -307,7 +308,7 @@ TEST_F(ClusterClientTest, StaleMapNeverReturnsTheOldOwnersValue) {
     auto g = r->Get(k);
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     EXPECT_EQ(g->value, "new");
-    EXPECT_EQ(r->map_epoch(), 2u);
+    EXPECT_EQ(Admin(*r).map_epoch(), 2u);
   }
 }
 

@@ -1,4 +1,4 @@
-// Client::MoveShards (kvcli cluster move) against three in-process servers on 127.0.0.1 (tcp):
+// Admin::MoveShards (kvcli cluster move) against three in-process servers on 127.0.0.1 (tcp):
 // a move under concurrent writes loses no acknowledged write and leaves nothing on the old
 // owner; an interrupted move is finished first (both where the copy was missing and where
 // the new owner already served the shard); a move is refused before anything changes when a
@@ -23,6 +23,7 @@
 #include "common/cluster/cluster_map.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
+#include "rdkv/admin.h"
 #include "rdkv/client.h"
 #include "server/saved_map.h"
 #include "server/server.h"
@@ -153,7 +154,7 @@ TEST_F(ClusterMoveTest, MoveUnderConcurrentWritesKeepsEveryAcknowledgedWrite) {
   auto admin = NewClient(2);
   ASSERT_NE(admin, nullptr);
   std::vector<std::string> lines;
-  auto report = admin->MoveShards(moving, 1, [&](std::string_view l) {
+  auto report = Admin(*admin).MoveShards(moving, 1, [&](std::string_view l) {
     lines.emplace_back(l);
     // Progress runs on the mover's thread between steps: widening the gaps before the copy and
     // before the new owner takes over gives the writers time to hit every window a wrong step
@@ -179,7 +180,7 @@ TEST_F(ClusterMoveTest, MoveUnderConcurrentWritesKeepsEveryAcknowledgedWrite) {
   EXPECT_GE(report->step_seconds[0], 0.09) << "the old owner waits one lease (100 ms)";
   EXPECT_GT(acks_after_move.load(), 0u) << "writers kept going after the move";
   EXPECT_FALSE(lines.empty());
-  EXPECT_EQ(admin->map_epoch(), 2u) << "the mover's own client follows the new map";
+  EXPECT_EQ(Admin(*admin).map_epoch(), 2u) << "the mover's own client follows the new map";
 
   for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 2u) << "server " << i;
   cluster::ClusterMap after = MapOf(0);
@@ -250,7 +251,8 @@ TEST_F(ClusterMoveTest, FinishesAMoveInterruptedAfterStepOne) {
   std::string log;
   const std::vector<uint32_t> shards = {4};  // server 1 -> server 2
   auto report =
-      admin->MoveShards(shards, 2, [&](std::string_view l) { log += std::string(l) + "\n"; });
+      Admin(*admin).MoveShards(shards, 2,
+                               [&](std::string_view l) { log += std::string(l) + "\n"; });
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->resumed, std::vector<uint32_t>{3});
   EXPECT_EQ(report->resumed_from_epoch, 1u);
@@ -296,7 +298,7 @@ TEST_F(ClusterMoveTest, ResumeNeverCopiesOverANewOwnerThatAlreadyServes) {
   auto admin = NewClient(1);
   ASSERT_NE(admin, nullptr);
   const std::vector<uint32_t> shards = {6};
-  auto report = admin->MoveShards(shards, 2, nullptr);
+  auto report = Admin(*admin).MoveShards(shards, 2, nullptr);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->resumed, std::vector<uint32_t>{6});
   EXPECT_TRUE(report->moved.empty());
@@ -327,7 +329,7 @@ TEST_F(ClusterMoveTest, RerunAfterAnInterruptedDropRemovesTheStaleCopy) {
   }
   ASSERT_EQ(ItemsIn(0, 9), 1u);
   const std::vector<uint32_t> shards = {9};
-  auto report = c->MoveShards(shards, 1, nullptr);
+  auto report = Admin(*c).MoveShards(shards, 1, nullptr);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->skipped, shards);
   EXPECT_EQ(report->items_dropped, 1u);
@@ -346,7 +348,7 @@ TEST_F(ClusterMoveTest, AFailedCopyNamesTheStepAndTheSameCommandResumes) {
   }
   const std::vector<uint32_t> shards = {12};
   // The new owner goes down just before the copy: step 1 is done, step 2 fails.
-  auto report = c->MoveShards(shards, 1, [&](std::string_view l) {
+  auto report = Admin(*c).MoveShards(shards, 1, [&](std::string_view l) {
     if (l.rfind("step 2/4", 0) == 0) servers_[1].reset();
   });
   ASSERT_FALSE(report.ok());
@@ -361,7 +363,7 @@ TEST_F(ClusterMoveTest, AFailedCopyNamesTheStepAndTheSameCommandResumes) {
   ASSERT_NE(servers_[1], nullptr);
   Result<MoveReport> again = Status::Internal("not run");
   for (int i = 0; i < 20; ++i) {  // the client retries a down server at most every 500 ms
-    again = c->MoveShards(shards, 1, nullptr);
+    again = Admin(*c).MoveShards(shards, 1, nullptr);
     if (again.ok() || !again.status().Is(StatusCode::kUnavailable)) break;
     std::this_thread::sleep_for(100ms);
   }
@@ -386,7 +388,7 @@ TEST_F(ClusterMoveTest, RefusedBeforeAnyChangeWhenAServerIsDown) {
   ASSERT_NE(c, nullptr);
   servers_[2].reset();
   const std::vector<uint32_t> shards = {0};
-  auto report = c->MoveShards(shards, 1, nullptr);
+  auto report = Admin(*c).MoveShards(shards, 1, nullptr);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), StatusCode::kUnavailable) << report.status().ToString();
   EXPECT_NE(
@@ -402,7 +404,7 @@ TEST_F(ClusterMoveTest, RefusedBeforeAnyChangeWhenAServerIsDown) {
   ASSERT_NE(servers_[2], nullptr);
   Result<MoveReport> again = Status::Internal("not run");
   for (int i = 0; i < 20; ++i) {  // the client retries a down server at most every 500 ms
-    again = c->MoveShards(shards, 1, nullptr);
+    again = Admin(*c).MoveShards(shards, 1, nullptr);
     if (again.ok()) break;
     std::this_thread::sleep_for(100ms);
   }
@@ -415,19 +417,19 @@ TEST_F(ClusterMoveTest, BadArgumentsChangeNothing) {
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   const std::vector<uint32_t> none, out_of_range = {2, kShards}, one = {2};
-  auto r = c->MoveShards(none, 1, nullptr);
+  auto r = Admin(*c).MoveShards(none, 1, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
-  r = c->MoveShards(out_of_range, 1, nullptr);
+  r = Admin(*c).MoveShards(out_of_range, 1, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   EXPECT_NE(r.status().message().find("shard 16"), std::string::npos) << r.status().message();
-  r = c->MoveShards(one, 7, nullptr);
+  r = Admin(*c).MoveShards(one, 7, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   EXPECT_NE(r.status().message().find("server id 7"), std::string::npos) << r.status().message();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(EpochOf(i), 1u) << "server " << i;
 
   // Already there: nothing moves, the epoch stays.
   const std::vector<uint32_t> owned = {1, 4};
-  r = c->MoveShards(owned, 1, nullptr);
+  r = Admin(*c).MoveShards(owned, 1, nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->moved.empty());
   EXPECT_EQ(r->skipped, owned);
@@ -447,7 +449,7 @@ TEST_F(ClusterMoveTest, BadArgumentsChangeNothing) {
   co.transport = "tcp";
   auto sc = Client::Connect(co);
   ASSERT_TRUE(sc.ok()) << sc.status().ToString();
-  r = (*sc)->MoveShards(one, 0, nullptr);
+  r = Admin(**sc).MoveShards(one, 0, nullptr);
   EXPECT_EQ(r.status().code(), StatusCode::kNotSupported) << r.status().ToString();
 }
 
@@ -458,7 +460,7 @@ TEST_F(ClusterMoveTest, RestartedServersKeepTheMapTheyWereSent) {
   const std::string k = KeyIn(0, 3);  // shard 0: server 0 -> server 1
   ASSERT_TRUE(c->Put(k, "moved-value").ok());
   const std::vector<uint32_t> shards = {0};
-  auto report = c->MoveShards(shards, 1, nullptr);
+  auto report = Admin(*c).MoveShards(shards, 1, nullptr);
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   ASSERT_EQ(report->to_epoch, 2u);
   for (int i = 0; i < 3; ++i) {
@@ -504,7 +506,7 @@ Result<MoveReport> MoveRetrying(Client& c, const std::vector<uint32_t>& shards, 
                                 const MoveProgressFn& progress = nullptr) {
   Result<MoveReport> r = Status::Internal("not run");
   for (int i = 0; i < 30; ++i) {
-    r = c.MoveShards(shards, to, progress);
+    r = Admin(c).MoveShards(shards, to, progress);
     if (r.ok() || !r.status().Is(StatusCode::kUnavailable)) break;
     std::this_thread::sleep_for(100ms);
   }
@@ -539,7 +541,7 @@ TEST_F(ClusterMoveTest, AResumedCopyDropsTheTargetsStaleItemsFirst) {
 
   // Move 1 (shard 3: server 0 -> 1) stops in step 4: server 0 is down for its DROP_SHARD. It
   // comes back with the saved map (epoch 2) and its stale copy (invisible: bit clear).
-  auto r1 = c->MoveShards(shards, 1, [&](std::string_view l) {
+  auto r1 = Admin(*c).MoveShards(shards, 1, [&](std::string_view l) {
     if (l.rfind("step 4/4", 0) == 0) servers_[0].reset();
   });
   ASSERT_FALSE(r1.ok());
@@ -554,7 +556,7 @@ TEST_F(ClusterMoveTest, AResumedCopyDropsTheTargetsStaleItemsFirst) {
   // "drop stale copy first". Server 1 (the old owner) has epoch 3 already.
   Result<MoveReport> r2 = Status::Internal("not run");
   for (int i = 0; i < 30; ++i) {  // until the client tries the restarted server 0 again
-    r2 = c->MoveShards(shards, 0, [&](std::string_view l) {
+    r2 = Admin(*c).MoveShards(shards, 0, [&](std::string_view l) {
       if (l.rfind("step 2/4", 0) == 0) servers_[0].reset();
     });
     if (r2.ok() || r2.status().message().find("did not answer") == std::string::npos) break;
@@ -599,13 +601,13 @@ TEST_F(ClusterMoveTest, ASecondRunOfTheSameMoveCannotOverwriteAnAcknowledgedWrit
 
   auto x = NewClient(2);
   ASSERT_NE(x, nullptr);
-  auto rx = x->MoveShards(shards, 1, [&](std::string_view l) {
+  auto rx = Admin(*x).MoveShards(shards, 1, [&](std::string_view l) {
     if (l.rfind("step 2/4", 0) == 0) {
       // X has done step 1. The second run starts now and reaches its copy.
       y = std::thread([&] {
         auto yc = NewClient(2);
         if (yc == nullptr) return;
-        ry = yc->MoveShards(shards, 1, [&](std::string_view yl) {
+        ry = Admin(*yc).MoveShards(shards, 1, [&](std::string_view yl) {
           if (yl.rfind("step 2/4", 0) == 0) {
             std::unique_lock lk(mu);
             y_in_step2 = true;
@@ -678,7 +680,7 @@ TEST_F(ClusterMoveTest, VersionsOfAKeyDeletedBeforeAMoveNeverRepeatAfterIt) {
   ASSERT_TRUE(seen.ok());
   ASSERT_TRUE(c->Delete(k).ok());
   const std::vector<uint32_t> shards = {3};
-  ASSERT_TRUE(c->MoveShards(shards, 1, nullptr).ok());
+  ASSERT_TRUE(Admin(*c).MoveShards(shards, 1, nullptr).ok());
 
   auto first = c->Insert(k, "B0");
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -714,7 +716,7 @@ TEST_F(ClusterMoveTest, TheVersionFloorOfAMoveSurvivesARestartOfTheTarget) {
   ASSERT_TRUE(seen.ok());
   ASSERT_TRUE(c->Delete(k).ok());
   const std::vector<uint32_t> shards = {3};
-  ASSERT_TRUE(c->MoveShards(shards, 1, nullptr).ok());
+  ASSERT_TRUE(Admin(*c).MoveShards(shards, 1, nullptr).ok());
   servers_[1].reset();
   servers_[1] = StartServer(1);
   ASSERT_NE(servers_[1], nullptr);
@@ -739,7 +741,7 @@ TEST_F(ClusterMoveTest, GetsOfAMovingShardFailClearlyDuringTheCopyAndWorkAfter) 
   ASSERT_TRUE(reader->Get(k).ok());
   Status during = Status::Internal("not run");
   const std::vector<uint32_t> shards = {3};
-  auto r = c->MoveShards(shards, 1, [&](std::string_view l) {
+  auto r = Admin(*c).MoveShards(shards, 1, [&](std::string_view l) {
     if (l.rfind("step 3/4", 0) == 0) during = reader->Get(k).status();
   });
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -799,7 +801,7 @@ TEST_F(ClusterMoveTest, ClusterServerWithoutDataDirIsRefusedAndARestartKeepsTheM
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->Put(k, "before").ok());
   const std::vector<uint32_t> shards = {0};
-  ASSERT_TRUE(c->MoveShards(shards, 1, nullptr).ok());
+  ASSERT_TRUE(Admin(*c).MoveShards(shards, 1, nullptr).ok());
   servers_[0].reset();
   servers_[0] = StartServer(0);  // its --cluster_map: epoch 1, shard 0 on server 0
   ASSERT_NE(servers_[0], nullptr);
@@ -860,14 +862,14 @@ TEST(ClusterMoveLimitsTest, MapLargerThanTheValueBasedMessageLimit) {
     }
     ASSERT_TRUE((*c)->Put(k, std::string(4096, 'v')).ok());
     const std::vector<uint32_t> shards = {0};
-    auto r = (*c)->MoveShards(shards, 1, nullptr);
+    auto r = Admin(**c).MoveShards(shards, 1, nullptr);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->to_epoch, 2u);
     ClientOptions co1 = co;
     co1.seed = addrs[1];
     auto c1 = Client::Connect(co1);
     ASSERT_TRUE(c1.ok()) << c1.status().ToString();
-    EXPECT_EQ((*c1)->map_epoch(), 2u);
+    EXPECT_EQ(Admin(**c1).map_epoch(), 2u);
     auto g = (*c1)->Get(k);
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     EXPECT_EQ(g->value, std::string(4096, 'v'));

@@ -19,9 +19,10 @@ echo "== install $build -> $work/prefix"
 cmake --install "$build" --prefix "$work/prefix" >"$work/install.log" 2>&1 ||
   { cat "$work/install.log"; fail "cmake --install"; }
 
-# The installed public headers are exactly rdkv/client.h and rdkv/status.h, self-contained.
+# The installed public headers are exactly rdkv/admin.h, rdkv/client.h and rdkv/status.h,
+# self-contained.
 headers=$(cd "$work/prefix/include" && find . -type f | sort | tr '\n' ' ')
-[[ $headers == "./rdkv/client.h ./rdkv/status.h " ]] || fail "installed headers are: $headers"
+[[ $headers == "./rdkv/admin.h ./rdkv/client.h ./rdkv/status.h " ]] || fail "installed headers are: $headers"
 # Every "..." include of an installed header must itself be installed (no internal headers).
 while read -r inc; do
   [[ -f $work/prefix/include/$inc ]] || fail "an installed header includes \"$inc\", which is not installed"

@@ -14,6 +14,7 @@
 // region (the server's CPU does nothing for them). Every item read is checked (key, version,
 // checksum, liveness); a torn or reused read is retried and never returned.
 // Writes (Put/Insert/Delete/Cas) are requests to the server that owns the key.
+// Operator calls (snapshots, the servers of a cluster, moving shards) are in rdkv/admin.h.
 //
 // Ownership: Connect returns the only owner of the Client; destroying it closes its
 // connections and frees its registered buffers. It must not be destroyed while another
@@ -74,22 +75,14 @@ struct ClientOptions {
   std::chrono::milliseconds ownership_lease{100};
 };
 
-// One server of the cluster as this client sees it (Client::Servers).
-struct ServerInfo {
-  uint32_t id = 0;
-  std::string address;            // host:port from the map (the seed when standalone)
-  bool reachable = false;
-  std::string error;              // why it is not reachable
-  std::vector<uint32_t> shards;   // shards the client's map gives it
-  uint64_t map_epoch = 0;         // the map epoch the server reports (0: standalone)
-  std::string stats;              // its statistics JSON (when asked for)
-};
-
-// Progress of Client::MoveShards: one human-readable line per event ("step 2/4: shard 3:
+// The result types of rdkv::Admin::MoveShards (rdkv/admin.h). They are declared here because
+// client/shard_move.h, which the library compiles, still reaches them through this header;
+// applications do not use them.
+// Progress of Admin::MoveShards: one human-readable line per event ("step 2/4: shard 3:
 // 1200 items copied from server 0 to server 1").
 using MoveProgressFn = std::function<void(std::string_view line)>;
 
-// What Client::MoveShards did.
+// What Admin::MoveShards did.
 struct MoveReport {
   uint64_t from_epoch = 0;           // the map epoch every server had when the new move began
   uint64_t to_epoch = 0;             // the map epoch every server has now
@@ -165,42 +158,6 @@ class Client {
   // "address", "stats" or "error"}, ...]}; an error only when no server is reachable.
   virtual Result<std::string> Stats() = 0;
 
-  // Asks every server (in a cluster) or the seed to take a consistent snapshot of its data (a
-  // RocksDB checkpoint; docs/persistence.md) named `name` (empty: a generated name). Returns
-  // one line per server, "<address> <snapshot path>". kNotSupported from a server that runs
-  // with durability=none; the first error stops nothing, it is returned after all were asked.
-  virtual Result<std::string> Snapshot(std::string_view name) = 0;
-  // Every server of the map (standalone: the seed), contacted now: reachable or not (with the
-  // error), its shards in this client's map, the map epoch it reports and, when with_stats,
-  // its statistics JSON. Refreshes this client's map when a server reports a newer epoch.
-  virtual std::vector<ServerInfo> Servers(bool with_stats) = 0;
-  // The epoch of the map this client routes by (0 standalone).
-  virtual uint64_t map_epoch() const = 0;
-
-  // Moves `shards` to server `to_server` as one operation (admin; docs/design.md "Moving a
-  // shard"), then refreshes this client's map. In order:
-  //  0. asks every server of the cluster for its map; all must answer, or kUnavailable naming
-  //     the first that did not, before anything changes. If they report different epochs an
-  //     earlier move was interrupted: it is finished first (MoveReport::resumed).
-  //  1. installs the map (epoch + 1, the shards owned by to_server) on each old owner, which
-  //     from then on refuses writes to the shards;
-  //  2. copies the shards: DROP_SHARD on to_server (stale or partial copies; raises its
-  //     version counter above the old owner's), SHARD_SCAN on the old owner, IMPORT of every
-  //     item into to_server with its version (several in flight at once);
-  //  3. installs the map on to_server, then on every other server;
-  //  4. DROP_SHARD on the old owners.
-  // The moving shards are unavailable from 1 to 3: writes and GETs are refused (clients retry
-  // until op_timeout, then fail with kWrongOwner); never a wrong value or a NotFound.
-  // Shards already owned by to_server are skipped (their stale copies on other servers are
-  // dropped again, which completes an interrupted step 4). kInvalidArgument for an empty list,
-  // a shard number out of range or a server id not in the map; kNotSupported when the seed is
-  // standalone. Any other failure names the step that failed and leaves the cluster between
-  // two epochs; calling MoveShards again (with the same arguments) resumes and completes it.
-  // Each request of a move may take up to max(op_timeout, 30 s) before it counts as failed.
-  // `progress` (may be empty) is called on the calling thread. Thread-safe with the other
-  // calls, but run one move at a time across all clients: nothing serializes two moves.
-  virtual Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
-                                        const MoveProgressFn& progress) = 0;
   // Round trip to the seed server.
   virtual Status Ping() = 0;
 

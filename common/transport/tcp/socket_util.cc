@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -12,6 +11,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
+
+#include "common/util/resolve.h"
+#include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
 
@@ -21,31 +24,6 @@ int MillisUntil(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
   if (left.count() <= 0) return 0;
   return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
-}
-
-std::string HostPort(const std::string& host, uint16_t port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
-         std::to_string(port);
-}
-
-struct AddrInfoList {
-  addrinfo* head = nullptr;
-  ~AddrInfoList() {
-    if (head != nullptr) freeaddrinfo(head);
-  }
-};
-
-Status Resolve(const std::string& host, uint16_t port, bool passive, AddrInfoList* out) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  std::string service = std::to_string(port);
-  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out->head);
-  if (rc != 0) {
-    return Status::Unavailable("cannot resolve " + HostPort(host, port) + ": " + gai_strerror(rc));
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -72,16 +50,15 @@ Status SetNonBlocking(int fd, bool nonblocking) {
 }
 
 Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point deadline) {
-  AddrInfoList list;
-  RDKV_RETURN_IF_ERROR(Resolve(host, port, false, &list));
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, false));
   std::string last_error = "no address";
-  for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  for (const ResolvedAddress& ai : addresses) {
+    int fd = socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol);
     if (fd < 0) {
       last_error = std::string("socket: ") + strerror(errno);
       continue;
     }
-    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    int rc = connect(fd, ai.sockaddr_ptr(), ai.length);
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
       int prc;
@@ -90,7 +67,7 @@ Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point 
       } while (prc < 0 && errno == EINTR);
       if (prc == 0) {
         close(fd);
-        return Status::TimedOut("connect to " + HostPort(host, port) + " timed out");
+        return Status::TimedOut("connect to " + FormatHostPort(host, port) + " timed out");
       }
       int err = 0;
       socklen_t len = sizeof err;
@@ -109,28 +86,27 @@ Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point 
     last_error = strerror(errno);
     close(fd);
   }
-  return Status::Unavailable("connect to " + HostPort(host, port) + ": " + last_error);
+  return Status::Unavailable("connect to " + FormatHostPort(host, port) + ": " + last_error);
 }
 
 Result<int> ListenOn(const std::string& host, uint16_t port, int backlog) {
-  AddrInfoList list;
-  RDKV_RETURN_IF_ERROR(Resolve(host, port, true, &list));
-  Status last = Status::Unavailable("no address for " + HostPort(host, port));
-  for (addrinfo* ai = list.head; ai != nullptr; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, true));
+  Status last = Status::Unavailable("no address for " + FormatHostPort(host, port));
+  for (const ResolvedAddress& ai : addresses) {
+    int fd = socket(ai.family, ai.socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai.protocol);
     if (fd < 0) {
       last = Status::FromErrno("socket", errno);
       continue;
     }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      last = Status::FromErrno("bind " + HostPort(host, port), errno);
+    if (bind(fd, ai.sockaddr_ptr(), ai.length) != 0) {
+      last = Status::FromErrno("bind " + FormatHostPort(host, port), errno);
       close(fd);
       continue;
     }
     if (listen(fd, backlog) != 0) {
-      last = Status::FromErrno("listen " + HostPort(host, port), errno);
+      last = Status::FromErrno("listen " + FormatHostPort(host, port), errno);
       close(fd);
       continue;
     }
@@ -163,7 +139,7 @@ std::string PeerName(int fd) {
     inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
     port = ntohs(a->sin6_port);
   }
-  return HostPort(host, port);
+  return FormatHostPort(host, port);
 }
 
 Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point deadline,

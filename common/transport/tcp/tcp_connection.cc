@@ -14,6 +14,7 @@
 #include "common/transport/tcp/byte_buffer.h"
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
+#include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
 
@@ -578,7 +579,7 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
   if (options.auth_token.size() > kMaxTokenLength) {
     return Status::InvalidArgument("auth token longer than " + std::to_string(kMaxTokenLength));
   }
-  std::string where = options.host + ":" + std::to_string(options.port);
+  std::string where = FormatHostPort(options.host, options.port);
   std::string peer = "tcp " + where;
   Clock::time_point deadline = Clock::now() + options.connect_timeout;
 

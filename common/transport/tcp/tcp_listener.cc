@@ -15,6 +15,7 @@
 #include "common/transport/tcp/byte_buffer.h"
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
+#include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
 
@@ -672,7 +673,7 @@ class TcpListener final : public Listener {
     if (!fd.ok()) return fd.status();
     listen_fd_ = *fd;
     port_ = LocalPort(listen_fd_);
-    core_->name = "tcp listener " + core_->options.host + ":" + std::to_string(port_);
+    core_->name = "tcp listener " + FormatHostPort(core_->options.host, port_);
     stop_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (stop_fd_ < 0) return Status::FromErrno("eventfd", errno);
     for (int i = 0; i < kNicThreads; ++i) {

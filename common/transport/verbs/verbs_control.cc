@@ -3,7 +3,6 @@
 // See docs/transport-verbs.md.
 #include <arpa/inet.h>
 #include <glog/logging.h>
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -13,6 +12,8 @@
 
 #include "common/transport/memory.h"
 #include "common/transport/verbs/verbs_internal.h"
+#include "common/util/resolve.h"
+#include "common/util/units.h"
 
 namespace rdkv::transport::verbs {
 
@@ -25,11 +26,6 @@ constexpr uint8_t kRetryCount = 7;
 // RNR retries: 0. Credits guarantee a posted receive for every SEND; if that ever fails, the
 // SEND completes with IBV_WC_RNR_RETRY_EXC_ERR at once instead of stalling the connection.
 constexpr uint8_t kRnrRetry = 0;
-
-std::string HostPort(const std::string& host, uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
-}
 
 std::string SockaddrText(const sockaddr* sa) {
   if (sa == nullptr) return "?";
@@ -44,31 +40,20 @@ std::string SockaddrText(const sockaddr* sa) {
     inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf));
     port = ntohs(in6->sin6_port);
   }
-  return HostPort(buf, port);
+  return FormatHostPort(buf, port);
 }
 
+// The first IPv4 address of host:port if there is one, else its first address.
 Result<sockaddr_storage> ResolveAddress(const std::string& host, uint16_t port, bool passive) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
-  addrinfo* res = nullptr;
-  const std::string service = std::to_string(port);
-  int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
-  if (rc != 0) {
-    return Status::Unavailable("cannot resolve " + HostPort(host, port) + ": " + gai_strerror(rc));
-  }
-  const addrinfo* pick = res;
-  for (const addrinfo* a = res; a != nullptr; a = a->ai_next) {
-    if (a->ai_family == AF_INET) {
-      pick = a;
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, passive));
+  const ResolvedAddress* pick = &addresses.front();
+  for (const ResolvedAddress& a : addresses) {
+    if (a.family == AF_INET) {
+      pick = &a;
       break;
     }
   }
-  sockaddr_storage ss{};
-  std::memcpy(&ss, pick->ai_addr, std::min<size_t>(pick->ai_addrlen, sizeof(ss)));
-  freeaddrinfo(res);
-  return ss;
+  return pick->addr;
 }
 
 struct CmEventInfo {
@@ -341,7 +326,7 @@ Result<std::unique_ptr<Connection>> VerbsFabric::Connect(const ConnectOptions& o
 // =================================================================================================
 
 ClientConnection::ClientConnection(VerbsFabric* fabric, const ConnectOptions& options)
-    : fabric_(fabric), options_(options), peer_(HostPort(options.host, options.port)) {}
+    : fabric_(fabric), options_(options), peer_(FormatHostPort(options.host, options.port)) {}
 
 Status ClientConnection::Establish() {
   const Clock::time_point deadline = Clock::now() + options_.connect_timeout;
@@ -641,7 +626,7 @@ Status VerbsListener::Start() {
         std::to_string(da.max_cqe));
   }
   token_digest_ = DigestToken(options_.auth_token);
-  const std::string where = "verbs " + HostPort(options_.host, options_.port);
+  const std::string where = "verbs " + FormatHostPort(options_.host, options_.port);
   RDKV_ASSIGN_OR_RETURN(sockaddr_storage addr, ResolveAddress(options_.host, options_.port, true));
 
   RDKV_ASSIGN_OR_RETURN(channel_, EventChannel::Create());
@@ -652,7 +637,7 @@ Status VerbsListener::Start() {
     return CallError("rdma_set_option(RDMA_OPTION_ID_REUSEADDR)", errno);
   }
   if (rdma_bind_addr(listen_id_.get(), reinterpret_cast<sockaddr*>(&addr)) != 0) {
-    return CallError("rdma_bind_addr " + HostPort(options_.host, options_.port), errno,
+    return CallError("rdma_bind_addr " + FormatHostPort(options_.host, options_.port), errno,
                      StatusCode::kUnavailable);
   }
   if (listen_id_->verbs != nullptr && listen_id_->verbs != fabric_->context()) {
@@ -674,7 +659,7 @@ Status VerbsListener::Start() {
   RDKV_RETURN_IF_ERROR(cm_wake_.Open());
 
   if (rdma_listen(listen_id_.get(), static_cast<int>(std::min<uint32_t>(options_.max_connections, 1024))) != 0) {
-    return CallError("rdma_listen " + HostPort(options_.host, options_.port), errno,
+    return CallError("rdma_listen " + FormatHostPort(options_.host, options_.port), errno,
                      StatusCode::kUnavailable);
   }
   port_ = ntohs(rdma_get_src_port(listen_id_.get()));
@@ -682,7 +667,7 @@ Status VerbsListener::Start() {
     workers_.emplace_back(&VerbsListener::WorkerMain, this);
   }
   cm_thread_ = std::thread(&VerbsListener::CmThreadMain, this);
-  LOG(INFO) << "verbs listener on " << HostPort(options_.host, port_) << " (" << fabric_->Describe()
+  LOG(INFO) << "verbs listener on " << FormatHostPort(options_.host, port_) << " (" << fabric_->Describe()
             << ", " << options_.worker_threads << " worker(s), up to " << options_.max_connections
             << " connections, " << options_.regions.size() << " region(s))";
   return Status::Ok();

@@ -1,0 +1,188 @@
+#include "client/cluster_admin.h"
+
+#include <glog/logging.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "client/shard_move.h"
+#include "common/kv/wire.h"
+
+namespace rdkv::client {
+
+namespace {
+
+// The least a shard move's request may take (a map install waits a lease and fsyncs; a
+// DROP_SHARD deletes a whole shard and syncs): ClientOptions::op_timeout when longer.
+constexpr std::chrono::milliseconds kAdminCallTimeout{30000};
+
+// A request of one op without key or value.
+kv::Request Plain(kv::Op op) {
+  kv::Request r;
+  r.op = op;
+  return r;
+}
+
+// Adds every numeric field of `from` (nested objects too) into `total`.
+void SumInto(nlohmann::json* total, const nlohmann::json& from) {
+  for (auto& [k, v] : from.items()) {
+    if (v.is_object()) {
+      if (!total->contains(k)) (*total)[k] = nlohmann::json::object();
+      SumInto(&(*total)[k], v);
+    } else if (v.is_number_integer()) {
+      (*total)[k] = (total->contains(k) ? (*total)[k].get<int64_t>() : 0) + v.get<int64_t>();
+    } else if (v.is_number_float()) {
+      (*total)[k] = (total->contains(k) ? (*total)[k].get<double>() : 0.0) + v.get<double>();
+    }
+  }
+}
+
+// Admin requests over the client's own links (one connection per server).
+class LinkChannel final : public AdminChannel {
+ public:
+  LinkChannel(const ClientOptions& options, Links* links, Caller* caller)
+      : options_(options), links_(links), caller_(caller) {}
+  Status Call(const cluster::ServerEntry& server, const kv::Request& r, uint64_t* version,
+              std::string* body) override {
+    Link* link = links_->LinkFor(server.id, server.address);
+    // A step's request may wait for a lease, fsyncs or a whole shard's deletes.
+    return caller_->Call(*link, r, version, body,
+                         std::max(options_.op_timeout, kAdminCallTimeout));
+  }
+
+ private:
+  const ClientOptions& options_;
+  Links* const links_;
+  Caller* const caller_;
+};
+
+}  // namespace
+
+Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
+  nlohmann::json total = nlohmann::json::object();
+  nlohmann::json per = nlohmann::json::array();
+  size_t reachable = 0;
+  std::string first_error;
+  for (const ServerInfo& info : servers) {
+    nlohmann::json one = {{"id", info.id}, {"address", info.address}};
+    if (!info.reachable) {
+      one["error"] = info.error;
+      if (first_error.empty()) first_error = info.error;
+      per.push_back(std::move(one));
+      continue;
+    }
+    nlohmann::json st = nlohmann::json::parse(info.stats, nullptr, false);
+    if (st.is_object()) {
+      ++reachable;
+      SumInto(&total, st);
+    }
+    one["stats"] = std::move(st);
+    per.push_back(std::move(one));
+  }
+  if (reachable == 0) {
+    return Status::Unavailable("no server of the cluster is reachable: " + first_error);
+  }
+  nlohmann::json out = {{"servers", servers.size()}, {"reachable", reachable},
+                        {"total", std::move(total)}, {"per_server", std::move(per)}};
+  return out.dump();
+}
+
+Result<std::string> ClusterAdmin::Stats() {
+  if (!router_->cluster()) {
+    std::string body;
+    RDKV_RETURN_IF_ERROR(caller_->Call(links_->seed(), Plain(kv::Op::kStats), nullptr, &body));
+    return body;
+  }
+  return AggregateStats(Servers(true));
+}
+
+Result<std::string> ClusterAdmin::Snapshot(std::string_view name) {
+  std::vector<Link*> targets;
+  std::shared_ptr<const cluster::ClusterMap> map = router_->map();
+  if (map == nullptr) {
+    targets.push_back(&links_->seed());
+  } else {
+    for (const cluster::ServerEntry& e : map->servers) {
+      targets.push_back(links_->LinkFor(e.id, e.address));
+    }
+  }
+  kv::Request req = Plain(kv::Op::kSnapshot);
+  req.key = name;  // the snapshot's name travels in the key field
+  std::string out;
+  Status first;
+  for (Link* link : targets) {
+    const std::string address = link->address.ToString();
+    std::string path;
+    Status s = caller_->Call(*link, req, nullptr, &path);
+    if (!s.ok()) {
+      if (first.ok()) first = Status(s.code(), address + ": " + s.message());
+      continue;
+    }
+    out += address + " " + path + "\n";
+  }
+  if (!first.ok()) return first;
+  return out;
+}
+
+std::vector<ServerInfo> ClusterAdmin::Servers(bool with_stats) {
+  std::vector<ServerInfo> out;
+  std::shared_ptr<const cluster::ClusterMap> map = router_->map();
+  std::vector<std::pair<Link*, std::vector<uint32_t>>> targets;
+  if (map == nullptr) {
+    targets.push_back({&links_->seed(), {0}});
+  } else {
+    for (const cluster::ServerEntry& e : map->servers) {
+      targets.push_back({links_->LinkFor(e.id, e.address), map->ShardsOf(e.id)});
+    }
+  }
+  uint64_t newest = 0;
+  Link* newest_link = nullptr;
+  for (auto& [link, shards] : targets) {
+    ServerInfo info;
+    info.id = link->id;
+    info.address = link->address.ToString();
+    info.shards = shards;
+    std::string body;
+    uint64_t epoch = 0;
+    Status s = caller_->Call(*link, Plain(kv::Op::kClusterMap), &epoch, &body);
+    if (s.ok() && with_stats) {
+      s = caller_->Call(*link, Plain(kv::Op::kStats), nullptr, &info.stats);
+    }
+    info.reachable = s.ok();
+    if (!s.ok()) info.error = s.ToString();
+    info.map_epoch = epoch;
+    if (s.ok() && epoch > newest) {
+      newest = epoch;
+      newest_link = link;
+    }
+    out.push_back(std::move(info));
+  }
+  if (map != nullptr && newest > map->epoch) {
+    Status r = router_->Refresh(newest_link);
+    if (!r.ok()) LOG(WARNING) << "rdkv client: refreshing the cluster map: " << r.ToString();
+  }
+  return out;
+}
+
+Result<MoveReport> ClusterAdmin::MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
+                                            const MoveProgressFn& progress) {
+  std::shared_ptr<const cluster::ClusterMap> map = router_->cluster() ? router_->map() : nullptr;
+  if (map == nullptr) {
+    return Status::NotSupported("the seed " + links_->seed().address.ToString() +
+                                " is a standalone server: there is no cluster map to change");
+  }
+  LinkChannel channel(options_, links_, caller_);
+  Result<MoveReport> report = RunShardMove(channel, *map, shards, to_server, progress);
+  // Route by the newest map from now on (also after a failure: some servers may have it).
+  Status refreshed = router_->Refresh(nullptr);
+  if (!refreshed.ok()) {
+    LOG(WARNING) << "rdkv client: refreshing the cluster map after a move: "
+                 << refreshed.ToString();
+  }
+  return report;
+}
+
+}  // namespace rdkv::client

@@ -1,0 +1,96 @@
+// rdkv operator calls: snapshots, the servers of a cluster, moving shards. Applications need
+// only rdkv/client.h; tools and operators add this header.
+//
+//   #include <rdkv/admin.h>
+//   auto client = rdkv::Client::Connect(opts);            // as for an application
+//   rdkv::Admin admin(**client);
+//   auto paths = admin.Snapshot("nightly");               // Result<std::string>
+//   for (const rdkv::ServerInfo& s : admin.Servers(/*with_stats=*/false)) { ... }
+//   auto moved = admin.MoveShards(shards, /*to_server=*/2, nullptr);
+//
+// Ownership: an Admin borrows its Client, which must outlive it; it owns nothing else and is
+// cheap to make (one per call is fine). It works only with a Client made by Client::Connect
+// (for any other implementation every call fails with kInvalidArgument, Servers returns none
+// and map_epoch 0).
+// Thread-safety: as the Client: every call is safe from any thread and with the Client's own
+// calls (MoveShards: see there).
+// Errors: every call returns a Status or Result (rdkv/status.h); the error names the server.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rdkv/client.h"
+#include "rdkv/status.h"
+
+namespace rdkv {
+
+namespace client {
+class ClientImpl;
+}  // namespace client
+
+// One server of the cluster as a client sees it (Admin::Servers).
+struct ServerInfo {
+  uint32_t id = 0;
+  std::string address;            // host:port from the map (the seed when standalone)
+  bool reachable = false;
+  std::string error;              // why it is not reachable
+  std::vector<uint32_t> shards;   // shards the client's map gives it
+  uint64_t map_epoch = 0;         // the map epoch the server reports (0: standalone)
+  std::string stats;              // its statistics JSON (when asked for)
+};
+
+class Admin {
+ public:
+  // `client` must outlive this Admin.
+  explicit Admin(Client& client);
+
+  // Asks every server (in a cluster) or the seed to take a consistent snapshot of its data (a
+  // RocksDB checkpoint; docs/persistence.md) named `name` (empty: a generated name). Returns
+  // one line per server, "<address> <snapshot path>". kNotSupported from a server that runs
+  // with durability=none; the first error stops nothing, it is returned (prefixed with the
+  // server's address) after all were asked. A snapshot is not a write: it is not counted in
+  // ClientStats::writes.
+  Result<std::string> Snapshot(std::string_view name);
+
+  // Every server of the map (standalone: the seed), contacted now: reachable or not (with the
+  // error), its shards in the client's map, the map epoch it reports and, when with_stats,
+  // its statistics JSON. Refreshes the client's map when a server reports a newer epoch.
+  std::vector<ServerInfo> Servers(bool with_stats);
+
+  // The epoch of the map the client routes by (0 standalone).
+  uint64_t map_epoch() const;
+
+  // Moves `shards` to server `to_server` as one operation (docs/design.md "Moving a shard"),
+  // then refreshes the client's map. In order:
+  //  0. asks every server of the cluster for its map; all must answer, or kUnavailable naming
+  //     the first that did not, before anything changes. If they report different epochs an
+  //     earlier move was interrupted: it is finished first (MoveReport::resumed).
+  //  1. installs the map (epoch + 1, the shards owned by to_server) on each old owner, which
+  //     from then on refuses writes to the shards;
+  //  2. copies the shards: DROP_SHARD on to_server (stale or partial copies; raises its
+  //     version counter above the old owner's), SHARD_SCAN on the old owner, IMPORT of every
+  //     item into to_server with its version (several in flight at once);
+  //  3. installs the map on to_server, then on every other server;
+  //  4. DROP_SHARD on the old owners.
+  // The moving shards are unavailable from 1 to 3: writes and GETs are refused (clients retry
+  // until op_timeout, then fail with kWrongOwner); never a wrong value or a NotFound.
+  // Shards already owned by to_server are skipped (their stale copies on other servers are
+  // dropped again, which completes an interrupted step 4). kInvalidArgument for an empty list,
+  // a shard number out of range or a server id not in the map; kNotSupported when the seed is
+  // standalone. Any other failure names the step that failed and leaves the cluster between
+  // two epochs; calling MoveShards again (with the same arguments) resumes and completes it.
+  // Each request of a move may take up to max(op_timeout, 30 s) before it counts as failed.
+  // `progress` (may be empty) is called on the calling thread. Thread-safe with the other
+  // calls, but run one move at a time across all clients: nothing serializes two moves.
+  Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
+                                const MoveProgressFn& progress);
+
+ private:
+  client::ClientImpl* impl_;  // null when `client` is not the library's
+};
+
+}  // namespace rdkv

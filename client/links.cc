@@ -1,0 +1,97 @@
+#include "client/links.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <utility>
+
+namespace rdkv::client {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+// How often a cluster client tries again to reach a server it found unreachable.
+constexpr std::chrono::milliseconds kReconnectBackoff{500};
+}  // namespace
+
+Links::Links(const ClientOptions& options, ServerAddress seed, transport::Fabric* fabric,
+             ScratchPool* pool, Counters* counters)
+    : options_(options),
+      fabric_(fabric),
+      pool_(pool),
+      counters_(counters),
+      seed_(std::make_unique<Link>(0, std::move(seed), options.location_cache_entries)) {}
+
+Links::~Links() {
+  MutexLock l(&mu_);
+  for (auto& [name, link] : links_) {
+    MutexLock ll(&link->mu);
+    link->session.reset();
+  }
+  MutexLock ls(&seed_->mu);
+  seed_->session.reset();
+}
+
+Link* Links::LinkFor(uint32_t id, const std::string& address) {
+  std::string key = std::to_string(id) + "@" + address;
+  MutexLock l(&mu_);
+  auto it = links_.find(key);
+  if (it != links_.end()) return it->second.get();
+  ServerAddress a;
+  if (!ParseHostPort(address, &a.host, &a.port).ok()) a = ServerAddress{address, 0};
+  auto link = std::make_unique<Link>(id, std::move(a), options_.location_cache_entries);
+  Link* raw = link.get();
+  links_.emplace(std::move(key), std::move(link));
+  return raw;
+}
+
+std::string Links::Name(const Link& link) const {
+  if (!cluster() || &link == seed_.get()) return "server " + link.address.ToString();
+  return "server " + std::to_string(link.id) + " (" + link.address.ToString() + ")";
+}
+
+Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
+  MutexLock l(&link.mu);
+  if (link.session != nullptr && link.session->usable()) return link.session;
+  Clock::time_point now = Clock::now();
+  if (cluster() && link.down && now - link.last_try < kReconnectBackoff) return link.last_error;
+  link.last_try = now;
+  bool reconnect = link.connected_once;
+  link.session.reset();  // the old connection closes once its last user is done
+  auto opened = OpenSession(fabric_, link.address, options_, pool_);
+  if (!opened.ok()) {
+    const Status& s = opened.status();
+    // The server's own refusals keep their code; anything about reaching it is kUnavailable.
+    bool keep = s.Is(StatusCode::kPermissionDenied) || s.Is(StatusCode::kProtocolError) ||
+                s.Is(StatusCode::kInvalidArgument) || s.Is(StatusCode::kNotSupported);
+    std::string msg = Name(link) + ": " + s.message();
+    if (reconnect) msg = "reconnecting: " + msg;
+    if (!keep && !s.Is(StatusCode::kUnavailable)) {
+      msg += " (" + std::string(StatusCodeName(s.code())) + ")";
+    }
+    link.down = true;
+    link.last_error = Status(keep ? s.code() : StatusCode::kUnavailable, std::move(msg));
+    return link.last_error;
+  }
+  link.down = false;
+  std::shared_ptr<Session> session = std::move(opened).value();
+  const kv::RegionHeader& h = session->header();
+  link.connected_once = true;
+  if (reconnect) {
+    Add(counters_->reconnects);
+    LOG(INFO) << "rdkv client: reconnected to " << session->conn().peer()
+              << (h.incarnation != link.incarnation ? " (new server incarnation)" : "");
+  }
+  if (h.incarnation != link.incarnation) {
+    link.cache.Clear();  // every cached offset belongs to the old table
+    link.incarnation = h.incarnation;
+  }
+  max_value_bytes_.store(h.max_value_bytes, std::memory_order_relaxed);
+  ScratchShape shape = ScratchShapeFor(BatchLimit(options_), h.max_value_bytes);
+  // In a cluster the scratches fit the largest items of every server.
+  if (!cluster() || shape.item_capacity > pool_->shape().item_capacity) pool_->SetShape(shape);
+  link.session = session;
+  return session;
+}
+
+}  // namespace rdkv::client

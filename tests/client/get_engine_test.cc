@@ -1,0 +1,247 @@
+// The GET engine (client/get_engine.h) on its own, against the in-process fake of a server's
+// region (tests/client/fake_fabric.h): no Client facade, no writes through the wire. Each test
+// lays the region out as it needs (items, slots, ownership words), resolves keys with
+// GetEngine::ResolveOn and checks the result and the counters.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "client/call.h"
+#include "client/counters.h"
+#include "client/get_engine.h"
+#include "client/links.h"
+#include "client/read_buffers.h"
+#include "client/router.h"
+#include "common/cluster/cluster_map.h"
+#include "common/kv/layout.h"
+#include "tests/client/fake_fabric.h"
+
+namespace rdkv::client {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::FakeFabric;
+using testing::FakeServer;
+
+class GetEngineTest : public ::testing::Test {
+ protected:
+  GetEngineTest() {
+    options_.seed = "127.0.0.1:1";
+    options_.read_deadline = 1000ms;  // no slow attempts on a loaded test machine
+    options_.max_get_attempts = 4;
+  }
+
+  // Builds the parts (after the test has set options_).
+  void Start() {
+    links_ = std::make_unique<Links>(options_, ServerAddress{"127.0.0.1", 1}, &fabric_, &pool_,
+                                     &counters_);
+    caller_ = std::make_unique<Caller>(options_, links_.get(), &counters_);
+    router_ = std::make_unique<Router>(links_.get(), caller_.get());
+    engine_ = std::make_unique<GetEngine>(options_, links_.get(), router_.get(), &pool_,
+                                          &counters_);
+  }
+
+  // Makes the engine a cluster client (one server, one shard) that judges every result by
+  // the ownership words of the fake's region.
+  void StartCluster() {
+    Start();
+    router_->Install(cluster::MakeUniformMap({"127.0.0.1:1"}, 1));
+    ASSERT_TRUE(router_->cluster());
+  }
+
+  // The fake server's ownership words: map epoch 1, shard 0 served or not.
+  void SetOwnership(bool owns_shard0) {
+    uint64_t epoch = 1;
+    uint64_t word0 = owns_shard0 ? 1 : 0;
+    std::memcpy(server_.region() + kv::kOwnershipOffset, &epoch, 8);
+    std::memcpy(server_.region() + kv::kOwnershipOffset + 8, &word0, 8);
+  }
+
+  uint64_t Put(std::string_view key, std::string_view value) {
+    uint64_t version = 0;
+    Status s = server_.Apply(kv::Op::kPut, key, value, 0, &version);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return version;
+  }
+
+  // One key through ResolveOn on the seed's link (shard 0).
+  Result<GetResult> Resolve(std::string_view key, KeyJob* out_job = nullptr) {
+    std::optional<Result<GetResult>> out;
+    KeyJob job;
+    job.key = key;
+    job.out = &out;
+    Status s = engine_->ResolveOn(links_->seed(), std::span<KeyJob>(&job, 1));
+    if (out_job != nullptr) *out_job = job;
+    if (!s.ok()) return s;
+    if (!out.has_value()) return Status::Internal("unresolved");
+    return std::move(*out);
+  }
+
+  ClientStats stats() const { return counters_.Snapshot(); }
+  bool IsItemRead(uint64_t offset) const { return offset >= server_.header().heap_offset; }
+
+  FakeServer server_;
+  FakeFabric fabric_{&server_};
+  ClientOptions options_;
+  ScratchPool pool_{&fabric_};
+  Counters counters_;
+  std::unique_ptr<Links> links_;
+  std::unique_ptr<Caller> caller_;
+  std::unique_ptr<Router> router_;
+  std::unique_ptr<GetEngine> engine_;
+};
+
+TEST(ReadTagTest, PacksAndUnpacks) {
+  ReadTag t{123456, 15, (1u << 24) - 1};
+  ReadTag u = ReadTag::Unpack(t.Pack());
+  EXPECT_EQ(u.job, 123456u);
+  EXPECT_EQ(u.candidate, 15);
+  EXPECT_EQ(u.offset, (1u << 24) - 1);
+}
+
+TEST_F(GetEngineTest, CachedLocationHitIsOneRead) {
+  Start();
+  uint64_t v = Put("user:1", "alice");
+  auto g = Resolve("user:1");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "alice");
+  EXPECT_EQ(g->version, v);
+  EXPECT_EQ(stats().get_reads, 2u);  // window + item
+  EXPECT_EQ(stats().cache_hits, 0u);
+  g = Resolve("user:1");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "alice");
+  EXPECT_EQ(stats().get_reads, 3u);  // the cached item only
+  EXPECT_EQ(stats().cache_hits, 1u);
+  EXPECT_EQ(stats().gets, 2u);
+}
+
+TEST_F(GetEngineTest, StaleCachedLocationFallsBackToTheIndex) {
+  Start();
+  Put("k", "old");
+  ASSERT_TRUE(Resolve("k").ok());  // caches the old item's location
+  uint64_t v2 = Put("k", "new");   // a new item; the old one is retired
+  auto g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(g->version, v2);
+  EXPECT_EQ(stats().cache_misses, 1u);
+  EXPECT_EQ(stats().cache_hits, 0u);
+  EXPECT_EQ(stats().get_reads, 2u + 1u + 2u);  // index, stale cached item, index again
+  EXPECT_EQ(stats().get_retries, 0u);
+}
+
+TEST_F(GetEngineTest, ForeignItemUnderTheKeysFingerprintIsNotTheKey) {
+  Start();
+  // A slot in "mine"'s window with "mine"'s fingerprint, pointing at an intact item of
+  // another key: a fingerprint collision, not a torn read.
+  uint64_t mine = kv::KeyHash("mine");
+  kv::SlotFields f = kv::UnpackSlot(server_.WriteItem("other", "x", 7));
+  f.fingerprint = kv::FingerprintOf(mine);
+  server_.Window(mine)[0] = kv::PackSlot(f);
+  auto g = Resolve("mine");
+  EXPECT_EQ(g.status().code(), StatusCode::kNotFound) << g.status().ToString();
+  EXPECT_EQ(stats().get_retries, 0u);
+  EXPECT_EQ(stats().torn_reads, 0u);
+  // The key itself in another slot of the same window is found past the foreign one.
+  uint64_t v = Put("mine", "value");
+  g = Resolve("mine");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+  EXPECT_EQ(g->version, v);
+  EXPECT_EQ(stats().get_retries, 0u);
+}
+
+TEST_F(GetEngineTest, TornReadIsRetriedThenReported) {
+  Start();
+  Put("k", "value");
+  // Two torn item READs, then intact ones: the GET retries and returns the value.
+  int torn_left = 2;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && torn_left > 0) {
+      --torn_left;
+      op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;  // the value of "k": the checksum fails
+    }
+    return transport::ReadStatus::kOk;
+  };
+  options_.location_cache_entries = 0;  // every GET through the index
+  Start();
+  auto g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+  EXPECT_EQ(stats().torn_reads, 2u);
+  EXPECT_EQ(stats().get_retries, 2u);
+
+  // Always torn: after max_get_attempts the GET fails with kCorruption, never a value.
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
+    return transport::ReadStatus::kOk;
+  };
+  g = Resolve("k");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("4 attempts"), std::string::npos) << g.status().message();
+  EXPECT_NE(g.status().message().find("checksum"), std::string::npos) << g.status().message();
+  EXPECT_EQ(stats().torn_reads, 2u + 4u);
+  server_.on_read = nullptr;
+}
+
+TEST_F(GetEngineTest, ResultsWaitForAValidOwnershipLease) {
+  options_.ownership_lease = 2ms;
+  StartCluster();
+  SetOwnership(true);
+  Put("k", "value");
+  // Every ownership READ completes later than the lease it grants: no result may be
+  // returned (a value read under an expired lease could be stale), only retried.
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    if (offset == kv::kOwnershipOffset) std::this_thread::sleep_for(10ms);
+    return transport::ReadStatus::kOk;
+  };
+  auto g = Resolve("k");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("ownership lease"), std::string::npos)
+      << g.status().message();
+  EXPECT_EQ(stats().get_retries, 3u);
+  auto absent = Resolve("absent");  // NotFound waits for the lease as well
+  EXPECT_EQ(absent.status().code(), StatusCode::kCorruption) << absent.status().ToString();
+
+  // READs that complete within the lease: the value, and NotFound for an absent key.
+  server_.on_read = nullptr;
+  options_.ownership_lease = 10s;
+  StartCluster();
+  g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+  EXPECT_EQ(Resolve("absent").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(GetEngineTest, ShardNotServedIsWrongOwner) {
+  StartCluster();
+  SetOwnership(false);
+  Put("k", "value");
+  KeyJob job;
+  auto g = Resolve("k", &job);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kWrongOwner) << g.status().ToString();
+  EXPECT_TRUE(job.wrong_owner);
+  EXPECT_NE(g.status().message().find("does not serve shard 0"), std::string::npos)
+      << g.status().message();
+  EXPECT_EQ(stats().get_retries, 0u);
+  // Not even an absent key is answered by a server that does not serve its shard.
+  EXPECT_EQ(Resolve("absent").status().code(), StatusCode::kWrongOwner);
+  // Served again: answered.
+  SetOwnership(true);
+  StartCluster();
+  g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+}
+
+}  // namespace
+}  // namespace rdkv::client
