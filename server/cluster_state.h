@@ -135,8 +135,7 @@ class ClusterState {
         saved_map_path_(std::move(saved_map_path)) {}
 
   Store* store_;
-  // Lock order: install_mu_, turnstile_, mu_ (clang checks ACQUIRED_BEFORE with
-  // -Wthread-safety-beta only; the tsa preset does not turn that on).
+  // Lock order: install_mu_, turnstile_, mu_ (ACQUIRED_BEFORE: the tsa preset checks it).
   Mutex install_mu_ ACQUIRED_BEFORE(turnstile_);  // one Install at a time
   // Held by an install while it waits for mu_ exclusively; writes pass through it.
   mutable Mutex turnstile_ ACQUIRED_BEFORE(mu_);

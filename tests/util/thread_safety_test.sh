@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Shows that clang's -Wthread-safety check (the `tsa` preset, tests/run-all.sh stage tsa) is not
-# vacuous: tests/util/thread_safety/guarded_ok.cc must compile with -Wthread-safety -Werror, and
-# each *_bad.cc (a locking-rule violation) must fail to, with a thread-safety diagnostic.
+# vacuous: tests/util/thread_safety/guarded_ok.cc must compile with the preset's flags
+# (-Wthread-safety -Wthread-safety-beta -Werror), and each *_bad.cc (a locking-rule violation:
+# an unguarded read, a REQUIRES call without the lock, a write under a shared lock, two locks
+# against their ACQUIRED_BEFORE order) must fail to, with a thread-safety diagnostic.
 #
 #   tests/util/thread_safety_test.sh [CLANGXX] [SOURCE_ROOT]
 #
@@ -15,7 +17,7 @@ if ! command -v "$CXX" >/dev/null 2>&1 || ! "$CXX" --version 2>/dev/null | grep 
   exit 77
 fi
 compile() {  # compile FILE: stderr to $log
-  "$CXX" -std=c++20 -fsyntax-only -Wthread-safety -Werror -I"$ROOT" "$1" 2>"$log"
+  "$CXX" -std=c++20 -fsyntax-only -Wthread-safety -Wthread-safety-beta -Werror -I"$ROOT" "$1" 2>"$log"
 }
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -19,11 +19,16 @@ class Counter {
     rdkv::ReaderMutexLock l(&smu_);
     return shared_;
   }
+  void Both() EXCLUDES(mu_, smu_) {
+    rdkv::MutexLock first(&mu_);  // in the declared order: mu_, then smu_
+    rdkv::WriterMutexLock second(&smu_);
+    shared_ = value_;
+  }
 
  private:
   void AddLocked(int n) REQUIRES(mu_) { value_ += n; }
 
-  mutable rdkv::Mutex mu_;
+  mutable rdkv::Mutex mu_ ACQUIRED_BEFORE(smu_);
   rdkv::CondVar cv_;
   int value_ GUARDED_BY(mu_) = 0;
   mutable rdkv::SharedMutex smu_;
@@ -35,5 +40,6 @@ class Counter {
 int main() {
   Counter c;
   c.Add(1);
-  return c.value() + c.shared_value() == 1 ? 0 : 1;
+  c.Both();
+  return c.value() + c.shared_value() == 2 ? 0 : 1;
 }
