@@ -534,12 +534,12 @@ class TcpConnection final : public Connection {
   std::atomic<bool> alive_{true};
   std::atomic<bool> closing_{false};
 
-  // Lock order: send_mu_, then reads_mu_ or calls_mu_ (Post and a failed send hold send_mu_
-  // while they take them; Fail takes reads_mu_ and calls_mu_ one after the other, never
+  // Lock order: send_mu_, then reads_mu_, calls_mu_ or progress_mu_ (Post and a failed send
+  // hold send_mu_ while they take them, Fail taking the three one after the other, never
   // nested); reads_mu_, then the region registry's lock (CompleteRead's RegionRegistry::Pin).
-  // progress_mu_ guards nothing and nests in nothing: it orders a waiter's check against
-  // NotifyProgress's wake-up.
-  Mutex send_mu_ ACQUIRED_BEFORE(reads_mu_, calls_mu_);  // one writer on the socket at a time
+  // progress_mu_ guards nothing: it orders a waiter's check against NotifyProgress's wake-up.
+  // One writer on the socket at a time.
+  Mutex send_mu_ ACQUIRED_BEFORE(reads_mu_, calls_mu_, progress_mu_);
   ByteBuffer send_buf_ GUARDED_BY(send_mu_);
 
   const size_t num_read_slots_;

@@ -85,10 +85,13 @@ class TcpSession final : public ServerSession {
   ByteBuffer out GUARDED_BY(out_mu);
   int fd GUARDED_BY(out_mu);
   bool closed GUARDED_BY(out_mu) = false;
-  bool broken GUARDED_BY(out_mu) = false;  // a send failed; the NIC thread closes on the error event
-  bool input_paused GUARDED_BY(out_mu) = false;  // backpressure: not reading requests until `out` drains
-  bool queue_paused GUARDED_BY(out_mu) = false;  // not reading requests until the workers catch up
-  uint32_t armed GUARDED_BY(out_mu) = 0;         // events registered with epoll
+  // A send failed; the NIC thread closes on the error event.
+  bool broken GUARDED_BY(out_mu) = false;
+  // Backpressure: not reading requests until `out` drains.
+  bool input_paused GUARDED_BY(out_mu) = false;
+  // Not reading requests until the workers catch up.
+  bool queue_paused GUARDED_BY(out_mu) = false;
+  uint32_t armed GUARDED_BY(out_mu) = 0;  // events registered with epoll
   // Largest payload of a response or READ to this client: min(ours, the client's). Set at the
   // handshake, before any request of this session is queued (the queue's mutex orders it).
   size_t reply_limit GUARDED_BY(out_mu) = 0;
