@@ -23,11 +23,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
-#include <mutex>
 #include <random>
 #include <sstream>
 #include <string>
@@ -36,6 +34,8 @@
 
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 #include "common/util/units.h"
 #include "server/persistence/persister.h"
 #include "server/server.h"
@@ -64,6 +64,9 @@ namespace fs = std::filesystem;
 namespace kv = rdkv::kv;
 namespace transport = rdkv::transport;
 namespace persistence = rdkv::server::persistence;
+using rdkv::CondVar;
+using rdkv::Mutex;
+using rdkv::MutexLock;
 using rdkv::Status;
 
 [[noreturn]] void Die(const Status& s, const std::string& what) {
@@ -139,12 +142,15 @@ class InprocDriver {
     double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     stop_ = true;
     for (auto& w : workers_) {
-      std::lock_guard<std::mutex> l(w.mu);
-      w.cv.notify_all();
+      MutexLock l(&w.mu);
+      w.cv.SignalAll();
     }
     for (auto& t : ts) t.join();
     std::vector<uint32_t> lat;
-    for (auto& w : workers_) lat.insert(lat.end(), w.lat.begin(), w.lat.end());
+    for (auto& w : workers_) {
+      MutexLock l(&w.mu);  // (the workers have ended; the analysis wants it anyway)
+      lat.insert(lat.end(), w.lat.begin(), w.lat.end());
+    }
     Figures f;
     f.ops_per_s = lat.size() / secs;
     f.p50_us = Percentile(lat, 0.5);
@@ -160,10 +166,10 @@ class InprocDriver {
 
  private:
   struct Worker {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<int> ready;
-    std::vector<uint32_t> lat;
+    Mutex mu;
+    CondVar cv;
+    std::deque<int> ready GUARDED_BY(mu);
+    std::vector<uint32_t> lat GUARDED_BY(mu);
   };
   class Session : public transport::ServerSession {
    public:
@@ -185,10 +191,10 @@ class InprocDriver {
     uint32_t us = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                             Clock::now() - starts_[client]).count());
     Worker& w = workers_[client % workers_.size()];
-    std::lock_guard<std::mutex> l(w.mu);
+    MutexLock l(&w.mu);
     if (measuring_) w.lat.push_back(us);
     w.ready.push_back(client);
-    w.cv.notify_one();
+    w.cv.Signal();
     outstanding_.fetch_sub(1);
   }
 
@@ -200,8 +206,8 @@ class InprocDriver {
     for (;;) {
       int c;
       {
-        std::unique_lock<std::mutex> lk(w.mu);
-        w.cv.wait(lk, [&] { return stop_ || !w.ready.empty(); });
+        MutexLock lk(&w.mu);
+        while (!(stop_ || !w.ready.empty())) w.cv.Wait(&w.mu);
         if (stop_) return;
         c = w.ready.front();
         w.ready.pop_front();

@@ -41,17 +41,9 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
   }
   uint32_t cls = ClassOf(units);
   uint32_t size = ClassUnits(cls);
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ReclaimLocked(Clock::now());
-  auto take = [&](uint32_t c) -> Block {
-    uint32_t off = free_[c].back();
-    free_[c].pop_back();
-    uint32_t got = ClassUnits(c);
-    listed_units_ -= got;
-    used_ += got;
-    return Block{off, got};
-  };
-  if (!free_[cls].empty()) return take(cls);
+  if (!free_[cls].empty()) return TakeLocked(cls);
   if (bump_ + size <= heap_units_) {
     Block b{static_cast<uint32_t>(bump_), size};
     bump_ += size;
@@ -60,7 +52,7 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
   }
   // A somewhat larger block wastes at most ~50% and beats failing.
   for (uint32_t c = cls + 1; c < kClasses && c <= cls + 4; ++c) {
-    if (!free_[c].empty()) return take(c);
+    if (!free_[c].empty()) return TakeLocked(c);
   }
   if (retry_after != nullptr) {
     *retry_after = limbo_.empty() ? Clock::duration::zero()
@@ -73,22 +65,31 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
                             " bytes waiting out the reuse grace period)");
 }
 
+Block Allocator::TakeLocked(uint32_t c) {
+  uint32_t off = free_[c].back();
+  free_[c].pop_back();
+  uint32_t got = ClassUnits(c);
+  listed_units_ -= got;
+  used_ += got;
+  return Block{off, got};
+}
+
 void Allocator::Retire(Block b) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   used_ -= b.units;
   limbo_units_ += b.units;
   limbo_.push_back({b, Clock::now() + grace_});
 }
 
 void Allocator::Release(Block b) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   used_ -= b.units;
   listed_units_ += b.units;
   free_[ClassOf(b.units)].push_back(b.offset_units);
 }
 
 AllocatorStats Allocator::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return AllocatorStats{heap_units_, used_, limbo_units_, listed_units_ + (heap_units_ - bump_)};
 }
 

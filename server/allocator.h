@@ -11,9 +11,10 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <vector>
 
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 #include "rdkv/status.h"
 
 namespace rdkv::server {
@@ -44,31 +45,34 @@ class Allocator {
   // A block of at least `units` units. kOutOfSpace when nothing fits, with
   // *retry_after set when limbo holds blocks that will be free within that time
   // (zero duration when waiting cannot help).
-  Result<Block> Allocate(uint32_t units, Clock::duration* retry_after = nullptr);
+  Result<Block> Allocate(uint32_t units, Clock::duration* retry_after = nullptr) EXCLUDES(mu_);
   // For a block that was published: reused no earlier than now + grace.
-  void Retire(Block b);
+  void Retire(Block b) EXCLUDES(mu_);
   // For a block that was never published: reused at once.
-  void Release(Block b);
+  void Release(Block b) EXCLUDES(mu_);
 
-  AllocatorStats stats() const;
+  AllocatorStats stats() const EXCLUDES(mu_);
 
  private:
-  void ReclaimLocked(Clock::time_point now);
+  // Moves the limbo blocks whose grace period ended to the free lists.
+  void ReclaimLocked(Clock::time_point now) REQUIRES(mu_);
+  // Takes a block off class `c`'s (non-empty) free list.
+  Block TakeLocked(uint32_t c) REQUIRES(mu_);
   static constexpr uint32_t kClasses = 16 + 8 * 13;  // enough for 2^16 units
 
   const uint64_t heap_units_;
   const Clock::duration grace_;
-  mutable std::mutex mu_;
-  uint64_t bump_ = 0;  // units carved so far
-  uint64_t used_ = 0;
-  uint64_t limbo_units_ = 0;
-  uint64_t listed_units_ = 0;
-  std::vector<std::vector<uint32_t>> free_;  // per class: offsets
+  mutable Mutex mu_;
+  uint64_t bump_ GUARDED_BY(mu_) = 0;  // units carved so far
+  uint64_t used_ GUARDED_BY(mu_) = 0;
+  uint64_t limbo_units_ GUARDED_BY(mu_) = 0;
+  uint64_t listed_units_ GUARDED_BY(mu_) = 0;
+  std::vector<std::vector<uint32_t>> free_ GUARDED_BY(mu_);  // per class: offsets
   struct Retired {
     Block block;
     Clock::time_point reusable_at;
   };
-  std::deque<Retired> limbo_;  // in retire order, so reusable_at is non-decreasing
+  std::deque<Retired> limbo_ GUARDED_BY(mu_);  // in retire order, so reusable_at is non-decreasing
 };
 
 }  // namespace rdkv::server

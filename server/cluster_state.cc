@@ -2,7 +2,6 @@
 
 #include <glog/logging.h>
 
-#include <mutex>
 #include <thread>
 
 #include "server/saved_map.h"
@@ -41,7 +40,10 @@ Result<std::unique_ptr<ClusterState>> ClusterState::Create(Store* store, cluster
 Status ClusterState::CheckOwner(std::string_view key, uint64_t* epoch) const {
   uint32_t shard = store_->ShardOfKey(key);
   if (store_->Owns(shard)) return Status::Ok();
-  // The caller holds WriteGuard() (mu_ shared): map_ is read without locking mu_ again.
+  // The caller holds mu_ shared (an OwnerGuard or WriteGuard()): map_ is read without locking
+  // mu_ again. The assertion stands in for REQUIRES_SHARED(mu_) while WriteGuard()'s callers,
+  // which the analysis cannot see holding it, remain.
+  mu_.AssertReaderHeld();
   std::shared_ptr<const cluster::ClusterMap> m = map_;
   *epoch = m->epoch;
   uint32_t owner = m->OwnerOf(shard);
@@ -53,12 +55,14 @@ Status ClusterState::CheckOwner(std::string_view key, uint64_t* epoch) const {
 }
 
 std::shared_ptr<const cluster::ClusterMap> ClusterState::map() const {
-  std::shared_lock lock(mu_);
-  return map_;
+  mu_.ReaderLock();
+  std::shared_ptr<const cluster::ClusterMap> m = map_;
+  mu_.ReaderUnlock();
+  return m;
 }
 
 Status ClusterState::Install(cluster::ClusterMap next) {
-  std::lock_guard install(install_mu_);
+  MutexLock install(&install_mu_);
   RDKV_RETURN_IF_ERROR(Validate(*store_, next, server_id_));
   std::shared_ptr<const cluster::ClusterMap> cur = map();
   if (next.epoch <= cur->epoch) {
@@ -85,7 +89,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   uint32_t lost = 0, gained = 0;
   {
     // Lost shards first, under the exclusive lock: no write to them is in flight afterwards.
-    std::unique_lock lock = LockExclusive();
+    ExclusiveLock lock(this);
     for (uint32_t s = 0; s < next.shards; ++s) {
       bool had = store_->Owns(s), has = next.OwnerOf(s) == server_id_;
       if (had && !has) {
@@ -100,7 +104,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   {
     // Gained shards under the exclusive lock too: an IMPORT (allowed only into a shard this
     // server does not own) is either done before it or refused after it.
-    std::unique_lock lock = LockExclusive();
+    ExclusiveLock lock(this);
     for (uint32_t s = 0; s < next.shards; ++s) {
       if (next.OwnerOf(s) == server_id_ && !store_->Owns(s)) {
         store_->SetOwned(s, true);

@@ -6,21 +6,51 @@
 // client can still return a GET from this server for a shard after the move is acknowledged
 // (docs/design.md "Cluster").
 //
-// Thread-safety: all methods are thread-safe. Writes hold WriteGuard() across their ownership
-// check and apply, so Install() never races with a write to a shard it is taking away.
+// Thread-safety: all methods are thread-safe. Writes hold an OwnerGuard (or the older
+// WriteGuard()) across their ownership check and apply, so Install() never races with a write
+// to a shard it is taking away.
+//
+// Lock order: install_mu_, then turnstile_, then mu_ (an Install holds install_mu_ throughout
+// and takes the turnstile and mu_ inside it; a write takes the turnstile and lets it go before
+// it takes mu_).
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
 
 #include "common/cluster/cluster_map.h"
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 #include "rdkv/status.h"
 #include "server/store.h"
 
 namespace rdkv::server {
+
+// The ownership lock's type: rdkv::SharedMutex's annotated interface over a std::shared_mutex
+// that the transitional ClusterState::WriteGuard() can also hand out as a std::shared_lock
+// (the form server/service.cc holds today). Once every caller holds an OwnerGuard, this
+// becomes a plain rdkv::SharedMutex and WriteGuard() goes.
+class CAPABILITY("shared_mutex") OwnershipMutex {
+ public:
+  OwnershipMutex() = default;
+  OwnershipMutex(const OwnershipMutex&) = delete;
+  OwnershipMutex& operator=(const OwnershipMutex&) = delete;
+
+  void Lock() ACQUIRE() { mu_.lock(); }
+  void Unlock() RELEASE() { mu_.unlock(); }
+  void ReaderLock() ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void ReaderUnlock() RELEASE_SHARED() { mu_.unlock_shared(); }
+  // Tells the analysis that the caller holds it shared (no run-time check).
+  void AssertReaderHeld() const ASSERT_SHARED_CAPABILITY(this) {}
+
+ private:
+  friend class ClusterState;
+  std::shared_mutex mu_;
+};
 
 class ClusterState {
  public:
@@ -32,31 +62,70 @@ class ClusterState {
                                                       std::chrono::milliseconds lease,
                                                       std::string saved_map_path = {});
 
-  // Shared: many writes at once. Waits while an install is taking the lock exclusively (a
+  // A write's hold on the ownership lock (mu_ shared) for its scope, the analysis knowing it:
+  //
+  //   ClusterState::OwnerGuard owner_guard(cluster_);  // nothing held when cluster_ is null
+  //   Status own = cluster_->CheckOwner(key, &epoch);   // (only when cluster_ is not null)
+  //
+  // Many writes hold it at once. It waits while an install is taking the lock exclusively (a
   // turnstile: glibc's shared mutex prefers readers, and a steady stream of writes would
   // otherwise hold an install off for as long as it lasts).
-  std::shared_lock<std::shared_mutex> WriteGuard() const {
-    { std::lock_guard turnstile(turnstile_); }
-    return std::shared_lock(mu_);
+  class SCOPED_CAPABILITY OwnerGuard {
+   public:
+    // `state` null (a standalone server): holds nothing.
+    explicit OwnerGuard(const ClusterState* state) ACQUIRE_SHARED(state->mu_)
+        : mu_(state ? &state->mu_ : nullptr) {
+      if (mu_ == nullptr) return;
+      { MutexLock turnstile(&state->turnstile_); }
+      mu_->ReaderLock();
+    }
+    ~OwnerGuard() RELEASE() {
+      if (mu_ != nullptr) mu_->ReaderUnlock();
+    }
+    OwnerGuard(const OwnerGuard&) = delete;
+    OwnerGuard& operator=(const OwnerGuard&) = delete;
+
+   private:
+    OwnershipMutex* const mu_;
+  };
+
+  // Transitional, for server/service.cc: mu_ shared, through the turnstile, as a movable
+  // std::shared_lock the analysis cannot follow (so CheckOwner cannot yet require mu_). New
+  // code holds an OwnerGuard; this goes once service.cc does.
+  std::shared_lock<std::shared_mutex> WriteGuard() const EXCLUDES(turnstile_) {
+    { MutexLock turnstile(&turnstile_); }
+    return std::shared_lock(mu_.mu_);
   }
   // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
-  // (and *epoch set). Call under WriteGuard().
+  // (and *epoch set). Call holding mu_ shared: an OwnerGuard or WriteGuard(). (To become
+  // REQUIRES_SHARED(mu_) once no caller holds WriteGuard().)
   Status CheckOwner(std::string_view key, uint64_t* epoch) const;
 
-  std::shared_ptr<const cluster::ClusterMap> map() const;
+  std::shared_ptr<const cluster::ClusterMap> map() const EXCLUDES(mu_);
   // Adopts a newer map: kInvalidArgument when its epoch is not higher, its shard count differs
   // or it lacks this server. Saves it durably first (when a saved-map path was given; kIoError,
   // with nothing changed, when that fails), then changes ownership. Blocks for one lease when
   // shards are lost.
-  Status Install(cluster::ClusterMap map);
+  Status Install(cluster::ClusterMap map) EXCLUDES(install_mu_, turnstile_, mu_);
   uint32_t server_id() const { return server_id_; }
 
  private:
-  // mu_ exclusively, through the turnstile: writes arriving meanwhile wait behind it.
-  std::unique_lock<std::shared_mutex> LockExclusive() {
-    std::lock_guard turnstile(turnstile_);
-    return std::unique_lock(mu_);
-  }
+  // mu_ exclusively for its scope, through the turnstile: writes arriving meanwhile wait
+  // behind it.
+  class SCOPED_CAPABILITY ExclusiveLock {
+   public:
+    explicit ExclusiveLock(ClusterState* state) ACQUIRE(state->mu_) : mu_(&state->mu_) {
+      MutexLock turnstile(&state->turnstile_);
+      mu_->Lock();
+    }
+    ~ExclusiveLock() RELEASE() { mu_->Unlock(); }
+    ExclusiveLock(const ExclusiveLock&) = delete;
+    ExclusiveLock& operator=(const ExclusiveLock&) = delete;
+
+   private:
+    OwnershipMutex* const mu_;
+  };
+
   ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
                std::chrono::milliseconds lease, std::string saved_map_path)
       : store_(store),
@@ -66,10 +135,12 @@ class ClusterState {
         saved_map_path_(std::move(saved_map_path)) {}
 
   Store* store_;
-  mutable std::shared_mutex mu_;  // exclusive while ownership changes
-  mutable std::mutex turnstile_;  // held by an install while it waits for mu_ exclusively
-  std::mutex install_mu_;         // one Install at a time
-  std::shared_ptr<const cluster::ClusterMap> map_;
+  // Lock order: install_mu_, turnstile_, mu_ (ACQUIRED_BEFORE: the tsa preset checks it).
+  Mutex install_mu_ ACQUIRED_BEFORE(turnstile_);  // one Install at a time
+  // Held by an install while it waits for mu_ exclusively; writes pass through it.
+  mutable Mutex turnstile_ ACQUIRED_BEFORE(mu_);
+  mutable OwnershipMutex mu_;  // exclusive while ownership changes
+  std::shared_ptr<const cluster::ClusterMap> map_ GUARDED_BY(mu_);
   const uint32_t server_id_;
   const std::chrono::milliseconds lease_;
   const std::string saved_map_path_;  // empty: maps are not saved

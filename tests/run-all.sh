@@ -2,11 +2,15 @@
 # Builds rdkv and runs every test: the one command README.md gives for "build and pass all tests".
 #
 #   tests/run-all.sh            all stages
-#   tests/run-all.sh STAGE...   only these stages (deps build test asan tsan fuzz vm)
+#   tests/run-all.sh STAGE...   only these stages (deps build tsa test asan tsan fuzz vm)
 #
 # Stages:
 #   deps   deploy/install-deps.sh (Debian packages; idempotent)
 #   build  the `ci` preset: RelWithDebInfo, warnings as errors
+#   tsa    the `tsa` preset: the whole tree (tests aside) built with clang -Wthread-safety
+#          -Werror, which checks the locking annotations (GUARDED_BY, REQUIRES, ...); then
+#          tests/util/thread_safety_test.sh shows the check refuses code that breaks them.
+#          Builds only.
 #   test   ctest on that build (unit, transport over tcp, end-to-end over tcp, tools)
 #   asan   ASan+UBSan build, the same tests
 #   tsan   ThreadSanitizer build, the concurrency tests
@@ -22,7 +26,7 @@ JOBS=${RDKV_JOBS:-$(nproc)}
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-2}
 
 stages=("$@")
-if ((${#stages[@]} == 0)); then stages=(deps build test asan tsan fuzz vm); fi
+if ((${#stages[@]} == 0)); then stages=(deps build tsa test asan tsan fuzz vm); fi
 
 declare -a summary=()
 run_stage() {
@@ -45,6 +49,11 @@ stage_deps() { deploy/install-deps.sh; }
 stage_build() {
   cmake --preset ci >/dev/null
   cmake --build --preset ci -j "$JOBS"
+}
+stage_tsa() {
+  cmake --preset tsa >/dev/null
+  cmake --build --preset tsa -j "$JOBS"
+  tests/util/thread_safety_test.sh clang++ "$ROOT"
 }
 # Labels excluded (`ctest --print-labels` lists them all; tests/CMakeLists.txt sets them):
 #   verbs    needs a real RDMA device (sigstop_test, verbs_smoke_test, verbs_write_refused_test):
@@ -89,8 +98,8 @@ stage_vm() {
 
 for s in "${stages[@]}"; do
   case $s in
-    deps | build | test | asan | tsan | fuzz | vm) run_stage "$s" "stage_$s" ;;
-    *) echo "unknown stage '$s' (deps build test asan tsan fuzz vm)" >&2; exit 2 ;;
+    deps | build | tsa | test | asan | tsan | fuzz | vm) run_stage "$s" "stage_$s" ;;
+    *) echo "unknown stage '$s' (deps build tsa test asan tsan fuzz vm)" >&2; exit 2 ;;
   esac
 done
 echo "=== rdkv: summary ==="

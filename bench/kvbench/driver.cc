@@ -3,13 +3,14 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <ctime>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 
 namespace rdkv::kvbench {
 
@@ -57,9 +58,9 @@ struct ThreadStats {
 
 struct Shared {
   std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  int running = 0;  // guarded by mu
+  rdkv::Mutex mu;
+  rdkv::CondVar cv;
+  int running GUARDED_BY(mu) = 0;
 };
 
 class Worker {
@@ -289,13 +290,16 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
                                                unlimited ? -1 : ThreadOpCount(total, threads, t),
                                                tick_ns, deadline, has_deadline));
   }
-  shared.running = threads;
+  {
+    rdkv::MutexLock lock(&shared.mu);
+    shared.running = threads;
+  }
   std::vector<std::thread> ts;
   for (int t = 0; t < threads; ++t) {
     ts.emplace_back([&, t] {
       workers[t]->Run(start);
-      std::lock_guard<std::mutex> lock(shared.mu);
-      if (--shared.running == 0) shared.cv.notify_all();
+      rdkv::MutexLock lock(&shared.mu);
+      if (--shared.running == 0) shared.cv.SignalAll();
     });
   }
 
@@ -305,23 +309,24 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.status_interval));
   Clock::time_point next_status = start + interval;
   {
-    std::unique_lock<std::mutex> lock(shared.mu);
+    rdkv::MutexLock lock(&shared.mu);
     while (shared.running > 0) {
       Clock::time_point wake = Clock::time_point::max();
       if (status_on) wake = next_status;
       if (has_deadline && !shared.stop.load()) wake = std::min(wake, deadline);
       if (wake == Clock::time_point::max()) {
-        shared.cv.wait(lock, [&] { return shared.running == 0; });
+        while (shared.running != 0) shared.cv.Wait(&shared.mu);
         break;
       }
-      shared.cv.wait_until(lock, wake, [&] { return shared.running == 0; });
+      while (shared.running != 0 && shared.cv.WaitUntil(&shared.mu, wake)) {
+      }
       if (shared.running == 0) break;
       const auto now = Clock::now();
       if (has_deadline && now >= deadline) shared.stop.store(true);
       if (status_on && now >= next_status) {
-        lock.unlock();
+        lock.Unlock();
         status.Print();
-        lock.lock();
+        lock.Lock();
         while (next_status <= now) next_status += interval;
       }
     }

@@ -179,7 +179,7 @@ AcknowledgedCounterGenerator::AcknowledgedCounterGenerator(int64_t start)
     : counter_(start), window_(kWindow, false), limit_(start - 1) {}
 
 bool AcknowledgedCounterGenerator::Acknowledge(int64_t value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  rdkv::MutexLock lock(&mu_);
   int64_t limit = limit_.load(std::memory_order_relaxed);
   if (value <= limit) return true;  // already covered
   if (value - limit > kWindow) return false;

@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 
 namespace rdkv::kvbench {
 
@@ -158,12 +160,12 @@ class AcknowledgedCounterGenerator {
   int64_t LastValue() const { return limit_.load(std::memory_order_acquire); }
   // Marks value done. Returns false (and acknowledges nothing) when value is more than kWindow
   // ahead of LastValue() (YCSB throws there: too many outstanding inserts).
-  bool Acknowledge(int64_t value);
+  bool Acknowledge(int64_t value) EXCLUDES(mu_);
 
  private:
   CounterGenerator counter_;
-  std::mutex mu_;
-  std::vector<bool> window_;           // guarded by mu_
+  rdkv::Mutex mu_;
+  std::vector<bool> window_ GUARDED_BY(mu_);
   std::atomic<int64_t> limit_;
 };
 

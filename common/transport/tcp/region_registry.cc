@@ -36,7 +36,7 @@ bool Inside(uint64_t base, uint64_t size, uint64_t addr, uint64_t length) {
 }  // namespace
 
 RegionRegistry::Keys RegionRegistry::Register(uint8_t* addr, size_t length, RegionAccess access) {
-  std::unique_lock lock(mu_);
+  WriterMutexLock lock(&mu_);
   Keys k;
   do {
     k.lkey = RandomKey();
@@ -52,14 +52,12 @@ RegionRegistry::Keys RegionRegistry::Register(uint8_t* addr, size_t length, Regi
 }
 
 void RegionRegistry::Unregister(const Keys& keys) {
-  std::unique_lock lock(mu_);  // waits for every copy in progress out of (or into) the region
+  WriterMutexLock lock(&mu_);  // waits for every copy in progress out of (or into) the region
   by_lkey_.erase(keys.lkey);
   by_rkey_.erase(keys.rkey);
 }
 
-const uint8_t* RegionRegistry::FindRemote(uint32_t rkey, uint64_t addr, uint64_t length,
-                                          std::shared_lock<std::shared_mutex>& lock) const {
-  lock = std::shared_lock(mu_);
+const uint8_t* RegionRegistry::FindRemote(uint32_t rkey, uint64_t addr, uint64_t length) const {
   auto it = by_rkey_.find(rkey);
   if (it == by_rkey_.end()) return nullptr;
   const Entry& e = it->second;
@@ -68,9 +66,7 @@ const uint8_t* RegionRegistry::FindRemote(uint32_t rkey, uint64_t addr, uint64_t
   return e.addr + (addr - base);
 }
 
-uint8_t* RegionRegistry::FindLocal(uint32_t lkey, const uint8_t* addr, uint64_t length,
-                                   std::shared_lock<std::shared_mutex>& lock) const {
-  lock = std::shared_lock(mu_);
+uint8_t* RegionRegistry::FindLocal(uint32_t lkey, const uint8_t* addr, uint64_t length) const {
   auto it = by_lkey_.find(lkey);
   if (it == by_lkey_.end()) return nullptr;
   const Entry& e = it->second;

@@ -6,14 +6,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
 #include "common/transport/tcp/byte_buffer.h"
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 #include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
@@ -48,6 +48,7 @@ class TcpConnection final : public Connection {
         regions_(welcome.regions),
         receive_limit_(options.max_message_size),
         send_limit_(std::min<size_t>(options.max_message_size, welcome.max_message_size)),
+        num_read_slots_(options.max_outstanding_reads),
         read_slots_(options.max_outstanding_reads),
         call_slots_(new CallSlot[options.max_outstanding_calls]),
         num_call_slots_(options.max_outstanding_calls),
@@ -149,10 +150,10 @@ class TcpConnection final : public Connection {
     uint32_t slot_index;
     uint32_t generation;
     {
-      std::unique_lock lock(calls_mu_);
+      MutexLock lock(&calls_mu_);
       while (!calls_dead_ && free_calls_.empty()) {
-        if (call_free_cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
-            !calls_dead_ && free_calls_.empty()) {
+        if (!call_free_cv_.WaitUntil(&calls_mu_, deadline) && !calls_dead_ &&
+            free_calls_.empty()) {
           return Status::Busy(peer_ + ": max_outstanding_calls requests in flight for the whole "
                               "timeout; the request was not sent");
         }
@@ -175,7 +176,7 @@ class TcpConnection final : public Connection {
     size_t sent_bytes = 0;
     bool stream_broken = false;
     {
-      std::lock_guard lock(send_mu_);
+      MutexLock lock(&send_mu_);
       send = SendAllBefore(fd_, iov, request.empty() ? 1 : 2, deadline, &sent_bytes);
       if (!send.ok() && !(send.Is(StatusCode::kTimedOut) && sent_bytes == 0)) {
         // Part of a frame may be on the wire: the stream is unusable. Failed before send_mu_
@@ -187,14 +188,14 @@ class TcpConnection final : public Connection {
     if (!send.ok()) {
       if (!stream_broken) {
         // Nothing of it went out: the stream is intact and the request was not sent.
-        std::lock_guard lock(calls_mu_);
+        MutexLock lock(&calls_mu_);
         ReleaseCallSlotLocked(slot_index);
         return Status::TimedOut(peer_ + ": the peer read nothing within " +
                                 std::to_string(timeout.count()) +
                                 " ms; the request was not sent");
       }
       if (send.Is(StatusCode::kTimedOut)) {
-        std::lock_guard lock(calls_mu_);
+        MutexLock lock(&calls_mu_);
         ReleaseCallSlotLocked(slot_index);
         return Status::TimedOut(peer_ + ": the request could not be sent within " +
                                 std::to_string(timeout.count()) +
@@ -202,9 +203,10 @@ class TcpConnection final : public Connection {
       }
     }
 
-    std::unique_lock lock(calls_mu_);
+    MutexLock lock(&calls_mu_);
     CallSlot& slot = call_slots_[slot_index];
-    slot.cv.wait_until(lock, deadline, [&] { return slot.state != CallSlot::kWaiting; });
+    while (slot.state == CallSlot::kWaiting && slot.cv.WaitUntil(&calls_mu_, deadline)) {
+    }
     bool timed_out = slot.state == CallSlot::kWaiting;
     StatusCode code = slot.code;
     std::string error = std::move(slot.error);
@@ -219,15 +221,15 @@ class TcpConnection final : public Connection {
   }
 
  private:
-  // Frees a call slot; a response arriving for it from now on is dropped. Under calls_mu_.
-  void ReleaseCallSlotLocked(uint32_t index) {
+  // Frees a call slot; a response arriving for it from now on is dropped.
+  void ReleaseCallSlotLocked(uint32_t index) REQUIRES(calls_mu_) {
     CallSlot& slot = call_slots_[index];
     ++slot.generation;
     slot.state = CallSlot::kFree;
     slot.response = nullptr;
     slot.error.clear();
     free_calls_.push_back(index);
-    call_free_cv_.notify_one();
+    call_free_cv_.Signal();
   }
 
   struct ReadSlot {
@@ -235,6 +237,7 @@ class TcpConnection final : public Connection {
     uint32_t generation = 0;
     bool busy = false;
   };
+  // Under calls_mu_ (the slots are reached through call_slots_, which is GUARDED_BY it).
   struct CallSlot {
     enum State { kFree, kWaiting, kDone };
     uint32_t generation = 0;
@@ -242,14 +245,14 @@ class TcpConnection final : public Connection {
     StatusCode code = StatusCode::kOk;
     std::string error;  // the server's reason with a CALL_ERROR
     std::vector<uint8_t>* response = nullptr;
-    std::condition_variable cv;
+    CondVar cv;  // waited on with calls_mu_
   };
 
   Status ValidateReads(std::span<ReadOp* const> ops, bool whole_batch) const {
-    if (whole_batch && ops.size() > read_slots_.size()) {
+    if (whole_batch && ops.size() > num_read_slots_) {
       return Status::InvalidArgument("a batch of " + std::to_string(ops.size()) +
                                      " READs exceeds max_outstanding_reads " +
-                                     std::to_string(read_slots_.size()));
+                                     std::to_string(num_read_slots_));
     }
     for (ReadOp* op : ops) {
       if (op == nullptr) return Status::InvalidArgument("null ReadOp");
@@ -263,11 +266,12 @@ class TcpConnection final : public Connection {
 
   // Takes slots for ops (all of them, or with `partial` as many as are free, at least one),
   // writes their READ_REQUEST frames with one send. Datapath: no allocation.
-  PostCode Post(std::span<ReadOp* const> ops, bool partial, size_t* posted) {
-    std::lock_guard send_lock(send_mu_);
+  PostCode Post(std::span<ReadOp* const> ops, bool partial, size_t* posted)
+      EXCLUDES(send_mu_, reads_mu_) {
+    MutexLock send_lock(&send_mu_);
     size_t n = ops.size();
     {
-      std::lock_guard lock(reads_mu_);
+      MutexLock lock(&reads_mu_);
       if (reads_dead_) return PostCode::kConnectionLost;
       if (free_reads_.size() < n) {
         if (!partial || free_reads_.empty()) return PostCode::kBusy;
@@ -306,11 +310,21 @@ class TcpConnection final : public Connection {
     progress_waiters_.fetch_add(1, std::memory_order_seq_cst);
     bool progressed;
     {
-      std::unique_lock lock(progress_mu_);
-      progressed = progress_cv_.wait_until(lock, deadline, [&] {
+      auto done = [&] {
         return reads_completed_.load(std::memory_order_seq_cst) != seen ||
                !alive_.load(std::memory_order_acquire);
-      });
+      };
+      MutexLock lock(&progress_mu_);
+      for (;;) {
+        if (done()) {
+          progressed = true;
+          break;
+        }
+        if (!progress_cv_.WaitUntil(&progress_mu_, deadline)) {
+          progressed = done();
+          break;
+        }
+      }
     }
     progress_waiters_.fetch_sub(1, std::memory_order_relaxed);
     return progressed;
@@ -320,8 +334,8 @@ class TcpConnection final : public Connection {
     if (completed == 0) return;
     reads_completed_.fetch_add(completed, std::memory_order_seq_cst);
     if (progress_waiters_.load(std::memory_order_seq_cst) > 0) {
-      { std::lock_guard lock(progress_mu_); }
-      progress_cv_.notify_all();
+      { MutexLock lock(&progress_mu_); }
+      progress_cv_.SignalAll();
     }
   }
 
@@ -388,7 +402,7 @@ class TcpConnection final : public Connection {
       return false;
     }
     uint32_t index = WireSlot(r->wr_id);
-    std::lock_guard lock(reads_mu_);
+    MutexLock lock(&reads_mu_);
     if (index >= read_slots_.size() || !read_slots_[index].busy ||
         read_slots_[index].generation != WireGeneration(r->wr_id)) {
       *why = "READ_RESPONSE for a wr_id that is not outstanding";
@@ -405,8 +419,8 @@ class TcpConnection final : public Connection {
       }
       // Like a NIC's local protection check: the destination must lie inside a region of this
       // fabric registered under op->lkey (held registered while we write into it).
-      std::shared_lock<std::shared_mutex> region_lock;
-      uint8_t* dst = registry_->FindLocal(op->lkey, op->local, op->length, region_lock);
+      RegionRegistry::Pin region_pin(registry_.get());
+      uint8_t* dst = registry_->FindLocal(op->lkey, op->local, op->length);
       if (dst != nullptr) {
         std::memcpy(dst, r->data.data(), op->length);
       } else {
@@ -427,7 +441,7 @@ class TcpConnection final : public Connection {
       return false;
     }
     uint32_t index = WireSlot(m->request_id);
-    std::lock_guard lock(calls_mu_);
+    MutexLock lock(&calls_mu_);
     if (index >= num_call_slots_) {
       *why = "CALL_RESPONSE for an id that was never issued";
       return false;
@@ -440,7 +454,7 @@ class TcpConnection final : public Connection {
     slot.response->assign(m->payload.begin(), m->payload.end());
     slot.code = StatusCode::kOk;
     slot.state = CallSlot::kDone;
-    slot.cv.notify_one();
+    slot.cv.Signal();
     return true;
   }
 
@@ -453,7 +467,7 @@ class TcpConnection final : public Connection {
       return false;
     }
     uint32_t index = WireSlot(e->request_id);
-    std::lock_guard lock(calls_mu_);
+    MutexLock lock(&calls_mu_);
     if (index >= num_call_slots_) {
       *why = "CALL_ERROR for an id that was never issued";
       return false;
@@ -466,18 +480,18 @@ class TcpConnection final : public Connection {
     slot.code = e->code == StatusCode::kConnectionLost ? StatusCode::kProtocolError : e->code;
     slot.error = "the server could not answer: " + e->reason;
     slot.state = CallSlot::kDone;
-    slot.cv.notify_one();
+    slot.cv.Signal();
     return true;
   }
 
   // The connection is broken (or being closed): fail every READ and Call in flight, refuse new
   // ones. Idempotent; callable from any thread.
-  void Fail(const std::string& why) {
+  void Fail(const std::string& why) EXCLUDES(reads_mu_, calls_mu_, progress_mu_) {
     bool was_alive = alive_.exchange(false, std::memory_order_acq_rel);
     shutdown(fd_, SHUT_RDWR);
     uint64_t failed = 0;
     {
-      std::lock_guard lock(reads_mu_);
+      MutexLock lock(&reads_mu_);
       reads_dead_ = true;
       for (uint32_t i = 0; i < read_slots_.size(); ++i) {
         ReadSlot& slot = read_slots_[i];
@@ -491,7 +505,7 @@ class TcpConnection final : public Connection {
       }
     }
     {
-      std::lock_guard lock(calls_mu_);
+      MutexLock lock(&calls_mu_);
       if (!calls_dead_) dead_reason_ = why.empty() ? "connection lost" : why;
       calls_dead_ = true;
       for (uint32_t i = 0; i < num_call_slots_; ++i) {
@@ -499,15 +513,13 @@ class TcpConnection final : public Connection {
         if (slot.state != CallSlot::kWaiting) continue;
         slot.code = StatusCode::kConnectionLost;
         slot.state = CallSlot::kDone;
-        slot.cv.notify_one();
+        slot.cv.Signal();
       }
     }
-    call_free_cv_.notify_all();
+    call_free_cv_.SignalAll();
     if (failed > 0) reads_completed_.fetch_add(failed, std::memory_order_seq_cst);
-    {
-      std::lock_guard lock(progress_mu_);
-    }
-    progress_cv_.notify_all();
+    { MutexLock lock(&progress_mu_); }
+    progress_cv_.SignalAll();
     if (was_alive && !closing_.load(std::memory_order_acquire)) {
       LOG(WARNING) << peer_ << ": connection lost: " << why << " (" << failed
                    << " READ(s) in flight failed)";
@@ -523,26 +535,33 @@ class TcpConnection final : public Connection {
   std::atomic<bool> alive_{true};
   std::atomic<bool> closing_{false};
 
-  std::mutex send_mu_;  // one writer on the socket at a time; before reads_mu_ when both
-  ByteBuffer send_buf_;
+  // Lock order: send_mu_, then reads_mu_, calls_mu_ or progress_mu_ (Post and a failed send
+  // hold send_mu_ while they take them, Fail taking the three one after the other, never
+  // nested); reads_mu_, then the region registry's lock (CompleteRead's RegionRegistry::Pin).
+  // progress_mu_ guards nothing: it orders a waiter's check against NotifyProgress's wake-up.
+  // One writer on the socket at a time.
+  Mutex send_mu_ ACQUIRED_BEFORE(reads_mu_, calls_mu_, progress_mu_);
+  ByteBuffer send_buf_ GUARDED_BY(send_mu_);
 
-  std::mutex reads_mu_;
-  std::vector<ReadSlot> read_slots_;
-  std::vector<uint32_t> free_reads_;  // capacity reserved up front: push/pop never allocate
-  bool reads_dead_ = false;
+  const size_t num_read_slots_;
+  Mutex reads_mu_;
+  std::vector<ReadSlot> read_slots_ GUARDED_BY(reads_mu_);
+  // Capacity reserved up front: push/pop never allocate.
+  std::vector<uint32_t> free_reads_ GUARDED_BY(reads_mu_);
+  bool reads_dead_ GUARDED_BY(reads_mu_) = false;
   std::atomic<uint64_t> reads_completed_{0};
   std::atomic<uint64_t> reads_reported_{0};
-  std::mutex progress_mu_;
-  std::condition_variable progress_cv_;
+  Mutex progress_mu_;
+  CondVar progress_cv_;
   std::atomic<int> progress_waiters_{0};
 
-  std::mutex calls_mu_;
-  std::unique_ptr<CallSlot[]> call_slots_;
+  Mutex calls_mu_;
+  std::unique_ptr<CallSlot[]> call_slots_ GUARDED_BY(calls_mu_);
   const uint32_t num_call_slots_;
-  std::vector<uint32_t> free_calls_;
-  std::condition_variable call_free_cv_;
-  bool calls_dead_ = false;
-  std::string dead_reason_;
+  std::vector<uint32_t> free_calls_ GUARDED_BY(calls_mu_);
+  CondVar call_free_cv_;
+  bool calls_dead_ GUARDED_BY(calls_mu_) = false;
+  std::string dead_reason_ GUARDED_BY(calls_mu_);
 
   ByteBuffer in_;  // receive thread only
   std::thread receiver_;

@@ -15,6 +15,8 @@
 #include "common/transport/tcp/byte_buffer.h"
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 #include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
@@ -52,12 +54,23 @@ class TcpSession final : public ServerSession {
   std::string peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
 
-  // Send what is buffered without blocking; arms EPOLLOUT for the rest. Requires out_mu.
-  void FlushLocked();
-  // Makes the epoll interest match the state. Requires out_mu.
-  void UpdateEventsLocked();
-  // Closes the socket; Reply returns kConnectionLost from now on. Requires out_mu.
-  void CloseLocked();
+  // Send what is buffered without blocking; arms EPOLLOUT for the rest.
+  void FlushLocked() REQUIRES(out_mu);
+  // Makes the epoll interest match the state.
+  void UpdateEventsLocked() REQUIRES(out_mu);
+  // Closes the socket; Reply returns kConnectionLost from now on.
+  void CloseLocked() REQUIRES(out_mu);
+
+  // The NIC thread's reads of out_mu's fields without out_mu: closed, input_paused,
+  // queue_paused and fd are written only by the NIC thread (under out_mu, for the other
+  // threads' reads) or by the listener's teardown after the NIC threads stopped, and
+  // reply_limit is set at the handshake, before any request of the session is queued, so the
+  // NIC thread reads them bare. The analysis cannot express "written only by this thread".
+  bool nic_closed() const NO_THREAD_SAFETY_ANALYSIS { return closed; }
+  bool nic_input_paused() const NO_THREAD_SAFETY_ANALYSIS { return input_paused; }
+  bool nic_queue_paused() const NO_THREAD_SAFETY_ANALYSIS { return queue_paused; }
+  int nic_fd() const NO_THREAD_SAFETY_ANALYSIS { return fd; }
+  size_t nic_reply_limit() const NO_THREAD_SAFETY_ANALYSIS { return reply_limit; }
 
   // ---- NIC-thread-only state ----
   enum class State { kAwaitHello, kReady, kDraining };
@@ -67,19 +80,22 @@ class TcpSession final : public ServerSession {
   size_t need = kFrameHeaderSize;  // bytes the frame at the head of `in` needs in total
   bool authenticated = false;
 
-  // ---- guarded by out_mu (closed and input_paused are written only by the NIC thread, or by
-  // the listener's teardown after the NIC threads stopped, so the NIC thread reads them bare) --
-  std::mutex out_mu;
-  ByteBuffer out;
-  int fd;
-  bool closed = false;
-  bool broken = false;        // a send failed; the NIC thread closes on the error event
-  bool input_paused = false;  // backpressure: not reading requests until `out` drains
-  bool queue_paused = false;  // not reading requests until the workers catch up
-  uint32_t armed = 0;         // events registered with epoll
+  // ---- under out_mu (the NIC thread reads some bare: nic_closed() and the others above) ----
+  // Lock order: a READ holds the region registry's lock (shared) and then takes out_mu.
+  Mutex out_mu;
+  ByteBuffer out GUARDED_BY(out_mu);
+  int fd GUARDED_BY(out_mu);
+  bool closed GUARDED_BY(out_mu) = false;
+  // A send failed; the NIC thread closes on the error event.
+  bool broken GUARDED_BY(out_mu) = false;
+  // Backpressure: not reading requests until `out` drains.
+  bool input_paused GUARDED_BY(out_mu) = false;
+  // Not reading requests until the workers catch up.
+  bool queue_paused GUARDED_BY(out_mu) = false;
+  uint32_t armed GUARDED_BY(out_mu) = 0;  // events registered with epoll
   // Largest payload of a response or READ to this client: min(ours, the client's). Set at the
   // handshake, before any request of this session is queued (the queue's mutex orders it).
-  size_t reply_limit = 0;
+  size_t reply_limit GUARDED_BY(out_mu) = 0;
   std::atomic<uint32_t> queued{0};  // requests of this session waiting for or in a worker
 
  private:
@@ -105,23 +121,23 @@ class WorkQueue {
     DeleteList(free_);
   }
 
-  WorkItem* Acquire() {
-    std::lock_guard lock(mu_);
+  WorkItem* Acquire() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     if (free_ == nullptr) return new WorkItem();  // only while warming up to peak concurrency
     WorkItem* item = free_;
     free_ = item->next;
     item->next = nullptr;
     return item;
   }
-  void Release(WorkItem* item) {
+  void Release(WorkItem* item) EXCLUDES(mu_) {
     item->session.reset();
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     item->next = free_;
     free_ = item;
   }
-  void Push(WorkItem* item) {
+  void Push(WorkItem* item) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       item->next = nullptr;
       if (tail_ != nullptr) {
         tail_->next = item;
@@ -130,12 +146,12 @@ class WorkQueue {
       }
       tail_ = item;
     }
-    cv_.notify_one();
+    cv_.Signal();
   }
   // Blocks until a request may run; nullptr once stopped.
-  WorkItem* Pop() {
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return stopping_ || (!paused_ && head_ != nullptr); });
+  WorkItem* Pop() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    while (!(stopping_ || (!paused_ && head_ != nullptr))) cv_.Wait(&mu_);
     if (stopping_) return nullptr;
     WorkItem* item = head_;
     head_ = item->next;
@@ -143,23 +159,23 @@ class WorkQueue {
     item->next = nullptr;
     return item;
   }
-  void SetPaused(bool paused) {
+  void SetPaused(bool paused) EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       paused_ = paused;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
-  void Stop() {
+  void Stop() EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   // After the workers are joined: drops queued requests (their sessions are closed).
-  void DropQueued() {
-    std::lock_guard lock(mu_);
+  void DropQueued() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     for (WorkItem* i = head_; i != nullptr; i = i->next) i->session.reset();
   }
 
@@ -171,13 +187,13 @@ class WorkQueue {
       i = next;
     }
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  WorkItem* head_ = nullptr;
-  WorkItem* tail_ = nullptr;
-  WorkItem* free_ = nullptr;
-  bool paused_ = false;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  WorkItem* head_ GUARDED_BY(mu_) = nullptr;
+  WorkItem* tail_ GUARDED_BY(mu_) = nullptr;
+  WorkItem* free_ GUARDED_BY(mu_) = nullptr;
+  bool paused_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -223,9 +239,9 @@ class NicThread {
   }
 
   // From the accept thread: this NIC thread takes the socket over.
-  void Adopt(std::shared_ptr<TcpSession> s) {
+  void Adopt(std::shared_ptr<TcpSession> s) EXCLUDES(pending_mu_) {
     {
-      std::lock_guard lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       pending_.push_back(std::move(s));
     }
     Wake();
@@ -238,16 +254,16 @@ class NicThread {
   }
 
   // After Stop(): closes every session this thread owned or was about to own.
-  void CloseAll() {
+  void CloseAll() EXCLUDES(pending_mu_) {
     std::vector<std::shared_ptr<TcpSession>> all;
     {
-      std::lock_guard lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       all.swap(pending_);
     }
     for (auto& [id, s] : sessions_) all.push_back(s);
     sessions_.clear();
     for (auto& s : all) {
-      std::lock_guard lock(s->out_mu);
+      MutexLock lock(&s->out_mu);
       s->CloseLocked();
     }
   }
@@ -291,14 +307,14 @@ class NicThread {
     }
   }
 
-  void AdoptPending() {
+  void AdoptPending() EXCLUDES(pending_mu_) {
     std::vector<std::shared_ptr<TcpSession>> batch;
     {
-      std::lock_guard lock(pending_mu_);
+      MutexLock lock(&pending_mu_);
       batch.swap(pending_);
     }
     for (auto& s : batch) {
-      std::lock_guard lock(s->out_mu);
+      MutexLock lock(&s->out_mu);
       epoll_event ev{};
       ev.events = EPOLLIN;
       ev.data.u64 = s->id();
@@ -317,16 +333,16 @@ class NicThread {
     if (events & EPOLLERR) {
       int err = 0;
       socklen_t len = sizeof err;
-      getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      getsockopt(s.nic_fd(), SOL_SOCKET, SO_ERROR, &err, &len);
       Close(s, std::string("socket error: ") + strerror(err));
       return;
     }
     if (events & EPOLLOUT) {
       OnWritable(s);
-      if (s.closed) return;
+      if (s.nic_closed()) return;
     }
     if (events & (EPOLLIN | EPOLLHUP)) {
-      if (!s.input_paused && !s.queue_paused) {
+      if (!s.nic_input_paused() && !s.nic_queue_paused()) {
         ReadSocket(s);
       } else if (events & EPOLLHUP) {
         Close(s, "peer hung up");
@@ -337,7 +353,7 @@ class NicThread {
   void OnWritable(TcpSession& s) {
     bool resume = false;
     {
-      std::lock_guard lock(s.out_mu);
+      MutexLock lock(&s.out_mu);
       s.FlushLocked();
       if (s.input_paused && s.out.size() < kOutLowWater) {
         s.input_paused = false;
@@ -353,14 +369,14 @@ class NicThread {
       size_t want = kRecvChunk;
       if (s.need > s.in.size()) want = std::max(want, s.need - s.in.size());
       std::span<uint8_t> w = s.in.PrepareWrite(want);
-      ssize_t n = recv(s.fd, w.data(), w.size(), MSG_DONTWAIT);
+      ssize_t n = recv(s.nic_fd(), w.data(), w.size(), MSG_DONTWAIT);
       if (n > 0) {
         if (s.state == TcpSession::State::kDraining) {
           continue;  // refused: discard whatever the client still sends until it closes
         }
         s.in.Commit(static_cast<size_t>(n));
         ProcessInput(s);
-        if (s.closed || s.input_paused || s.queue_paused) return;
+        if (s.nic_closed() || s.nic_input_paused() || s.nic_queue_paused()) return;
         if (static_cast<size_t>(n) < w.size()) return;  // drained the socket
         continue;
       }
@@ -383,7 +399,7 @@ class NicThread {
 
   // Parses and acts on every complete frame in `s.in`.
   void ProcessInput(TcpSession& s) {
-    while (!s.closed && !s.input_paused && !s.queue_paused &&
+    while (!s.nic_closed() && !s.nic_input_paused() && !s.nic_queue_paused() &&
            s.state != TcpSession::State::kDraining) {
       auto f = NextFrame(s.in.readable(), core_->options.max_message_size);
       if (!f.ok()) {
@@ -416,12 +432,12 @@ class NicThread {
         case FrameType::kCallRequest: QueueCall(s, f->body); break;
         default: break;  // excluded above
       }
-      if (s.closed) return;
+      if (s.nic_closed()) return;
       s.in.Consume(f->frame_size);
       s.need = kFrameHeaderSize;
     }
-    if (!s.closed) {
-      std::lock_guard lock(s.out_mu);
+    if (!s.nic_closed()) {
+      MutexLock lock(&s.out_mu);
       if (!s.out.empty()) s.FlushLocked();
     }
   }
@@ -453,7 +469,7 @@ class NicThread {
     w.regions = core_->options.regions;
     std::vector<uint8_t> frame = EncodeWelcome(w);
     {
-      std::lock_guard lock(s.out_mu);
+      MutexLock lock(&s.out_mu);
       s.reply_limit = std::min<size_t>(core_->options.max_message_size, hello->max_message_size);
       s.out.Append(frame.data(), frame.size());
       s.FlushLocked();
@@ -468,7 +484,7 @@ class NicThread {
     core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
     LOG(WARNING) << core_->name << ": refusing " << s.peer() << ": " << reason;
     std::vector<uint8_t> frame = EncodeRefused({code, kProtocolVersion, reason});
-    std::lock_guard lock(s.out_mu);
+    MutexLock lock(&s.out_mu);
     s.out.Append(frame.data(), frame.size());
     s.FlushLocked();
     // FIN after the REFUSED frame; keep reading (and discarding) until the client closes, so
@@ -483,12 +499,13 @@ class NicThread {
   void ServeRead(TcpSession& s, std::span<const uint8_t> body) {
     auto rq = DecodeReadRequest(body);
     if (!rq.ok()) return ProtocolError(s, rq.status().message());
-    std::shared_lock<std::shared_mutex> region_lock;
+    const RegionRegistry* registry = core_->registry.get();
+    RegionRegistry::Pin region_pin(registry);  // before out_mu (the lock order)
     const uint8_t* src = nullptr;
-    if (rq->length <= s.reply_limit) {
-      src = core_->registry->FindRemote(rq->rkey, rq->remote_addr, rq->length, region_lock);
+    if (rq->length <= s.nic_reply_limit()) {
+      src = registry->FindRemote(rq->rkey, rq->remote_addr, rq->length);
     }
-    std::lock_guard lock(s.out_mu);
+    MutexLock lock(&s.out_mu);
     if (src != nullptr) {
       std::span<uint8_t> w = s.out.PrepareWrite(kReadResponseHeadSize + rq->length);
       EncodeReadResponseHead(rq->wr_id, ReadStatus::kOk, rq->length,
@@ -524,7 +541,7 @@ class NicThread {
     core_->requests.fetch_add(1, std::memory_order_relaxed);
     bool too_many = s.queued.fetch_add(1, std::memory_order_relaxed) + 1 >= kMaxQueuedPerSession;
     core_->queue.Push(item);
-    std::lock_guard lock(s.out_mu);
+    MutexLock lock(&s.out_mu);
     if (too_many) s.queue_paused = true;
     if (s.out.size() >= kOutHighWater) {  // replies pile up unread: stop taking requests
       s.FlushLocked();
@@ -547,7 +564,7 @@ class NicThread {
                 << " closed: " << why;
     }
     {
-      std::lock_guard lock(s.out_mu);
+      MutexLock lock(&s.out_mu);
       epoll_ctl(epfd_, EPOLL_CTL_DEL, s.fd, nullptr);
       s.CloseLocked();
     }
@@ -561,14 +578,14 @@ class NicThread {
     std::vector<std::shared_ptr<TcpSession>> expired, resumed;
     for (auto& [id, s] : sessions_) {
       if (s->state != TcpSession::State::kReady && now >= s->deadline) expired.push_back(s);
-      if (s->queue_paused &&
+      if (s->nic_queue_paused() &&
           s->queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2) {
         resumed.push_back(s);
       }
     }
     for (auto& s : resumed) {
       {
-        std::lock_guard lock(s->out_mu);
+        MutexLock lock(&s->out_mu);
         s->queue_paused = false;
         s->UpdateEventsLocked();
       }
@@ -590,14 +607,14 @@ class NicThread {
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::mutex pending_mu_;
-  std::vector<std::shared_ptr<TcpSession>> pending_;
+  Mutex pending_mu_;
+  std::vector<std::shared_ptr<TcpSession>> pending_ GUARDED_BY(pending_mu_);
   std::unordered_map<uint64_t, std::shared_ptr<TcpSession>> sessions_;  // NIC thread only
 };
 
 // ---------------------------------------------------------------------------------------------
 Status TcpSession::Reply(uint64_t request_id, std::span<const uint8_t> response) {
-  std::lock_guard lock(out_mu);
+  MutexLock lock(&out_mu);
   if (closed || broken) return Status::ConnectionLost("client " + peer_ + " is gone");
   if (response.size() > reply_limit) {
     // Tell the caller's Call at once (CALL_ERROR) instead of letting it time out.

@@ -58,7 +58,7 @@ ReadStatus ReadStatusFromWc(ibv_wc_status status) {
 // =================================================================================================
 
 void MsgChannel::Init(const Setup& s) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(&mu_);
   qp_ = s.qp;
   pool_ = s.send_pool;
   free_slots_.clear();
@@ -128,7 +128,7 @@ bool MsgChannel::FlushLocked() {
 Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payload,
                         bool* fatal) {
   *fatal = false;
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(&mu_);
   if (closed_) return Status::ConnectionLost("connection closed");
   const uint32_t total = static_cast<uint32_t>(payload.size());
   uint32_t offset = 0;
@@ -157,13 +157,13 @@ Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payl
 }
 
 bool MsgChannel::OnCredits(uint32_t credits) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(&mu_);
   credits_ += credits;
   return closed_ || FlushLocked();
 }
 
 bool MsgChannel::OnSendCompleted(uint32_t slot) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(&mu_);
   if (pool_ == nullptr || slot >= pool_->chunks()) return false;
   free_slots_.push_back(slot);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
@@ -171,13 +171,13 @@ bool MsgChannel::OnSendCompleted(uint32_t slot) {
 }
 
 bool MsgChannel::OnReceivesReposted(uint32_t count) {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(&mu_);
   owed_ += count;
   return closed_ || FlushLocked();
 }
 
 void MsgChannel::Close() {
-  std::lock_guard<std::mutex> lk(mu_);
+  MutexLock lk(&mu_);
   closed_ = true;
   pending_.clear();
 }
@@ -236,7 +236,7 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops) {
   int rc;
   ibv_send_wr* bad = nullptr;
   {
-    std::lock_guard<std::mutex> lk(post_mu_);
+    MutexLock lk(&post_mu_);
     for (ReadOp* op : ops) {
       if (check && !InRegions(*op)) continue;
       ibv_sge& sge = sges_[n];
@@ -268,7 +268,7 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops) {
 }
 
 size_t ClientConnection::PollReads() {
-  if (!poll_mu_.try_lock()) return 0;  // another thread is polling; it will set our statuses
+  if (!poll_mu_.TryLock()) return 0;  // another thread is polling; it will set our statuses
   size_t reads = 0;
   size_t seen = 0;
   for (int i = 0; i < 4; ++i) {
@@ -276,7 +276,7 @@ size_t ClientConnection::PollReads() {
     seen += n;
     if (n < static_cast<size_t>(kPollBatch)) break;
   }
-  poll_mu_.unlock();
+  poll_mu_.Unlock();
   if (seen > 0) WakeWaiters();
   return reads;
 }
@@ -400,14 +400,14 @@ size_t ClientConnection::BlockOnCq(Clock::time_point until, size_t* reads) {
 void ClientConnection::WakeWaiters() {
   epoch_.fetch_add(1);
   if (waiters_.load() > 0) {
-    std::lock_guard<std::mutex> lk(wait_mu_);
-    wait_cv_.notify_all();
+    MutexLock lk(&wait_mu_);
+    wait_cv_.SignalAll();
   }
 }
 
 void ClientConnection::Progress(Clock::time_point deadline) {
   const uint64_t seen_epoch = epoch_.load();
-  if (poll_mu_.try_lock()) {
+  if (poll_mu_.TryLock()) {
     size_t reads = 0;
     size_t n = PollCq(&reads);
     if (n == 0) {
@@ -419,15 +419,16 @@ void ClientConnection::Progress(Clock::time_point deadline) {
       }
     }
     if (n == 0) n = BlockOnCq(std::min(deadline, Clock::now() + kMaxBlock), &reads);
-    poll_mu_.unlock();
+    poll_mu_.Unlock();
     WakeWaiters();  // others re-check their state, and one of them may take over polling
     return;
   }
   waiters_.fetch_add(1);
   {
-    std::unique_lock<std::mutex> lk(wait_mu_);
-    wait_cv_.wait_until(lk, std::min(deadline, Clock::now() + kMaxBlock),
-                        [&] { return epoch_.load() != seen_epoch; });
+    const Clock::time_point until = std::min(deadline, Clock::now() + kMaxBlock);
+    MutexLock lk(&wait_mu_);
+    while (epoch_.load() == seen_epoch && wait_cv_.WaitUntil(&wait_mu_, until)) {
+    }
   }
   waiters_.fetch_sub(1);
 }
@@ -503,7 +504,7 @@ void ClientConnection::DeliverResponse(const FragmentHeader& h, const uint8_t* p
 
 void ClientConnection::FreeSlot(uint32_t index, uint64_t seq) {
   slots_[index].word.store((seq << 3) | kFree, std::memory_order_release);
-  std::lock_guard<std::mutex> lk(slots_mu_);
+  MutexLock lk(&slots_mu_);
   free_slot_list_.push_back(index);
 }
 
@@ -511,7 +512,7 @@ void ClientConnection::AbandonSlot(uint32_t index, uint64_t seq) {
   CallSlot& slot = slots_[index];
   uint64_t w = (seq << 3) | kWaiting;
   if (slot.word.compare_exchange_strong(w, (seq << 3) | kFree, std::memory_order_acq_rel)) {
-    std::lock_guard<std::mutex> lk(slots_mu_);
+    MutexLock lk(&slots_mu_);
     free_slot_list_.push_back(index);
     return;
   }
@@ -525,7 +526,7 @@ void ClientConnection::AbandonSlot(uint32_t index, uint64_t seq) {
 Result<uint32_t> ClientConnection::AcquireSlot(Clock::time_point deadline, uint64_t* seq) {
   while (true) {
     {
-      std::lock_guard<std::mutex> lk(slots_mu_);
+      MutexLock lk(&slots_mu_);
       if (!free_slot_list_.empty()) {
         const uint32_t index = free_slot_list_.back();
         free_slot_list_.pop_back();
@@ -585,7 +586,7 @@ Result<int> ClientConnection::PostWriteForTest(std::span<const uint8_t> local, u
                                                uint64_t remote_addr, uint32_t rkey,
                                                std::chrono::milliseconds timeout) {
   if (!alive()) return LostStatus();
-  std::lock_guard<std::mutex> one_at_a_time(write_mu_);
+  MutexLock one_at_a_time(&write_mu_);
   write_status_.store(-1, std::memory_order_relaxed);
   ibv_sge sge;
   sge.addr = reinterpret_cast<uintptr_t>(local.data());
@@ -602,7 +603,7 @@ Result<int> ClientConnection::PostWriteForTest(std::span<const uint8_t> local, u
   ibv_send_wr* bad = nullptr;
   int rc;
   {
-    std::lock_guard<std::mutex> lk(post_mu_);
+    MutexLock lk(&post_mu_);
     rc = ibv_post_send(qp_.get(), &wr, &bad);  // one send-queue slot is reserved for this
   }
   if (rc != 0) return CallError("ibv_post_send (RDMA WRITE)", rc);
@@ -639,7 +640,7 @@ Status ServerSessionImpl::Reply(uint64_t request_id, std::span<const uint8_t> re
 }
 
 std::shared_ptr<ServerSessionImpl> VerbsListener::FindSession(uint32_t qp_num) {
-  std::shared_lock<std::shared_mutex> lk(sessions_mu_);
+  ReaderMutexLock lk(&sessions_mu_);
   auto it = by_qpn_.find(qp_num);
   return it == by_qpn_.end() ? nullptr : it->second;
 }
@@ -826,22 +827,22 @@ void VerbsListener::WorkerMain() {
   Scratch scratch;
   while (true) {
     {
-      std::unique_lock<std::mutex> lk(state_mu_);
-      work_cv_.wait(lk, [&] { return stop_ || (!paused_ && !poller_active_); });
+      MutexLock lk(&state_mu_);
+      while (!(stop_ || (!paused_ && !poller_active_))) work_cv_.Wait(&state_mu_);
       if (stop_) break;
       poller_active_ = true;
     }
     const size_t n = PollForRequests(ready, &scratch);
     {
-      std::lock_guard<std::mutex> lk(state_mu_);
+      MutexLock lk(&state_mu_);
       poller_active_ = false;
     }
-    work_cv_.notify_all();  // the next worker takes over polling while we run handlers
+    work_cv_.SignalAll();  // the next worker takes over polling while we run handlers
     if (n == 0) continue;
     {
       // Paused: requests already taken wait here, unhandled.
-      std::unique_lock<std::mutex> lk(state_mu_);
-      work_cv_.wait(lk, [&] { return stop_ || !paused_; });
+      MutexLock lk(&state_mu_);
+      while (!(stop_ || !paused_)) work_cv_.Wait(&state_mu_);
     }
     for (size_t i = 0; i < n; ++i) {
       Ready& r = ready[i];

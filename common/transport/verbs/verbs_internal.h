@@ -8,12 +8,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -24,6 +21,8 @@
 #include "common/transport/verbs/verbs_fabric.h"
 #include "common/transport/verbs/verbs_objects.h"
 #include "common/transport/verbs/verbs_wire.h"
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 
 namespace rdkv::transport::verbs {
 
@@ -106,20 +105,20 @@ class MsgChannel {
     uint32_t next;  // message offset of the next fragment to send
     std::vector<uint8_t> rest;
   };
-  bool CanSendData() const { return !free_slots_.empty() && credits_ >= 2; }
-  bool FlushLocked();
+  bool CanSendData() const REQUIRES(mu_) { return !free_slots_.empty() && credits_ >= 2; }
+  bool FlushLocked() REQUIRES(mu_);
   bool PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset,
-                  const uint8_t* data, uint32_t length);
+                  const uint8_t* data, uint32_t length) REQUIRES(mu_);
 
-  std::mutex mu_;
-  ibv_qp* qp_ = nullptr;
-  const ChunkPool* pool_ = nullptr;
-  std::vector<uint32_t> free_slots_;
-  int64_t credits_ = 0;
-  uint32_t owed_ = 0;
-  uint32_t credit_threshold_ = 2;
-  bool closed_ = true;
-  std::deque<Pending> pending_;
+  Mutex mu_;
+  ibv_qp* qp_ GUARDED_BY(mu_) = nullptr;
+  const ChunkPool* pool_ GUARDED_BY(mu_) = nullptr;
+  std::vector<uint32_t> free_slots_ GUARDED_BY(mu_);
+  int64_t credits_ GUARDED_BY(mu_) = 0;
+  uint32_t owed_ GUARDED_BY(mu_) = 0;
+  uint32_t credit_threshold_ GUARDED_BY(mu_) = 2;
+  bool closed_ GUARDED_BY(mu_) = true;
+  std::deque<Pending> pending_ GUARDED_BY(mu_);
   std::atomic<uint32_t> in_flight_{0};
 };
 
@@ -170,22 +169,22 @@ class ClientConnection final : public VerbsConnection,
   void Kill(const char* why);
   void MarkDead() { Kill("connection lost"); }
   Status LostStatus() const;
-  // Polls one batch (poll_mu_ held). Returns completions seen; adds READ completions to *reads.
-  size_t PollCq(size_t* reads);
-  // Blocks on the completion channel until an event or `until` (poll_mu_ held).
-  size_t BlockOnCq(Clock::time_point until, size_t* reads);
+  // Polls one batch. Returns completions seen; adds READ completions to *reads.
+  size_t PollCq(size_t* reads) REQUIRES(poll_mu_);
+  // Blocks on the completion channel until an event or `until`.
+  size_t BlockOnCq(Clock::time_point until, size_t* reads) REQUIRES(poll_mu_);
   // One step of progress for a waiting thread: polls (spin, then block) if no one else is
   // polling, otherwise sleeps until the poller reports progress. Bounded by `deadline`.
-  void Progress(Clock::time_point deadline);
-  void WakeWaiters();
+  void Progress(Clock::time_point deadline) EXCLUDES(poll_mu_, wait_mu_);
+  void WakeWaiters() EXCLUDES(wait_mu_);
   void HandleReceive(uint32_t index, uint32_t byte_len);
   void DeliverResponse(const FragmentHeader& h, const uint8_t* payload);
   void ProtocolError(const char* why) { Kill(why); }
   bool InRegions(const ReadOp& op) const;
-  Status PostReadBatch(std::span<ReadOp* const> ops);
-  void FreeSlot(uint32_t index, uint64_t seq);
-  void AbandonSlot(uint32_t index, uint64_t seq);
-  Result<uint32_t> AcquireSlot(Clock::time_point deadline, uint64_t* seq);
+  Status PostReadBatch(std::span<ReadOp* const> ops) EXCLUDES(post_mu_);
+  void FreeSlot(uint32_t index, uint64_t seq) EXCLUDES(slots_mu_);
+  void AbandonSlot(uint32_t index, uint64_t seq) EXCLUDES(slots_mu_);
+  Result<uint32_t> AcquireSlot(Clock::time_point deadline, uint64_t* seq) EXCLUDES(slots_mu_);
 
   VerbsFabric* const fabric_;
   const ConnectOptions options_;
@@ -213,29 +212,31 @@ class ClientConnection final : public VerbsConnection,
 
   // READs.
   std::atomic<uint32_t> reads_in_flight_{0};
-  std::mutex post_mu_;  // guards wrs_/sges_ and serializes ibv_post_send of READ batches
-  std::vector<ibv_send_wr> wrs_;
-  std::vector<ibv_sge> sges_;
+  // Lock order: poll_mu_, then slots_mu_ or chan_'s lock (the poller frees call slots and
+  // sends credits); post_mu_, wait_mu_ and write_mu_ are taken with no other lock held.
+  Mutex post_mu_;  // serializes ibv_post_send of READ batches (and the test's WRITE)
+  std::vector<ibv_send_wr> wrs_ GUARDED_BY(post_mu_);
+  std::vector<ibv_sge> sges_ GUARDED_BY(post_mu_);
 
   // Progress: one poller at a time (try-lock); others sleep on wait_cv_ until it reports.
-  std::mutex poll_mu_;
-  std::vector<ibv_recv_wr> recv_wrs_;  // under poll_mu_
-  std::vector<ibv_sge> recv_sges_;
-  std::vector<uint32_t> reposts_;
-  std::mutex wait_mu_;
-  std::condition_variable wait_cv_;
+  Mutex poll_mu_ ACQUIRED_BEFORE(slots_mu_);
+  std::vector<ibv_recv_wr> recv_wrs_ GUARDED_BY(poll_mu_);
+  std::vector<ibv_sge> recv_sges_ GUARDED_BY(poll_mu_);
+  std::vector<uint32_t> reposts_ GUARDED_BY(poll_mu_);
+  Mutex wait_mu_;  // guards nothing: orders a waiter's epoch check against WakeWaiters
+  CondVar wait_cv_;
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint32_t> waiters_{0};
 
   // Calls.
   std::unique_ptr<CallSlot[]> slots_;
   uint32_t slot_count_ = 0;
-  std::mutex slots_mu_;
-  std::vector<uint32_t> free_slot_list_;
+  Mutex slots_mu_;
+  std::vector<uint32_t> free_slot_list_ GUARDED_BY(slots_mu_);
   std::atomic<uint64_t> next_seq_{1};
 
   // PostWriteForTest.
-  std::mutex write_mu_;
+  Mutex write_mu_;  // one PostWriteForTest at a time; guards nothing else
   std::atomic<int> write_status_{-1};
 };
 
@@ -261,7 +262,9 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
   const std::string peer_;
   const uint32_t peer_max_message_;
 
-  std::mutex cm_mu_;  // serializes rdma_disconnect/rdma_notify with teardown of id/qp
+  // Serializes rdma_disconnect/rdma_notify with the teardown of cm_id_/qp_ (it guards no
+  // field: the cm thread sets them up before the session is published, and alone resets them).
+  Mutex cm_mu_;
   CmId cm_id_;
   ChunkPool send_pool_;
   CmQueuePair qp_;
@@ -347,8 +350,9 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::atomic<uint32_t> srq_blocks_used_{0};
 
   // Sessions: by QP number for the workers, by cm id for the cm thread.
-  std::shared_mutex sessions_mu_;
-  std::unordered_map<uint32_t, std::shared_ptr<ServerSessionImpl>> by_qpn_;
+  // Lock order: sessions_mu_, then a session's cm_mu_ (OnAsyncEvent marks sessions dead).
+  SharedMutex sessions_mu_;
+  std::unordered_map<uint32_t, std::shared_ptr<ServerSessionImpl>> by_qpn_ GUARDED_BY(sessions_mu_);
   std::unordered_map<rdma_cm_id*, std::shared_ptr<ServerSessionImpl>> by_id_;  // cm thread
   uint32_t live_sessions_ = 0;                                                 // cm thread
   uint64_t next_session_id_ = 1;
@@ -356,11 +360,11 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   // Workers: one polls (and blocks on the completion channel) at a time; the others wait for
   // their turn on work_cv_ or run handlers.
   std::vector<std::thread> workers_;
-  std::mutex state_mu_;
-  std::condition_variable work_cv_;
-  bool poller_active_ = false;
-  bool paused_ = false;
-  bool stop_ = false;
+  Mutex state_mu_;
+  CondVar work_cv_;
+  bool poller_active_ GUARDED_BY(state_mu_) = false;
+  bool paused_ GUARDED_BY(state_mu_) = false;
+  bool stop_ GUARDED_BY(state_mu_) = false;
   std::atomic<bool> paused_flag_{false};
   std::atomic<bool> stop_flag_{false};
   EventFd worker_wake_;
@@ -412,8 +416,8 @@ class VerbsFabric final : public Fabric {
   EventFd wake_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::mutex sinks_mu_;
-  std::unordered_map<rdma_cm_id*, CmEventSink*> sinks_;
+  Mutex sinks_mu_;
+  std::unordered_map<rdma_cm_id*, CmEventSink*> sinks_ GUARDED_BY(sinks_mu_);
 };
 
 }  // namespace rdkv::transport::verbs
