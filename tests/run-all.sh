@@ -7,8 +7,9 @@
 # Stages:
 #   deps   deploy/install-deps.sh (Debian packages; idempotent)
 #   build  the `ci` preset: RelWithDebInfo, warnings as errors
-#   tsa    the `tsa` preset: the whole tree (tests aside) built with clang -Wthread-safety
-#          -Werror, which checks the locking annotations (GUARDED_BY, REQUIRES, ...); then
+#   tsa    the `tsa` preset: the whole tree (tests and benchmarks too) built with clang
+#          -Wthread-safety -Wthread-safety-beta -Werror, which checks the locking annotations
+#          (GUARDED_BY, REQUIRES, ACQUIRED_BEFORE, ...) and clang's own warnings; then
 #          tests/util/thread_safety_test.sh shows the check refuses code that breaks them.
 #          Builds only.
 #   test   ctest on that build (unit, transport over tcp, end-to-end over tcp, tools)

@@ -423,7 +423,6 @@ int main(int argc, char** argv) {
       break;
     }
     // Writes until the kill.
-    std::atomic<bool> started{false};
     std::vector<std::unique_ptr<transport::Connection>> conns;
     for (int t = 0; t < FLAGS_threads; ++t) {
       auto c = (*fabric)->Connect(ConnectTo(server.port()));
