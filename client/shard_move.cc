@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
@@ -13,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "client/client_internal.h"
+#include "common/util/mutex.h"
+#include "common/util/thread_annotations.h"
 
 namespace rdkv::client {
 namespace {
@@ -393,8 +394,7 @@ class Mover {
     if (entries.empty()) return Status::Ok();
     std::atomic<size_t> next{0};
     std::atomic<bool> failed{false};
-    std::mutex mu;
-    Status first;
+    FirstFailure first;
     auto work = [&] {
       while (!failed.load(std::memory_order_relaxed)) {
         size_t i = next.fetch_add(1, std::memory_order_relaxed);
@@ -403,11 +403,8 @@ class Mover {
         Status s = channel_.Call(target, kv::EncodeImport({e.key, e.value, e.version}), nullptr,
                                  nullptr);
         if (!s.ok()) {
-          std::lock_guard<std::mutex> l(mu);
-          if (first.ok()) {
-            first = Status(s.code(), "IMPORT of " + DescribeKey(e.key) + " into " +
-                                         ServerName(target) + ": " + s.message());
-          }
+          first.Note(Status(s.code(), "IMPORT of " + DescribeKey(e.key) + " into " +
+                                          ServerName(target) + ": " + s.message()));
           failed.store(true, std::memory_order_relaxed);
           return;
         }
@@ -418,8 +415,25 @@ class Mover {
     for (size_t i = 1; i < in_flight; ++i) helpers.emplace_back(work);
     work();
     for (std::thread& t : helpers) t.join();
-    return first;
+    return first.Get();
   }
+
+  // The first of the failures that ImportAll's threads note.
+  class FirstFailure {
+   public:
+    void Note(Status s) EXCLUDES(mu_) {
+      MutexLock l(&mu_);
+      if (first_.ok()) first_ = std::move(s);
+    }
+    Status Get() const EXCLUDES(mu_) {
+      MutexLock l(&mu_);
+      return first_;
+    }
+
+   private:
+    mutable Mutex mu_;
+    Status first_ GUARDED_BY(mu_);
+  };
 
   AdminChannel& channel_;
   const MoveProgressFn& progress_;

@@ -10,7 +10,7 @@
 #include "common/cluster/cluster_map.h"
 #include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
-#include "rdkv/client.h"
+#include "rdkv/admin.h"
 #include "rdkv/status.h"
 
 namespace rdkv::client {
@@ -28,7 +28,7 @@ class AdminChannel {
 // Imports in flight at once into the new owner during a copy.
 inline constexpr size_t kImportsInFlight = 8;
 
-// The whole move (see Client::MoveShards for the contract). `known` is the caller's map: the
+// The whole move (see Admin::MoveShards for the contract). `known` is the caller's map: the
 // servers to ask first (every server any answer names is asked too).
 Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap& known,
                                 std::span<const uint32_t> shards, uint32_t to_server,

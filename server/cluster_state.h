@@ -6,9 +6,8 @@
 // client can still return a GET from this server for a shard after the move is acknowledged
 // (docs/design.md "Cluster").
 //
-// Thread-safety: all methods are thread-safe. Writes hold an OwnerGuard (or the older
-// WriteGuard()) across their ownership check and apply, so Install() never races with a write
-// to a shard it is taking away.
+// Thread-safety: all methods are thread-safe. Writes hold an OwnerGuard across their ownership
+// check and apply, so Install() never races with a write to a shard it is taking away.
 //
 // Lock order: install_mu_, then turnstile_, then mu_ (an Install holds install_mu_ throughout
 // and takes the turnstile and mu_ inside it; a write takes the turnstile and lets it go before
@@ -17,8 +16,6 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 
@@ -29,28 +26,6 @@
 #include "server/store.h"
 
 namespace rdkv::server {
-
-// The ownership lock's type: rdkv::SharedMutex's annotated interface over a std::shared_mutex
-// that the transitional ClusterState::WriteGuard() can also hand out as a std::shared_lock
-// (the form server/service.cc holds today). Once every caller holds an OwnerGuard, this
-// becomes a plain rdkv::SharedMutex and WriteGuard() goes.
-class CAPABILITY("shared_mutex") OwnershipMutex {
- public:
-  OwnershipMutex() = default;
-  OwnershipMutex(const OwnershipMutex&) = delete;
-  OwnershipMutex& operator=(const OwnershipMutex&) = delete;
-
-  void Lock() ACQUIRE() { mu_.lock(); }
-  void Unlock() RELEASE() { mu_.unlock(); }
-  void ReaderLock() ACQUIRE_SHARED() { mu_.lock_shared(); }
-  void ReaderUnlock() RELEASE_SHARED() { mu_.unlock_shared(); }
-  // Tells the analysis that the caller holds it shared (no run-time check).
-  void AssertReaderHeld() const ASSERT_SHARED_CAPABILITY(this) {}
-
- private:
-  friend class ClusterState;
-  std::shared_mutex mu_;
-};
 
 class ClusterState {
  public:
@@ -86,20 +61,12 @@ class ClusterState {
     OwnerGuard& operator=(const OwnerGuard&) = delete;
 
    private:
-    OwnershipMutex* const mu_;
+    SharedMutex* const mu_;
   };
 
-  // Transitional, for server/service.cc: mu_ shared, through the turnstile, as a movable
-  // std::shared_lock the analysis cannot follow (so CheckOwner cannot yet require mu_). New
-  // code holds an OwnerGuard; this goes once service.cc does.
-  std::shared_lock<std::shared_mutex> WriteGuard() const EXCLUDES(turnstile_) {
-    { MutexLock turnstile(&turnstile_); }
-    return std::shared_lock(mu_.mu_);
-  }
   // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
-  // (and *epoch set). Call holding mu_ shared: an OwnerGuard or WriteGuard(). (To become
-  // REQUIRES_SHARED(mu_) once no caller holds WriteGuard().)
-  Status CheckOwner(std::string_view key, uint64_t* epoch) const;
+  // (and *epoch set). Call holding an OwnerGuard.
+  Status CheckOwner(std::string_view key, uint64_t* epoch) const REQUIRES_SHARED(mu_);
 
   std::shared_ptr<const cluster::ClusterMap> map() const EXCLUDES(mu_);
   // Adopts a newer map: kInvalidArgument when its epoch is not higher, its shard count differs
@@ -123,7 +90,7 @@ class ClusterState {
     ExclusiveLock& operator=(const ExclusiveLock&) = delete;
 
    private:
-    OwnershipMutex* const mu_;
+    SharedMutex* const mu_;
   };
 
   ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
@@ -139,7 +106,7 @@ class ClusterState {
   Mutex install_mu_ ACQUIRED_BEFORE(turnstile_);  // one Install at a time
   // Held by an install while it waits for mu_ exclusively; writes pass through it.
   mutable Mutex turnstile_ ACQUIRED_BEFORE(mu_);
-  mutable OwnershipMutex mu_;  // exclusive while ownership changes
+  mutable SharedMutex mu_;  // exclusive while ownership changes
   std::shared_ptr<const cluster::ClusterMap> map_ GUARDED_BY(mu_);
   const uint32_t server_id_;
   const std::chrono::milliseconds lease_;

@@ -89,13 +89,6 @@ bool Service::Dispatch(const kv::Request& r, Exchange ex) {
     case kv::Op::kPing:
       return HandlePing(r, ex);
     case kv::Op::kClusterMap:
-      // Transitional: a CLUSTER_MAP that carries a map is the install of wire version 1, still
-      // sent by tests/client's raw requests; it is handled as the admin op INSTALL_MAP.
-      if (!r.value.empty()) {
-        return HandleMapInstall(kv::Request{kv::Op::kInstallMap, r.key, r.value,
-                                            r.expected_version},
-                                ex);
-      }
       return HandleMapFetch(r, ex);
     case kv::Op::kSnapshot:
       return HandleSnapshot(r, ex);

@@ -1,8 +1,6 @@
 // The Service's admin requests and the map fetch: SNAPSHOT, CLUSTER_MAP, INSTALL_MAP,
 // SHARD_SCAN, DROP_SHARD (IMPORT is a write: service_write.cc). Each decodes its message with
 // common/kv/admin_wire.h; none is on the datapath.
-#include <shared_mutex>
-
 #include "common/kv/admin_wire.h"
 #include "server/service.h"
 
@@ -93,7 +91,7 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
   // Admitted first (backpressure, a failing disk), then under the ownership guard for the
   // whole drop: an install that gives this server the shard waits for it.
   if (persister_ != nullptr) RDKV_RETURN_IF_ERROR(persister_->Admit());
-  std::shared_lock<std::shared_mutex> owner_guard = cluster_->WriteGuard();
+  ClusterState::OwnerGuard owner_guard(cluster_);
   if (store_->Owns(shard)) {
     return Status::InvalidArgument("shard " + std::to_string(shard) +
                                    " is still owned by this server; move it first");

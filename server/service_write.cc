@@ -1,8 +1,6 @@
 // The Service's writes: PUT, INSERT, CAS, DELETE of applications and IMPORT of the shard mover.
 // Steps: admit, check ownership, count, apply to the store, persist, answer (now, or once
 // durable).
-#include <shared_mutex>
-
 #include "common/kv/admin_wire.h"
 #include "server/service.h"
 
@@ -27,9 +25,8 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
   const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
   // Cluster: the owner check and the apply happen under one guard, so a map change that takes
   // the shard away waits for this write (and the shard's data is complete when it moves).
-  std::shared_lock<std::shared_mutex> owner_guard;
+  ClusterState::OwnerGuard owner_guard(cluster_);  // holds nothing when standalone
   if (cluster_ != nullptr) {
-    owner_guard = cluster_->WriteGuard();
     if (r.op == kv::Op::kImport) {
       // A moved item goes only into a shard this server does not own yet: once it owns the
       // shard it has acknowledged writes there, which a late or repeated copy must not replace.

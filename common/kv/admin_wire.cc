@@ -84,6 +84,12 @@ Result<SnapshotRequest> DecodeSnapshot(const Request& r) {
 }
 
 Result<MapFetchRequest> DecodeMapFetch(const Request& r) {
+  if (r.op == Op::kClusterMap && !r.value.empty()) {
+    // The install of wire version 1; a peer that still sends it gets told what replaced it.
+    return Status::ProtocolError(
+        "cluster_map carries no map: it only fetches one (since wire version 2 a map is "
+        "installed with install_map)");
+  }
   RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kClusterMap, {}));
   return MapFetchRequest{};
 }

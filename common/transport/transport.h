@@ -24,6 +24,8 @@
 #include <string_view>
 #include <vector>
 
+// Header-only constants of the protocol limits (the transport does not link the kv library).
+#include "common/kv/limits.h"
 #include "rdkv/status.h"
 
 namespace rdkv::transport {
@@ -91,7 +93,8 @@ struct ConnectOptions {
   std::chrono::milliseconds connect_timeout{5000};
   uint32_t max_outstanding_reads = 1024;   // READs in flight at once on this connection
   uint32_t max_outstanding_calls = 64;     // two-sided requests in flight at once
-  size_t max_message_size = (1u << 20) + 4096;  // largest request or response payload
+  // Largest request or response payload.
+  size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
 };
 
 // Client side of one connection to a server. One connection per (client process, server) is
@@ -165,7 +168,7 @@ struct ListenOptions {
   std::vector<RegionDescriptor> regions;  // advertised to clients after authentication
   RequestHandler handler;
   int worker_threads = 2;  // threads that poll receive completions and run the handler
-  size_t max_message_size = (1u << 20) + 4096;
+  size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
   uint32_t max_connections = 256;
 };
 

@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/kv/limits.h"
 #include "rdkv/status.h"
 #include "server/persistence/format.h"
 #include "server/persistence/recovery.h"
@@ -54,7 +55,7 @@ struct PersistOptions {
   int snapshot_keep = 5;                            // periodic snapshots kept; 0 = all
   std::string restore_from;                         // start from this snapshot directory
   RocksDbTuning tuning;
-  uint64_t max_value_bytes = 1u << 20;              // the server's --max_value_size
+  uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // the server's --max_value_size
   std::chrono::milliseconds io_retry{1000};         // after an I/O error, retry this often
   std::chrono::milliseconds progress_interval{2000};
   rocksdb::Env* env = nullptr;                      // test hook (fault injection); null = default

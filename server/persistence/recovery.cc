@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/kv/layout.h"
+#include "common/kv/limits.h"
 #include "server/allocator.h"
 
 namespace rdkv::server::persistence {
@@ -219,9 +220,8 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
     me.status = ForEachItem(
         rodb.db.get(), db_dir,
         [&](std::string_view k, uint64_t version, std::string_view v) {
-          if (k.empty() || k.size() > kv::kMaxKeyBytes) {
-            return Status::Corruption(db_dir + ": a key of " + std::to_string(k.size()) +
-                                      " bytes (keys are 1..1024 bytes)");
+          if (Status key_ok = kv::CheckKey(k); !key_ok.ok()) {
+            return Status::Corruption(db_dir + ": " + key_ok.message());
           }
           if (version == 0) return Status::Corruption(db_dir + ": an item with version 0");
           if (v.size() > options.max_value_bytes) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/kv/limits.h"
 #include "rdkv/status.h"
 #include "server/persistence/format.h"
 #include "server/store.h"
@@ -38,7 +39,7 @@ struct RecoveryStats {
 struct LoadOptions {
   rocksdb::Env* env = nullptr;  // null: the default Env
   RocksDbTuning tuning;
-  uint64_t max_value_bytes = 1u << 20;  // the server's --max_value_size
+  uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // the server's --max_value_size
   std::chrono::milliseconds progress_interval{2000};  // progress log period on long loads
   // Key ranges loaded in parallel at most (fewer when the database has few table files);
   // 0: the number of CPUs, at most 8.

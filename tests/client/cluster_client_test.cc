@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "rdkv/admin.h"
@@ -46,7 +47,8 @@ class ClusterClientTest : public testing::ClusterTest {
                  const std::function<std::string(std::string_view, std::string_view)>& rewrite) {
     uint64_t cursor = 0;
     do {
-      kv::Response r = Call(from, {kv::Op::kShardScan, std::to_string(shard), "", cursor});
+      std::string scratch;
+      kv::Response r = Call(from, kv::EncodeShardScan({shard, cursor}, &scratch));
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
       const std::string body(r.body);  // the imports below reuse the response buffer
       cursor = r.version;
@@ -54,7 +56,7 @@ class ClusterClientTest : public testing::ClusterTest {
       ASSERT_TRUE(entries.ok());
       for (const kv::ScanEntry& e : *entries) {
         std::string v = rewrite(e.key, e.value);
-        ASSERT_TRUE(Call(to, {kv::Op::kImport, e.key, v, e.version}).status.ok());
+        ASSERT_TRUE(Call(to, kv::EncodeImport({e.key, v, e.version})).status.ok());
       }
     } while (cursor != kv::kScanDone);
   }
@@ -210,10 +212,10 @@ TEST_F(ClusterClientTest, WriteFollowsRedirectAfterMapChange) {
   cluster::ClusterMap next = map_;
   next.epoch = 2;
   next.owners[3] = 1;
-  ASSERT_TRUE(Call(*raw0, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*raw0, kv::EncodeMapInstall({next.ToJson()})).status.ok());
   CopyShard(*raw0, *raw1, 3, [](std::string_view, std::string_view v) { return std::string(v); });
-  ASSERT_TRUE(Call(*raw1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
-  ASSERT_TRUE(Call(*raw2, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*raw1, kv::EncodeMapInstall({next.ToJson()})).status.ok());
+  ASSERT_TRUE(Call(*raw2, kv::EncodeMapInstall({next.ToJson()})).status.ok());
 
   EXPECT_EQ(Admin(*c).map_epoch(), 1u);
   auto put = c->Put(k, "after");
@@ -282,14 +284,14 @@ TEST_F(ClusterClientTest, StaleMapNeverReturnsTheOldOwnersValue) {
   next.epoch = 2;
   next.owners[3] = 1;
   // A clears its bit, waits the lease, then acknowledges.
-  ASSERT_TRUE(Call(*raw0, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*raw0, kv::EncodeMapInstall({next.ToJson()})).status.ok());
   acked.store(Clock::now().time_since_epoch().count());
   // The copy is marked, so a value from A and one from B can be told apart.
   CopyShard(*raw0, *raw1, 3, [](std::string_view, std::string_view v) {
     return std::string(v) == "old" ? std::string("copied") : std::string(v);
   });
-  ASSERT_TRUE(Call(*raw1, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
-  ASSERT_TRUE(Call(*raw2, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(*raw1, kv::EncodeMapInstall({next.ToJson()})).status.ok());
+  ASSERT_TRUE(Call(*raw2, kv::EncodeMapInstall({next.ToJson()})).status.ok());
   std::this_thread::sleep_for(100ms);
   ASSERT_TRUE(Call(*raw1, {kv::Op::kPut, k, "new", 0}).status.ok());
   new_written.store(Clock::now().time_since_epoch().count());
@@ -302,7 +304,8 @@ TEST_F(ClusterClientTest, StaleMapNeverReturnsTheOldOwnersValue) {
   EXPECT_GT(after_ack.load(), 0u);
   EXPECT_GT(new_seen.load(), 0u) << "readers followed the move";
   // A still holds its stale copy (not dropped): only the lease kept readers away from it.
-  auto a = Call(*raw0, {kv::Op::kShardScan, "3", "", 0});
+  std::string scratch;
+  auto a = Call(*raw0, kv::EncodeShardScan({3, 0}, &scratch));
   EXPECT_TRUE(a.status.ok());
   for (auto& r : readers) {
     auto g = r->Get(k);

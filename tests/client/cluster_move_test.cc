@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "rdkv/admin.h"
@@ -63,12 +64,12 @@ class ClusterMoveTest : public testing::ClusterTest {
     return o;
   }
   uint64_t EpochOf(int id) {
-    kv::Response r = Call(id, {kv::Op::kClusterMap, "", "", 0});
+    kv::Response r = Call(id, kv::EncodeMapFetch({}));
     EXPECT_TRUE(r.status.ok()) << r.status.ToString();
     return r.version;
   }
   cluster::ClusterMap MapOf(int id) {
-    kv::Response r = Call(id, {kv::Op::kClusterMap, "", "", 0});
+    kv::Response r = Call(id, kv::EncodeMapFetch({}));
     auto m = cluster::ParseClusterMap(r.body);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return m.ok() ? *m : cluster::ClusterMap{};
@@ -81,7 +82,8 @@ class ClusterMoveTest : public testing::ClusterTest {
     uint64_t cursor = 0;
     do {
       std::vector<uint8_t> req;
-      kv::EncodeRequest({kv::Op::kShardScan, std::to_string(shard), "", cursor}, &req);
+      std::string scratch;
+      kv::EncodeRequest(kv::EncodeShardScan({shard, cursor}, &scratch), &req);
       Status s = c->Call(req, &buf_, std::chrono::seconds(5));
       EXPECT_TRUE(s.ok()) << s.ToString();
       if (!s.ok()) return out;
@@ -242,7 +244,7 @@ TEST_F(ClusterMoveTest, FinishesAMoveInterruptedAfterStepOne) {
   cluster::ClusterMap interrupted = map_;
   interrupted.epoch = 2;
   interrupted.owners[3] = 1;
-  ASSERT_TRUE(Call(0, {kv::Op::kClusterMap, "", interrupted.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(0, kv::EncodeMapInstall({interrupted.ToJson()})).status.ok());
   ASSERT_EQ(EpochOf(0), 2u);
   ASSERT_EQ(EpochOf(1), 1u);
 
@@ -289,9 +291,9 @@ TEST_F(ClusterMoveTest, ResumeNeverCopiesOverANewOwnerThatAlreadyServes) {
   cluster::ClusterMap interrupted = map_;
   interrupted.epoch = 2;
   interrupted.owners[6] = 2;
-  ASSERT_TRUE(Call(0, {kv::Op::kClusterMap, "", interrupted.ToJson(), 0}).status.ok());
-  ASSERT_TRUE(Call(2, {kv::Op::kImport, k, "old", 1}).status.ok());
-  ASSERT_TRUE(Call(2, {kv::Op::kClusterMap, "", interrupted.ToJson(), 0}).status.ok());
+  ASSERT_TRUE(Call(0, kv::EncodeMapInstall({interrupted.ToJson()})).status.ok());
+  ASSERT_TRUE(Call(2, kv::EncodeImport({k, "old", 1})).status.ok());
+  ASSERT_TRUE(Call(2, kv::EncodeMapInstall({interrupted.ToJson()})).status.ok());
   ASSERT_TRUE(Call(2, {kv::Op::kPut, k, "newer", 0}).status.ok());
 
   // The same command again: shard 6 to server 2.
@@ -322,10 +324,10 @@ TEST_F(ClusterMoveTest, RerunAfterAnInterruptedDropRemovesTheStaleCopy) {
   cluster::ClusterMap next = map_;
   next.epoch = 2;
   next.owners[9] = 1;
-  ASSERT_TRUE(Call(0, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
-  ASSERT_TRUE(Call(1, {kv::Op::kImport, k, "v", 1}).status.ok());
+  ASSERT_TRUE(Call(0, kv::EncodeMapInstall({next.ToJson()})).status.ok());
+  ASSERT_TRUE(Call(1, kv::EncodeImport({k, "v", 1})).status.ok());
   for (int i = 1; i < 3; ++i) {
-    ASSERT_TRUE(Call(i, {kv::Op::kClusterMap, "", next.ToJson(), 0}).status.ok());
+    ASSERT_TRUE(Call(i, kv::EncodeMapInstall({next.ToJson()})).status.ok());
   }
   ASSERT_EQ(ItemsIn(0, 9), 1u);
   const std::vector<uint32_t> shards = {9};
@@ -659,7 +661,7 @@ TEST_F(ClusterMoveTest, ImportIntoAnOwnedShardIsRefused) {
   auto c = NewClient(1);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->Put(k, "newer").ok());
-  kv::Response r = Call(1, {kv::Op::kImport, k, "stale", 1});
+  kv::Response r = Call(1, kv::EncodeImport({k, "stale", 1}));
   EXPECT_FALSE(r.status.ok()) << "IMPORT accepted into an owned shard";
   auto g = c->Get(k);
   ASSERT_TRUE(g.ok());
@@ -759,16 +761,17 @@ TEST_F(ClusterMoveTest, GetsOfAMovingShardFailClearlyDuringTheCopyAndWorkAfter) 
 TEST_F(ClusterMoveTest, ASecondCopyOfAShardIsRefusedWhileTheFirstIsActive) {
   StartAll();
   const std::string k = KeyIn(3, 21);  // shard 3: server 0; server 1 is the copy's target
-  kv::Response begin = Call(1, {kv::Op::kDropShard, "3", "", 100});
+  std::string scratch;
+  kv::Response begin = Call(1, kv::EncodeDropShard({3, 100}, &scratch));
   ASSERT_TRUE(begin.status.ok()) << begin.status.ToString();
-  ASSERT_TRUE(Call(1, {kv::Op::kImport, k, "copied", 7}).status.ok());
-  kv::Response second = Call(1, {kv::Op::kDropShard, "3", "", 100});
+  ASSERT_TRUE(Call(1, kv::EncodeImport({k, "copied", 7})).status.ok());
+  kv::Response second = Call(1, kv::EncodeDropShard({3, 100}, &scratch));
   EXPECT_TRUE(second.status.Is(StatusCode::kBusy)) << second.status.ToString();
   EXPECT_EQ(ItemsIn(1, 3), 1u) << "the refused drop deleted nothing";
   // A plain DROP_SHARD (no floor: the end of a move, on an old owner) is not a copy's start.
-  EXPECT_TRUE(Call(2, {kv::Op::kDropShard, "3", "", 0}).status.ok());
+  EXPECT_TRUE(Call(2, kv::EncodeDropShard({3, 0}, &scratch)).status.ok());
   std::this_thread::sleep_for(server::Service::kCopyQuiet + 200ms);
-  kv::Response later = Call(1, {kv::Op::kDropShard, "3", "", 100});
+  kv::Response later = Call(1, kv::EncodeDropShard({3, 100}, &scratch));
   EXPECT_TRUE(later.status.ok()) << later.status.ToString();
   EXPECT_EQ(ItemsIn(1, 3), 0u);
 }

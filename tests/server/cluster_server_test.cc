@@ -129,6 +129,30 @@ TEST_F(ClusterServerTest, MovingAShardClearsOwnershipAfterTheLeaseAndCarriesTheD
             StatusCode::kInvalidArgument);
 }
 
+// The install of wire version 1 (a CLUSTER_MAP carrying a map) is refused, saying what
+// replaced it, and installs nothing.
+TEST_F(ClusterServerTest, AClusterMapCarryingAMapIsRefused) {
+  cluster::ClusterMap map = cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, kShards);
+  map.epoch = 5;
+  auto s0 = StartServer(0, map);
+  ASSERT_TRUE(s0);
+  auto c = Connect(*s0);
+  cluster::ClusterMap next = map;
+  next.epoch = 6;
+  next.owners[1] = 0;
+  const std::string next_json = next.ToJson();
+  kv::Request old_install = kv::EncodeMapFetch({});
+  old_install.value = next_json;
+  kv::Response r = Call(*c, old_install);
+  EXPECT_EQ(r.status.code(), StatusCode::kProtocolError) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("install_map"), std::string::npos) << r.status.message();
+  r = Call(*c, kv::EncodeMapFetch({}));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.version, 5u) << "nothing was installed";
+  EXPECT_EQ(Call(*c, {kv::Op::kPut, KeyIn(1, 1), "theirs", 0}).status.code(),
+            StatusCode::kWrongOwner);
+}
+
 TEST_F(ClusterServerTest, StandaloneServerHasNoMap) {
   ServerOptions o;
   o.port = 0;

@@ -35,7 +35,8 @@ using Clock = std::chrono::steady_clock;
   return true;
 }();
 
-constexpr size_t kMax = (1u << 20) + 4096;
+// The listener's default message limit (ListenOptions::max_message_size).
+constexpr size_t kMax = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
 
 std::vector<uint8_t> Header(FrameType type, uint32_t body_length) {
   std::vector<uint8_t> h(kFrameHeaderSize);

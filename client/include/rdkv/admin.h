@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +32,31 @@ namespace rdkv {
 namespace client {
 class ClientImpl;
 }  // namespace client
+
+// Progress of Admin::MoveShards: one human-readable line per event ("step 2/4: shard 3:
+// 1200 items copied from server 0 to server 1").
+using MoveProgressFn = std::function<void(std::string_view line)>;
+
+// What Admin::MoveShards did.
+struct MoveReport {
+  uint64_t from_epoch = 0;           // the map epoch every server had when the new move began
+  uint64_t to_epoch = 0;             // the map epoch every server has now
+  uint32_t to_server = 0;
+  std::vector<uint32_t> moved;       // shards given to to_server by this call
+  std::vector<uint32_t> skipped;     // asked for but already owned by to_server
+  // An earlier move that had been interrupted (the servers reported different map epochs)
+  // and that this call finished first; empty `resumed` when there was none.
+  std::vector<uint32_t> resumed;     // its shards
+  uint64_t resumed_from_epoch = 0;   // the epoch its shards were moved from
+  uint64_t resumed_to_epoch = 0;     // the epoch it installed everywhere
+  uint64_t items_copied = 0;         // items imported into new owners (resume included)
+  uint64_t bytes_copied = 0;         // their keys and values
+  uint64_t items_dropped = 0;        // stale copies deleted from old owners (step 4)
+  // Seconds spent in each step (resume included): [0] install the new map on the old owners,
+  // [1] copy, [2] install it on the new owner and every other server, [3] drop the old copies.
+  double step_seconds[4] = {};
+  double total_seconds = 0;
+};
 
 // One server of the cluster as a client sees it (Admin::Servers).
 struct ServerInfo {
