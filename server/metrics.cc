@@ -121,7 +121,8 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
         "READs are not requests: see rdkv_nic_reads_served_total)",
         MetricType::Counter, std::move(requests));
   f.Add("rdkv_request_duration_seconds",
-        "Seconds from a request's arrival to its answer (sync-mode writes: until durable), by op",
+        "Seconds from a worker taking a request to its answer (sync-mode writes: until durable), "
+        "by op",
         MetricType::Histogram, std::move(latency));
   // Memory and index.
   f.Gauge("rdkv_items", "Live items", static_cast<double>(s.items));

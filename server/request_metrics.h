@@ -1,5 +1,5 @@
-// Counts of the requests a Service answered, by op and result, and their latency (request
-// received to answer encoded, deferred answers included), for the Prometheus exporter
+// Counts of the requests a Service answered, by op and result, and their latency (from the
+// handler taking the request to the answer encoded, deferred answers included), for the Prometheus exporter
 // (server/metrics.cc). Slots are fixed at construction: Record takes no lock, looks up no
 // label and allocates nothing.
 //
