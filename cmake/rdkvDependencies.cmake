@@ -30,6 +30,9 @@ rdkv_require_config(glog libgoogle-glog-dev)
 rdkv_require_config(gflags libgflags-dev)
 rdkv_require_config(RocksDB librocksdb-dev)
 rdkv_require_config(nlohmann_json nlohmann-json3-dev)
+# kvserver's /metrics (prometheus-cpp::core and ::pull; Debian ships no ::push users here).
+# Only the server links it: the client library never needs it.
+rdkv_require_config(prometheus-cpp prometheus-cpp-dev)
 if(RDKV_BUILD_TESTS)
   find_package(GTest QUIET)
   if(NOT GTest_FOUND)

@@ -4,7 +4,8 @@
 # one seed, shows the cluster, and runs a short YCSB workload A with kvbench. Everything it
 # started is stopped when it ends.
 #
-#   deploy/demo.sh            (RDKV_DEMO_PORT=7400: the servers use 7400, 7401, 7402)
+#   deploy/demo.sh            (RDKV_DEMO_PORT=7400: the servers use 7400, 7401, 7402, and
+#                              serve Prometheus /metrics on 7403, 7404, 7405)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PORT=${RDKV_DEMO_PORT:-7400}
@@ -40,6 +41,9 @@ set +x
 if cli get greeting; then echo "deleted key still found" >&2; exit 1; fi
 echo "(exit 1 above = not found, as expected)"
 cli cluster
+
+echo "== Prometheus metrics of server 0 (every server serves /metrics; docs/operations.md \"Metrics\")"
+curl -fsS "http://127.0.0.1:$((PORT + 3))/metrics" | grep -E '^rdkv_(requests_total|items )'
 
 echo "== short benchmark: YCSB workload A (50% reads, 50% updates, zipfian) against the cluster"
 "$BUILD/bench/kvbench/kvbench" load -db rdkv -P bench/workloads/workloada -p rdkv.seed="$seed" \

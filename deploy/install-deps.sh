@@ -9,7 +9,7 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config git
   libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest
   librocksdb-dev libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev
-  libxxhash-dev nlohmann-json3-dev libreadline-dev
+  libxxhash-dev nlohmann-json3-dev libreadline-dev prometheus-cpp-dev
   clang libclang-rt-14-dev
   iproute2 procps psmisc python3 systemd
 )

@@ -17,6 +17,9 @@
 #                      default: build/default of this repository
 #   RDKV_HOST          address every server listens on (default 127.0.0.1)
 #   RDKV_BASE_PORT     server i listens on RDKV_BASE_PORT + i (default 7400)
+#   RDKV_METRICS_BASE_PORT  server i serves Prometheus /metrics on RDKV_METRICS_BASE_PORT + i
+#                      (default: the N ports right after the servers', RDKV_BASE_PORT + N + i;
+#                      "off": no /metrics)
 #   RDKV_SHARDS        shards in the generated map (default 64)
 #   RDKV_TRANSPORT     auto | tcp | verbs (default tcp)
 #   RDKV_DEVICE        RDMA device for verbs (e.g. rxe0; default: kvserver picks)
@@ -142,6 +145,10 @@ do_start() {
   local timeout_s=${RDKV_START_TIMEOUT:-30}
   [[ $base =~ ^[0-9]+$ ]] && ((base >= 1 && base + N - 1 <= 65535)) ||
     die "RDKV_BASE_PORT=$base: ports $base..$((base + N - 1)) must lie in 1..65535"
+  local metrics_base=${RDKV_METRICS_BASE_PORT:-$((base + N))}
+  [[ $metrics_base == off ]] ||
+    { [[ $metrics_base =~ ^[0-9]+$ ]] && ((metrics_base >= 1 && metrics_base + N - 1 <= 65535)); } ||
+    die "RDKV_METRICS_BASE_PORT=$metrics_base: ports $metrics_base..$((metrics_base + N - 1)) must lie in 1..65535 (or off)"
   [[ $shards =~ ^[0-9]+$ ]] && ((shards >= 1 && shards <= 4096)) ||
     die "RDKV_SHARDS=$shards must be 1..4096"
   case $transport in auto | tcp | verbs) ;; *) die "RDKV_TRANSPORT=$transport: auto, tcp or verbs" ;; esac
@@ -169,11 +176,16 @@ do_start() {
   help=$("$KVSERVER" --helpfull 2>&1 || true)
   has_flag() { grep -qE -- "^[[:space:]]+-$1 \(" <<<"$help"; }
   has_flag port_file || die "$KVSERVER does not look like kvserver (no --port_file in --helpfull)"
+  # /metrics only with a kvserver that serves it.
+  has_flag metrics_port || metrics_base=off
 
   # Ports free?
-  local i port who busy=()
+  local i port who busy=() ports=()
   for ((i = 0; i < N; i++)); do
-    port=$((base + i))
+    ports+=($((base + i)))
+    [[ $metrics_base == off ]] || ports+=($((metrics_base + i)))
+  done
+  for port in "${ports[@]}"; do
     who=$(who_listens "$port")
     if [[ -n $who ]]; then
       busy+=("$port (used by $who)")
@@ -183,7 +195,7 @@ do_start() {
   done
   if ((${#busy[@]} > 0)); then
     die "port(s) already in use on $host: ${busy[*]}.
-  Stop whatever holds them, or choose other ports: RDKV_BASE_PORT=<port> $PROG start $N"
+  Stop whatever holds them, or choose other ports: RDKV_BASE_PORT=<port> [RDKV_METRICS_BASE_PORT=<port>|off] $PROG start $N"
   fi
 
   mkdir -p "$DIR"
@@ -238,6 +250,7 @@ do_start() {
     mkdir -p "$sd/data"
     rm -f "$sd/port" "$sd/pid"
     local args=("${common[@]}" --port=$((base + i)) --port_file="$sd/port")
+    [[ $metrics_base == off ]] || args+=(--metrics_port=$((metrics_base + i)))
     ((has_id)) && args+=(--server_id="$i")
     ((has_data)) && args+=(--data_dir="$sd/data")
     args+=("${extra[@]}")
@@ -282,6 +295,11 @@ do_start() {
   [[ -n $KVCLI ]] || warn "kvcli not found next to kvserver: readiness checked with a TCP connect, not a ping"
   say "all $N servers answer; cluster map: $map"
   echo "seed: $host:$base"
+  if [[ $metrics_base != off ]]; then
+    for ((i = 0; i < N; i++)); do
+      echo "metrics: server $i: http://$host:$((metrics_base + i))/metrics"
+    done
+  fi
   if [[ -n $KVCLI ]]; then
     local t=""
     [[ $transport != auto ]] && t=" --transport=$transport"

@@ -39,6 +39,9 @@ DEFINE_string(cluster_map, "", "Cluster map file (JSON, see docs/design.md \"Clu
 DEFINE_int32(server_id, -1, "This server's id in --cluster_map (required with it).");
 DEFINE_int32(ownership_lease_ms, 100, "A server that loses a shard waits this long before "
              "acknowledging the map change; clients trust an ownership READ this long.");
+DEFINE_int32(metrics_port, -1, "Serve Prometheus metrics at http://<metrics_host>:<port>/metrics "
+             "(docs/operations.md \"Metrics\"); 0 picks a free port; -1 (default): off.");
+DEFINE_string(metrics_host, "127.0.0.1", "Address the /metrics HTTP server listens on.");
 DEFINE_bool(huge_pages, true, "Back the region with 2 MiB huge pages when the system has them.");
 
 // Persistence (docs/persistence.md).
@@ -134,6 +137,11 @@ int main(int argc, char** argv) {
   if (FLAGS_grace_ms < 1) return fail("--grace_ms must be positive");
   o.grace = std::chrono::milliseconds(FLAGS_grace_ms);
   o.huge_pages = FLAGS_huge_pages;
+  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535) {
+    return fail("--metrics_port must be -1 (off) or 0..65535");
+  }
+  if (FLAGS_metrics_port >= 0) o.metrics_port = static_cast<uint16_t>(FLAGS_metrics_port);
+  o.metrics_host = FLAGS_metrics_host;
   if (!FLAGS_cluster_map.empty()) {
     rdkv::Result<rdkv::cluster::ClusterMap> map = rdkv::cluster::LoadClusterMap(FLAGS_cluster_map);
     if (!map.ok()) return fail("--cluster_map: " + map.status().message());

@@ -3,6 +3,8 @@
 #include <glog/logging.h>
 
 #include <nlohmann/json.hpp>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -10,6 +12,7 @@
 
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
+#include "server/metrics.h"
 #include "server/saved_map.h"
 #include "server/service.h"
 #include "server/store.h"
@@ -54,8 +57,27 @@ class ServerImpl final : public Server {
     // Deferred (sync-mode) replies go out while their clients are still connected; then stop
     // serving before the persister and the region go.
     if (persister_) persister_->Flush().IgnoreError();
+    exposer_.reset();
     listener_.reset();
     persister_.reset();
+  }
+
+  // Serves /metrics (ServerOptions::metrics_port); every scrape reads stats().
+  Status ServeMetrics() {
+    if (!options_.metrics_port) return Status::Ok();
+    const std::string bind = options_.metrics_host + ":" + std::to_string(*options_.metrics_port);
+    try {
+      exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/1);
+    } catch (const std::exception& e) {
+      return Status::Unavailable("cannot serve /metrics on " + bind + ": " + e.what());
+    }
+    collector_ = MakeMetricsCollector([this] { return stats(); });
+    exposer_->RegisterCollectable(collector_);
+    std::vector<int> ports = exposer_->GetListeningPorts();
+    metrics_port_ = ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
+    LOG(INFO) << "metrics: http://" << options_.metrics_host << ":" << metrics_port_
+              << "/metrics";
+    return Status::Ok();
   }
 
   Status Listen() {
@@ -77,6 +99,7 @@ class ServerImpl final : public Server {
   }
 
   uint16_t port() const override { return listener_->port(); }
+  uint16_t metrics_port() const override { return metrics_port_; }
 
   ServerStats stats() const override {
     ServerStats s;
@@ -99,6 +122,20 @@ class ServerImpl final : public Server {
     s.out_of_space = c.out_of_space.load();
     s.io_errors = c.io_errors.load();
     s.recovered = recovered_;
+    const kv::RegionHeader& h = store_->header();
+    s.region_bytes = h.region_bytes;
+    s.used_bytes = as.used_units * kv::kUnit;
+    s.index_slots = uint64_t{h.bucket_count} * kv::kSlotsPerBucket;
+    if (listener_) s.transport = listener_->stats();
+    if (persister_) s.persist = persister_->stats();
+    if (cluster_) {
+      std::shared_ptr<const cluster::ClusterMap> m = cluster_->map();
+      s.clustered = true;
+      s.map_epoch = m->epoch;
+      s.shards = m->shards;
+      s.owned_shards = m->ShardsOf(cluster_->server_id()).size();
+    }
+    s.requests = service_.request_metrics();
     return s;
   }
 
@@ -115,6 +152,9 @@ class ServerImpl final : public Server {
   persistence::RecoveryStats recovered_;
   Service service_;
   std::unique_ptr<transport::Listener> listener_;
+  std::shared_ptr<prometheus::Collectable> collector_;
+  std::unique_ptr<prometheus::Exposer> exposer_;  // null unless metrics_port is set
+  uint16_t metrics_port_ = 0;
 };
 
 }  // namespace
@@ -188,6 +228,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
                                              std::move(store), std::move(persister),
                                              std::move(cluster), recovered, options);
   RDKV_RETURN_IF_ERROR(server->Listen());
+  RDKV_RETURN_IF_ERROR(server->ServeMetrics());
   return std::unique_ptr<Server>(std::move(server));
 }
 

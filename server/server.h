@@ -15,6 +15,7 @@
 #include "rdkv/status.h"
 #include "common/cluster/cluster_map.h"
 #include "server/persistence/persister.h"
+#include "server/request_metrics.h"
 
 namespace rdkv::server {
 
@@ -44,6 +45,11 @@ struct ServerOptions {
   // A server that loses a shard waits this long before acknowledging the map change; clients
   // trust an ownership READ for at most this long.
   std::chrono::milliseconds ownership_lease{100};
+  // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
+  // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
+  // Unset: no HTTP server.
+  std::string metrics_host = "127.0.0.1";
+  std::optional<uint16_t> metrics_port;
 };
 
 struct ServerStats {
@@ -58,6 +64,15 @@ struct ServerStats {
   uint64_t out_of_space = 0;
   uint64_t io_errors = 0;      // writes refused or not made durable because the disk failed
   persistence::RecoveryStats recovered;  // what was loaded from disk at start
+  // For the Prometheus exporter (server/metrics.h):
+  uint64_t region_bytes = 0;
+  uint64_t used_bytes = 0;     // heap handed out to items and not freed
+  uint64_t index_slots = 0;    // one item per slot
+  transport::ListenerStats transport;
+  std::optional<persistence::PersisterStats> persist;  // none with durability=none
+  bool clustered = false;
+  uint64_t map_epoch = 0, shards = 1, owned_shards = 1;
+  RequestMetricsSnapshot requests;
 };
 
 class Server {
@@ -71,6 +86,8 @@ class Server {
   virtual ~Server() = default;
 
   virtual uint16_t port() const = 0;
+  // The port /metrics is served on; 0 when ServerOptions::metrics_port was not set.
+  virtual uint16_t metrics_port() const = 0;
   virtual ServerStats stats() const = 0;
   virtual std::string StatsJson() const = 0;
   // Test hook: worker threads stop running requests; one-sided READs go on.

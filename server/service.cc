@@ -76,6 +76,7 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
 }
 
 bool Service::Dispatch(const kv::Request& r, Exchange ex) {
+  ex.op = static_cast<uint8_t>(r.op);
   // Every op by name and no default: -Wswitch names an op added to kv::Op without a handler.
   switch (r.op) {
     case kv::Op::kPut:
@@ -127,16 +128,18 @@ bool Service::HasHandler(kv::Op op) {
 bool Service::AnswerNow(Exchange ex, const Status& status, uint64_t version,
                         std::string_view body) {
   CountError(status);
+  RecordAnswer(ex.op, ex.received, status.code());
   kv::EncodeResponse(status, version, body, ex.response);
   return true;
 }
 
 std::function<void(const Status&, uint64_t, std::string_view)> Service::AnswerLater(
     Exchange ex) {
-  return [this, deliver = (*ex.defer)()](const Status& s, uint64_t version,
-                                         std::string_view body) {
+  return [this, op = ex.op, received = ex.received, deliver = (*ex.defer)()](
+             const Status& s, uint64_t version, std::string_view body) {
     std::vector<uint8_t> out;
     CountError(s);
+    RecordAnswer(op, received, s.code());
     kv::EncodeResponse(s, version, body, &out);
     deliver(out);
   };
@@ -150,6 +153,11 @@ void Service::CountError(const Status& status) {
   } else if (status.code() == StatusCode::kIoError) {
     counters_.io_errors.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void Service::RecordAnswer(uint8_t op, std::chrono::steady_clock::time_point received,
+                           StatusCode result) {
+  request_metrics_.Record(op, result, std::chrono::steady_clock::now() - received);
 }
 
 bool Service::HandleStats(const kv::Request&, Exchange ex) {

@@ -36,6 +36,7 @@
 #include "common/util/mutex.h"
 #include "server/cluster_state.h"
 #include "server/persistence/persister.h"
+#include "server/request_metrics.h"
 #include "server/store.h"
 
 namespace rdkv::server {
@@ -75,6 +76,8 @@ class Service {
   void set_cluster(ClusterState* cluster) { cluster_ = cluster; }
 
   const OpCounters& counters() const { return counters_; }
+  // Every answered request by op and result, with its latency (the Prometheus exporter's).
+  RequestMetricsSnapshot request_metrics() const { return request_metrics_.Snapshot(); }
   // The stats body: JSON with items, bytes, free space, ops by type, errors.
   std::string StatsJson() const;
 
@@ -88,10 +91,13 @@ class Service {
   using Deliver = std::function<void(std::span<const uint8_t> response)>;
   // Where one request's answer goes: into *response now, or through the Deliver that defer()
   // makes (taking the transport's reply handle) later. Handlers return the Exchange's result:
-  // true when answered now, false when deferred.
+  // true when answered now, false when deferred. `op` (0 until decoded) and `received` are
+  // what the answer is recorded under in request_metrics_.
   struct Exchange {
     std::vector<uint8_t>* response;
     const std::function<Deliver()>* defer;
+    uint8_t op = 0;
+    std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
   };
 
   bool HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>* response,
@@ -105,6 +111,9 @@ class Service {
   // A Deliver that encodes (counting an error) and sends a deferred answer.
   std::function<void(const Status&, uint64_t, std::string_view)> AnswerLater(Exchange ex);
   void CountError(const Status& s);
+  // Records one answer (any result) in request_metrics_.
+  void RecordAnswer(uint8_t op, std::chrono::steady_clock::time_point received,
+                    StatusCode result);
   void CountWrite(kv::Op op);
 
   // --- writes (service_write.cc): PUT, INSERT, CAS, DELETE, IMPORT ---
@@ -144,6 +153,7 @@ class Service {
   persistence::Persister* persister_;
   ClusterState* cluster_ = nullptr;
   OpCounters counters_;
+  RequestMetrics request_metrics_;
   static constexpr size_t kKeyStripes = 1024;
   // Serialize writers of one key across the store and the persister; guard no member.
   std::array<Mutex, kKeyStripes> key_stripes_;

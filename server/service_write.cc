@@ -45,6 +45,7 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
       if (!own.ok()) {
         // Not an error of this server: counted apart, and the answer carries the map epoch.
         counters_.wrong_owner.fetch_add(1, std::memory_order_relaxed);
+        RecordAnswer(ex.op, ex.received, own.code());
         kv::EncodeResponse(own, epoch, {}, ex.response);
         return true;
       }

@@ -175,8 +175,10 @@ struct ListenOptions {
 struct ListenerStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_refused = 0;  // bad token, too many, bad handshake
+  uint64_t connections_open = 0;     // clients connected now (past the handshake)
   uint64_t requests = 0;
   uint64_t reads_served = 0;         // tcp only: READs served by the transport thread
+  uint64_t read_bytes_served = 0;    // tcp only: bytes those READs returned
   uint64_t reads_refused = 0;        // tcp only: bad rkey / out of bounds
   uint64_t protocol_errors = 0;      // malformed frames (connection dropped)
 };

@@ -230,6 +230,8 @@ PersisterStats Persister::Impl::stats() const {
   s.admission_waits = admission_waits_.load();
   s.max_lag_us = max_lag_us_.load();
   s.io_errors = io_errors_.load();
+  s.group_records = group_records_hist_.Snapshot();
+  s.wal_sync_seconds = wal_sync_seconds_hist_.Snapshot();
   {
     MutexLock l(&snap_mu_);
     s.snapshots = snapshots_;

@@ -23,6 +23,7 @@
 #include <string_view>
 
 #include "common/kv/limits.h"
+#include "common/util/histogram.h"
 #include "rdkv/status.h"
 #include "server/persistence/format.h"
 #include "server/persistence/recovery.h"
@@ -78,6 +79,8 @@ struct PersisterStats {
   std::string last_error;
   uint64_t snapshots = 0;
   std::string last_snapshot;
+  HistogramSnapshot group_records;     // records per group written
+  HistogramSnapshot wal_sync_seconds;  // sync: a group's write + fsync; async: one SyncWAL
 };
 
 class Persister {

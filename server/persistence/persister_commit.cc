@@ -171,7 +171,12 @@ rocksdb::Status Persister::Impl::WriteGroup(Group& g) {
   // Shared: only this thread takes db_mu_ exclusively, so this never waits for a writer.
   ReaderMutexLock l(&db_mu_);
   if (!db_) return rocksdb::Status::Incomplete("the database is closed (a reopen failed)");
-  return db_->Write(WriteOpts(), &g.batch);
+  const Clock::time_point start = Clock::now();
+  rocksdb::Status s = db_->Write(WriteOpts(), &g.batch);
+  if (sync_) {
+    wal_sync_seconds_hist_.Observe(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  return s;
 }
 
 void Persister::Impl::Process(Group g) {
@@ -235,6 +240,7 @@ void Persister::Impl::Written(Group& g, bool with_done) {
   Clock::time_point now = Clock::now();
   groups_.fetch_add(1, std::memory_order_relaxed);
   records_.fetch_add(g.records, std::memory_order_relaxed);
+  group_records_hist_.Observe(static_cast<double>(g.records));
   if (sync_) syncs_.fetch_add(1, std::memory_order_relaxed);
   uint64_t gr = g.records;
   uint64_t prev = max_group_records_.load(std::memory_order_relaxed);

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/util/histogram.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_annotations.h"
 #include "server/persistence/persister.h"
@@ -162,6 +163,10 @@ class Persister::Impl {
 
   std::atomic<uint64_t> records_{0}, groups_{0}, syncs_{0}, max_group_records_{0};
   std::atomic<uint64_t> admission_waits_{0}, max_lag_us_{0}, io_errors_{0};
+  // Records per group written, and seconds per WAL sync (sync mode: a group's write with its
+  // fsync; async: one SyncWAL of the syncer). Lock-free.
+  AtomicHistogram group_records_hist_{{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096}};
+  AtomicHistogram wal_sync_seconds_hist_{AtomicHistogram::LatencySecondsBounds()};
 
   mutable Mutex snap_mu_;
   CondVar snap_cv_;

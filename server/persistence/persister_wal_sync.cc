@@ -53,7 +53,11 @@ void Persister::Impl::SyncLoop() {
     rocksdb::Status s;
     {
       ReaderMutexLock db_lock(&db_mu_);  // the persister may reopen db_
+      const Clock::time_point start = Clock::now();
       s = db_ ? db_->SyncWAL() : rocksdb::Status::Incomplete("the database is being reopened");
+      if (db_) {
+        wal_sync_seconds_hist_.Observe(std::chrono::duration<double>(Clock::now() - start).count());
+      }
     }
     syncs_.fetch_add(1, std::memory_order_relaxed);
     l.Lock();

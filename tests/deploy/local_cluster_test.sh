@@ -51,9 +51,10 @@ assert m["owners"] == [s % n for s in range(shards)], m["owners"]
 EOF
 }
 
-# new_ports N: exports RDKV_BASE_PORT, a fresh free range of N ports, into `base`.
+# new_ports N: exports RDKV_BASE_PORT, a fresh free range of N ports, into `base` (2N ports are
+# free: the N after the servers' are their /metrics ports).
 new_ports() {
-  base=$(free_base_port "$1") || skip "no free port range found"
+  base=$(free_base_port $((2 * $1))) || skip "no free port range found"
   export RDKV_BASE_PORT=$base
 }
 
@@ -182,10 +183,15 @@ test_real() {
   [[ -s $probe ]] || { bad "kvserver does not start over tcp:"; sed 's/^/    | /' "$WORK/probe.log"; return; }
 
   local base d=$WORK/c1 i
-  base=$(free_base_port 3) || skip "no free port range found"
+  base=$(free_base_port 6) || skip "no free port range found"  # 3 servers, 3 /metrics
   export RDKV_BASE_PORT=$base
   expect_rc 0 "start 3 real kvservers over tcp" "$LC" start 3 "$d"
   contains "  ... prints the seed address" "seed: 127.0.0.1:$base"
+  if grep -qE -- "^[[:space:]]+-metrics_port \(" <<<"$("$kvserver" --helpfull 2>&1 || true)"; then
+    contains "  ... prints each server's /metrics URL" "metrics: server 2: http://127.0.0.1:$((base + 5))/metrics"
+    check "  ... server 0 serves Prometheus metrics next to its port" \
+      bash -c "curl -fsS 'http://127.0.0.1:$((base + 3))/metrics' | grep -q '^rdkv_items '"
+  fi
   expect_rc 0 "status" "$LC" status "$d"
   check "  ... lists 3 alive servers" test "$(grep -c ' alive' <<<"$OUT")" = 3
   if [[ -x $kvcli ]]; then

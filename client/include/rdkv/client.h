@@ -95,6 +95,25 @@ struct ClientStats {
   uint64_t reconnects = 0;         // connections replaced after a failure
 };
 
+// The client's counters for an application's own metrics (docs/operations.md "Metrics"): a
+// registry hook, no HTTP server. The library links no metrics library; an application feeds
+// these into its own registry (e.g. a prometheus-cpp Collectable that returns them at scrape
+// time) or appends the text form to what its /metrics already serves.
+//
+// One counter of ClientStats, named by Prometheus conventions: rdkv_client_<what>_total, a
+// monotonic count since Connect.
+struct MetricSample {
+  std::string name;   // e.g. "rdkv_client_gets_total"
+  std::string help;   // one line, for # HELP
+  double value = 0;   // every sample is a counter
+};
+// One sample per ClientStats field, in a fixed order. Thread-safe (a pure function).
+std::vector<MetricSample> ClientMetricSamples(const ClientStats& stats);
+// The same samples in the Prometheus text exposition format (version 0.0.4): # HELP, # TYPE
+// counter and the value of each. `labels` (e.g. `app="checkout"`, without braces) is put on
+// every sample when not empty. Thread-safe (a pure function).
+std::string ClientMetricsText(const ClientStats& stats, std::string_view labels = {});
+
 class Client {
  public:
   // Connects to the seed (and, in a cluster, lazily to the other servers).

@@ -210,6 +210,7 @@ struct ListenerCore {
   std::atomic<uint64_t> connections_refused{0};
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> reads_served{0};
+  std::atomic<uint64_t> read_bytes_served{0};
   std::atomic<uint64_t> reads_refused{0};
   std::atomic<uint64_t> protocol_errors{0};
 };
@@ -513,6 +514,7 @@ class NicThread {
       DmaCopy(w.data() + kReadResponseHeadSize, src, rq->length);
       s.out.Commit(kReadResponseHeadSize + rq->length);
       core_->reads_served.fetch_add(1, std::memory_order_relaxed);
+      core_->read_bytes_served.fetch_add(rq->length, std::memory_order_relaxed);
     } else {
       std::span<uint8_t> w = s.out.PrepareWrite(kReadResponseHeadSize);
       EncodeReadResponseHead(rq->wr_id, ReadStatus::kRemoteAccessError, 0,
@@ -714,7 +716,9 @@ class TcpListener final : public Listener {
     s.connections_accepted = core_->connections_accepted.load(std::memory_order_relaxed);
     s.connections_refused = core_->connections_refused.load(std::memory_order_relaxed);
     s.requests = core_->requests.load(std::memory_order_relaxed);
+    s.connections_open = core_->authenticated.load(std::memory_order_relaxed);
     s.reads_served = core_->reads_served.load(std::memory_order_relaxed);
+    s.read_bytes_served = core_->read_bytes_served.load(std::memory_order_relaxed);
     s.reads_refused = core_->reads_refused.load(std::memory_order_relaxed);
     s.protocol_errors = core_->protocol_errors.load(std::memory_order_relaxed);
     return s;

@@ -723,6 +723,7 @@ ListenerStats VerbsListener::stats() const {
   s.connections_refused = refused_.load(std::memory_order_relaxed);
   s.requests = requests_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  s.connections_open = open_sessions_.load(std::memory_order_relaxed);
   return s;  // reads_served/refused: the NIC serves READs; the server never sees them
 }
 
@@ -870,6 +871,7 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   }
   by_id_[raw_id] = session;
   ++live_sessions_;
+  open_sessions_.store(live_sessions_, std::memory_order_relaxed);
 
   // Authenticated: the regions go back in the accept.
   AcceptData accept;
@@ -914,6 +916,7 @@ void VerbsListener::Teardown(std::shared_ptr<ServerSessionImpl> s) {  // by valu
     s->cm_id_.reset();
   }
   --live_sessions_;
+  open_sessions_.store(live_sessions_, std::memory_order_relaxed);
 }
 
 void VerbsListener::ReapSessions() {

@@ -355,6 +355,7 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::unordered_map<uint32_t, std::shared_ptr<ServerSessionImpl>> by_qpn_ GUARDED_BY(sessions_mu_);
   std::unordered_map<rdma_cm_id*, std::shared_ptr<ServerSessionImpl>> by_id_;  // cm thread
   uint32_t live_sessions_ = 0;                                                 // cm thread
+  std::atomic<uint32_t> open_sessions_{0};  // live_sessions_ for stats(), from any thread
   uint64_t next_session_id_ = 1;
 
   // Workers: one polls (and blocks on the completion channel) at a time; the others wait for
