@@ -89,7 +89,10 @@ ProgressPrinter::ProgressPrinter(FILE* out, ProgressMeter* meter, bool terminal)
     : out_(out), meter_(meter), terminal_(terminal) {}
 
 void ProgressPrinter::Update(uint64_t done) {
-  if (!meter_->Due()) return;
+  if (meter_->Due()) Print(done);
+}
+
+void ProgressPrinter::Print(uint64_t done) {
   const std::string line = meter_->Line(done);
   if (terminal_) {
     fprintf(out_, "\r%s\033[K", line.c_str());

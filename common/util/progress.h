@@ -57,7 +57,8 @@ class ProgressPrinter {
  public:
   ProgressPrinter(FILE* out, ProgressMeter* meter);
   ProgressPrinter(FILE* out, ProgressMeter* meter, bool terminal);
-  void Update(uint64_t done);
+  void Update(uint64_t done);  // prints when the meter is Due
+  void Print(uint64_t done);   // prints now (for a caller that keeps its own schedule)
   void Finish(uint64_t done);
 
  private:
