@@ -86,8 +86,9 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                Move shards (3, 3,5,9 or 0-7) to server TO_SERVER_ID in one
                                command: the map (epoch + 1) goes to the old owners, the items
                                are copied, the map goes to the new owner and every other
-                               server, the old copies are dropped. Prints each step and a
-                               report. Every server must be reachable. A move that was
+                               server, the old copies are dropped. Prints each step, the
+                               copy's progress (items done/estimated total, rate, ETA; one
+                               updating line on a terminal) and a report. Every server must be reachable. A move that was
                                interrupted (servers on different epochs) is finished first;
                                after a failure, run the same command again to resume.
   snapshot [NAME]              Each server takes a consistent snapshot of its data (a RocksDB
