@@ -174,7 +174,8 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   // Any loading thread may log; the one the meter lets through does (every progress_interval):
   // "recovery: 1.20M/5.00M keys (24%), 400k keys/s, ETA 10 s, 180 MiB". The total is RocksDB's
   // estimate, raised to the keys loaded when that is more.
-  ProgressMeter meter(options.progress_label, "keys", estimate, options.progress_interval, start);
+  // Its clock starts with the loading (after the open), so the rate is the loading rate.
+  ProgressMeter meter(options.progress_label, "keys", estimate, options.progress_interval);
   auto progress = [&](uint64_t done, uint64_t total, uint64_t bytes) {
     Clock::time_point now = Clock::now();
     if (!meter.Due(now)) return;
