@@ -3,6 +3,9 @@
 #
 #   bench/compare.sh
 #   RECORDS=100000 OPS=200000 THREADS="1 2 4" REPEAT=3 bench/compare.sh
+#   bench/compare.sh --check   only check that BUILD's kvbench can run every peer (exit 0) or
+#                              say which it cannot (exit 2); with the deps and build steps
+#                              unless COMPARE_SKIP_DEPS / COMPARE_SKIP_BUILD say otherwise
 #
 # Starts, on 127.0.0.1 and free ports: one rdkv kvserver (deploy/local-cluster.sh when present,
 # else kvserver directly; tcp transport unless RDKV_TRANSPORT says otherwise), one redis-server
@@ -23,10 +26,20 @@
 #   COMPARE_OUT     keep every kvbench output (text, plus status lines) in this directory
 #   COMPARE_SKIP_DEPS=1  do not run deploy/install-deps.sh --bench
 #   COMPARE_SKIP_BUILD=1 use the binaries in BUILD as they are
-# Exit status: 0 when every run finished without a failed operation.
+# A kvbench built without the redis or memcached backend (BUILD configured before their
+# libraries were installed) makes the script reconfigure BUILD and build again; if a backend is
+# still missing, or a peer produced no result, it fails naming the peer and prints no table.
+# Exit status: 0 when every run finished without a failed operation; 1 some operations failed;
+# 2 a peer could not be run (or another setup error).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROG=compare.sh
+CHECK_ONLY=0
+case ${1:-} in
+  "") ;;
+  --check) CHECK_ONLY=1 ;;
+  *) echo "$PROG: usage: bench/compare.sh [--check] (settings in the environment: see the script's head)" >&2; exit 2 ;;
+esac
 
 WORKLOADS=${WORKLOADS:-"a b c d f"}
 RECORDS=${RECORDS:-10000}
@@ -51,20 +64,53 @@ done
   die "RECORDS, OPS and REPEAT must be numbers"
 
 # --- dependencies and binaries ---------------------------------------------------------------
+DBS="rdkv redis memcached"
+KVBENCH=$BUILD/bench/kvbench/kvbench
+KVSERVER=$BUILD/server/kvserver
+# The backends of DBS that $KVBENCH was built without (its --help says "built in: a, b").
+missing_backends() {
+  local built db missing=""
+  built=$("$KVBENCH" --help 2>&1 | sed -n 's/.*(built in: \([^)]*\)).*/\1/p' | head -n1)
+  for db in $DBS; do
+    [[ ", $built, " == *", $db, "* ]] || missing+=" $db"
+  done
+  echo "${missing# }"
+}
+build_targets() {
+  local targets=(kvbench kvserver)
+  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q '^kvcli:'; then targets+=(kvcli); fi
+  cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >&2
+}
+
 if [[ ${COMPARE_SKIP_DEPS:-0} != 1 ]]; then deploy/install-deps.sh --bench >&2; fi
+if [[ ${COMPARE_SKIP_BUILD:-0} != 1 ]]; then
+  if [[ ! -f $BUILD/build.ninja ]]; then cmake --preset default -B "$BUILD" >&2; fi
+  build_targets
+  missing=$(missing_backends)
+  if [[ -n $missing ]]; then
+    # A build dir configured before install-deps.sh --bench installed hiredis/libmemcached:
+    # pkg-config's "not found" is cached, so only a fresh look at the libraries brings them in.
+    say "kvbench in $BUILD lacks the backend(s) $missing: reconfiguring $BUILD to find their libraries"
+    cmake -U '__pkg_config_checked_KVBENCH_*' -U 'KVBENCH_*' -B "$BUILD" >&2
+    build_targets
+  fi
+fi
+[[ -x $KVBENCH ]] || die "$KVBENCH not found"
+[[ -x $KVSERVER ]] || die "$KVSERVER not found"
+# Every peer must run: a comparison without one is no comparison (and would print empty columns).
+missing=$(missing_backends)
+if [[ -n $missing ]]; then
+  die "$KVBENCH was built without the backend(s) $missing, so $missing cannot be run" \
+    "(libhiredis-dev for redis, libmemcached-dev for memcached: deploy/install-deps.sh --bench;" \
+    "then reconfigure $BUILD, or run without COMPARE_SKIP_BUILD=1)"
+fi
+if ((CHECK_ONLY)); then
+  say "$KVBENCH runs every backend ($DBS)"
+  exit 0
+fi
 for b in redis-server memcached; do
   command -v "$b" >/dev/null || die "$b not found (deploy/install-deps.sh --bench installs it)"
 done
-if [[ ${COMPARE_SKIP_BUILD:-0} != 1 ]]; then
-  if [[ ! -f $BUILD/build.ninja ]]; then cmake --preset default -B "$BUILD" >&2; fi
-  targets=(kvbench kvserver)
-  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q '^kvcli:'; then targets+=(kvcli); fi
-  cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >&2
-fi
-KVBENCH=$BUILD/bench/kvbench/kvbench
-KVSERVER=$BUILD/server/kvserver
-[[ -x $KVBENCH ]] || die "$KVBENCH not found"
-[[ -x $KVSERVER ]] || die "$KVSERVER not found"
 
 # --- servers ---------------------------------------------------------------------------------
 work=$(mktemp -d /tmp/rdkv-compare.XXXXXX)
@@ -152,7 +198,6 @@ dbprops() {
 out_dir=${COMPARE_OUT:-$work/out}
 mkdir -p "$out_dir"
 failed=0
-DBS="rdkv redis memcached"
 maxthreads=1
 for t in $THREADS; do ((t > maxthreads)) && maxthreads=$t; done
 
@@ -201,7 +246,22 @@ done
 
 # --- table -------------------------------------------------------------------------------------
 # metric FILE SECTION NAME: the value of "[SECTION], NAME, value" (empty when absent).
-metric() { awk -F', ' -v s="[$2]" -v n="$3" '$1 == s && $2 == n { print $3; exit }' "$1"; }
+metric() { awk -F', ' -v s="[$2]" -v n="$3" '$1 == s && $2 == n { print $3; exit }' "$1" 2>/dev/null; }
+# No table with holes: every backend must have a throughput for every cell of every repeat.
+for db in $DBS; do
+  holes=""
+  for w in $order; do
+    for t in $THREADS; do
+      for ((r = 1; r <= REPEAT; r++)); do
+        [[ -n $(metric "$out_dir/run-$w-t$t-$db-$r.txt" OVERALL "Throughput(ops/sec)") ]] ||
+          holes+=" ${w^^}/$t/run$r"
+      done
+    done
+  done
+  if [[ -n $holes ]]; then
+    die "$db could not be run (no result for$holes; see the kvbench messages above): no table"
+  fi
+done
 # median of the arguments (empty when none)
 median() { printf '%s\n' "$@" | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 # cell W T DB SECTION NAME: the median over the repeats

@@ -14,6 +14,7 @@
 #include "client/client_internal.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_annotations.h"
+#include "common/util/progress.h"
 
 namespace rdkv::client {
 namespace {
@@ -22,6 +23,8 @@ using Clock = std::chrono::steady_clock;
 // How long a copy waits for a target busy with another copy of the same shard to go quiet
 // (servers refuse a new copy until 3 s after the last request of the previous one).
 constexpr std::chrono::milliseconds kBusyCopyWait{10000};
+// Progress lines of a long copy (step 2): at most one a second.
+constexpr std::chrono::milliseconds kCopyProgressInterval{1000};
 
 std::string ServerName(const cluster::ServerEntry& e) {
   return "server " + std::to_string(e.id) + " (" + e.address + ")";
@@ -150,6 +153,19 @@ class Mover {
     Timer t2(&report_->step_seconds[1]);
     Say("step 2/4: copy shard(s) " + ShardList(moving));
     std::map<uint32_t, uint64_t> counter_of;  // old owners' version counters, after step 1
+    // Progress of the copy: the items to copy are estimated from each old owner's statistics
+    // (its items / the shards it owns); a line every kCopyProgressInterval.
+    uint64_t estimate = 0;
+    for (uint32_t shard : moving) {
+      if (epoch_of_[to.OwnerOf(shard)] < to.epoch) estimate += ItemsPerShard(from.OwnerOf(shard));
+    }
+    ProgressMeter meter("  copy", "items", estimate, kCopyProgressInterval);
+    copy_meter_ = &meter;
+    copy_done_ = 0;
+    struct Unset {
+      ProgressMeter** p;
+      ~Unset() { *p = nullptr; }
+    } unset{&copy_meter_};
     for (uint32_t shard : moving) {
       uint32_t a = from.OwnerOf(shard), b = to.OwnerOf(shard);
       if (epoch_of_[b] >= to.epoch) {
@@ -349,6 +365,21 @@ class Mover {
     return Status::Ok();
   }
 
+  // About how many items server `id` holds per shard it owns (its STATS "items" /
+  // "cluster.owned_shards"); 0 when it does not say (progress then shows no total).
+  uint64_t ItemsPerShard(uint32_t id) {
+    std::string body;
+    if (!Call(id, kv::Request{kv::Op::kStats, {}, {}, 0}, nullptr, &body).ok()) return 0;
+    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (!j.is_object() || !j.contains("items") || !j["items"].is_number_unsigned()) return 0;
+    uint64_t owned = 1;
+    if (j.contains("cluster") && j["cluster"].is_object() &&
+        j["cluster"].contains("owned_shards") && j["cluster"]["owned_shards"].is_number_unsigned()) {
+      owned = std::max<uint64_t>(1, j["cluster"]["owned_shards"].get<uint64_t>());
+    }
+    return j["items"].get<uint64_t>() / owned;
+  }
+
   // The last version server `id` handed out (its STATS "version_counter").
   Result<uint64_t> VersionCounter(uint32_t id) {
     std::string body;
@@ -382,6 +413,12 @@ class Mover {
       }
       RDKV_RETURN_IF_ERROR(ImportAll(target, answer->entries));
       *items += answer->entries.size();
+      copy_done_ += answer->entries.size();
+      if (copy_meter_ != nullptr && copy_meter_->Due()) {
+        // An estimate below the items copied so far is raised to them (and 10% more).
+        if (copy_done_ >= copy_meter_->total()) copy_meter_->set_total(copy_done_ + copy_done_ / 10);
+        Say(copy_meter_->Line(copy_done_) + " (shard " + std::to_string(shard) + ")");
+      }
       for (const kv::ScanEntry& e : answer->entries) *bytes += e.key.size() + e.value.size();
       cursor = answer->next_cursor;
     } while (cursor != kv::kScanDone);
@@ -437,6 +474,8 @@ class Mover {
 
   AdminChannel& channel_;
   const MoveProgressFn& progress_;
+  ProgressMeter* copy_meter_ = nullptr;  // during step 2
+  uint64_t copy_done_ = 0;               // items copied in step 2
   MoveReport* report_;
   const std::map<uint32_t, cluster::ServerEntry> servers_;
   std::map<uint32_t, uint64_t> epoch_of_;  // the map epoch each server has now

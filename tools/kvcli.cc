@@ -9,7 +9,12 @@
 #include <readline/readline.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <ctime>
+#include <map>
+#include <thread>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/kv/layout.h"
 #include "rdkv/admin.h"
 #include "rdkv/client.h"
 
@@ -47,6 +53,9 @@ DEFINE_int32(timeout_ms, 2000, "Deadline of one operation, in milliseconds.");
 DEFINE_int32(connect_timeout_ms, 5000, "Deadline of connecting to the server, in milliseconds.");
 DEFINE_bool(all, false,
             "stats: every server of the cluster, each with its statistics, and their totals.");
+DEFINE_double(interval, 1.0, "top: seconds between refreshes (at least 0.1).");
+DEFINE_int32(iterations, 0,
+             "top: print this many snapshots, then exit (0: until interrupted).");
 DEFINE_bool(verbose, false, "Log the client library's progress (transport choice, reconnects).");
 
 namespace {
@@ -77,14 +86,22 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                Move shards (3, 3,5,9 or 0-7) to server TO_SERVER_ID in one
                                command: the map (epoch + 1) goes to the old owners, the items
                                are copied, the map goes to the new owner and every other
-                               server, the old copies are dropped. Prints each step and a
-                               report. Every server must be reachable. A move that was
+                               server, the old copies are dropped. Prints each step, the
+                               copy's progress (items done/estimated total, rate, ETA; one
+                               updating line on a terminal) and a report. Every server must be reachable. A move that was
                                interrupted (servers on different epochs) is finished first;
                                after a failure, run the same command again to resume.
   snapshot [NAME]              Each server takes a consistent snapshot of its data (a RocksDB
                                checkpoint under its --snapshot_dir); prints "ADDRESS PATH" lines.
                                Needs --durability=sync|async on the servers.
   ping                         Round trip to the server.
+  top                          Live view of every server of the cluster, refreshed every
+                               --interval seconds: write ops/s by type (put, insert, delete,
+                               cas, import; GETs are one-sided READs the server does not
+                               count), errors/s, items, heap used/total, index slot use, and
+                               a total line. On a terminal it redraws in place (Ctrl-C ends it);
+                               otherwise, or with --iterations=N, it prints plain snapshots
+                               (N of them, then exits).
   help                         This text (interactive mode).
   quit, exit                   Leave interactive mode (also Ctrl-D).
 
@@ -125,7 +142,8 @@ void PrintHelp(std::ostream& out) {
          "  kvcli cas user:1 42 bob\n"
          "  kvcli put photo @photo.jpg\n"
          "  echo -n hello | kvcli put greeting -\n"
-         "  kvcli --seed=10.0.0.1:7400 cluster move 0-7 2\n";
+         "  kvcli --seed=10.0.0.1:7400 cluster move 0-7 2\n"
+         "  kvcli --seed=10.0.0.1:7400 --interval=2 top\n";
 }
 
 // --- output ---
@@ -365,6 +383,10 @@ class Cli {
       if (n != 0) return usage("ping");
       return Ping();
     }
+    if (cmd == "top") {
+      if (n != 0) return usage("top (flags --interval, --iterations)");
+      return Top();
+    }
     if (cmd == "help") {
       if (interactive_) {
         std::cout << kCommandsHelp;
@@ -602,6 +624,172 @@ class Cli {
     return reachable == servers.size() ? kExitOk : kExitError;
   }
 
+  // --- top ---
+
+  // One server's counters at one moment.
+  struct TopSample {
+    bool reachable = false;
+    std::string error;
+    std::map<std::string, uint64_t> ops;  // the stats' "ops" object
+    uint64_t errors = 0, items = 0, used = 0, heap = 0, slots = 0;
+  };
+
+  static TopSample Sample(const rdkv::ServerInfo& s) {
+    TopSample t;
+    if (!s.reachable) {
+      t.error = s.error;
+      return t;
+    }
+    json st = json::parse(s.stats, nullptr, /*allow_exceptions=*/false);
+    if (!st.is_object()) {
+      t.error = "the server's stats are not JSON";
+      return t;
+    }
+    t.reachable = true;
+    auto num = [](const json& j, const char* k) -> uint64_t {
+      return j.contains(k) && j[k].is_number_unsigned() ? j[k].get<uint64_t>() : 0;
+    };
+    if (st.contains("ops") && st["ops"].is_object()) {
+      for (auto& [k, v] : st["ops"].items()) {
+        if (v.is_number_unsigned()) t.ops[k] = v.get<uint64_t>();
+      }
+    }
+    if (st.contains("errors") && st["errors"].is_object()) t.errors = num(st["errors"], "total");
+    t.items = num(st, "items");
+    t.used = num(st, "used_bytes");
+    t.heap = num(st, "heap_bytes");
+    t.slots = num(st, "index_buckets") * rdkv::kv::kSlotsPerBucket;
+    return t;
+  }
+
+  static std::string Mib(uint64_t bytes) {
+    char b[32];
+    snprintf(b, sizeof b, "%.1f", bytes / (1024.0 * 1024.0));
+    return b;
+  }
+  static std::string Percent(uint64_t part, uint64_t whole) {
+    if (whole == 0) return "-";
+    char b[16];
+    snprintf(b, sizeof b, "%.1f%%", 100.0 * part / whole);
+    return b;
+  }
+
+  int Top() {
+    if (!(FLAGS_interval >= 0.1)) {
+      std::cerr << "kvcli: top: --interval must be at least 0.1 (seconds)\n";
+      return kExitError;
+    }
+    if (FLAGS_iterations < 0) {
+      std::cerr << "kvcli: top: --iterations must be 0 (until interrupted) or more\n";
+      return kExitError;
+    }
+    int code = kExitError;
+    rdkv::Client* c = client(&code);
+    if (c == nullptr) return code;
+    rdkv::Admin admin(*c);
+    const bool terminal = isatty(STDOUT_FILENO) == 1;
+    // The write ops shown, in order (the stats' "ops" keys), with their column names.
+    static constexpr std::pair<const char*, const char*> kOps[] = {
+        {"put", "put/s"}, {"insert", "ins/s"}, {"delete", "del/s"}, {"cas", "cas/s"},
+        {"import", "imp/s"}};
+    using Clock = std::chrono::steady_clock;
+    std::map<uint32_t, TopSample> before;
+    Clock::time_point t_before = Clock::now();
+    for (const rdkv::ServerInfo& s : admin.Servers(true)) before[s.id] = Sample(s);
+    const auto interval = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(FLAGS_interval));
+    bool all_reachable = true;
+    for (int it = 0; FLAGS_iterations == 0 || it < FLAGS_iterations; ++it) {
+      std::this_thread::sleep_until(t_before + interval);
+      std::vector<rdkv::ServerInfo> servers = admin.Servers(true);
+      const Clock::time_point t_now = Clock::now();
+      const double secs = std::max(1e-6, std::chrono::duration<double>(t_now - t_before).count());
+      auto rate = [secs](uint64_t now, uint64_t was) {
+        // A restarted server starts its counters again from 0.
+        return static_cast<double>(now >= was ? now - was : now) / secs;
+      };
+      std::ostringstream o;
+      char stamp[32];
+      std::time_t wall = std::time(nullptr);
+      std::tm tm{};
+      localtime_r(&wall, &tm);
+      std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
+      size_t up = 0;
+      for (const auto& s : servers) up += s.reachable;
+      const uint64_t epoch = admin.map_epoch();
+      o << "kvcli top  " << stamp << "  every " << FLAGS_interval << " s  "
+        << (epoch == 0 ? std::string("standalone") : "map epoch " + std::to_string(epoch))
+        << "  servers " << up << "/" << servers.size() << " up\n";
+      char line[512];
+      snprintf(line, sizeof line, "%-4s %-21s", "ID", "ADDRESS");
+      o << line;
+      for (const auto& op : kOps) {
+        snprintf(line, sizeof line, " %9s", op.second);
+        o << line;
+      }
+      snprintf(line, sizeof line, " %9s %9s %11s %9s %9s %7s %7s\n", "writes/s", "err/s",
+               "items", "heap_MiB", "of_MiB", "heap%", "slots%");
+      o << line;
+      std::map<std::string, double> total_rate;
+      double total_writes = 0, total_errors = 0;
+      uint64_t total_items = 0, total_used = 0, total_heap = 0, total_slots = 0;
+      std::map<uint32_t, TopSample> now_samples;
+      for (const rdkv::ServerInfo& s : servers) {
+        TopSample now = Sample(s);
+        snprintf(line, sizeof line, "%-4u %-21s", s.id, s.address.c_str());
+        o << line;
+        if (!now.reachable) {
+          all_reachable = false;
+          o << " DOWN: " << now.error << "\n";
+          now_samples[s.id] = std::move(now);
+          continue;
+        }
+        const TopSample& was = before[s.id];
+        double writes = 0;
+        for (const auto& op : kOps) {
+          double r = rate(now.ops[op.first], was.ops.count(op.first) ? was.ops.at(op.first) : 0);
+          total_rate[op.first] += r;
+          writes += r;
+          snprintf(line, sizeof line, " %9.0f", r);
+          o << line;
+        }
+        const double errs = rate(now.errors, was.errors);
+        total_writes += writes;
+        total_errors += errs;
+        total_items += now.items;
+        total_used += now.used;
+        total_heap += now.heap;
+        total_slots += now.slots;
+        snprintf(line, sizeof line, " %9.0f %9.0f %11llu %9s %9s %7s %7s\n", writes, errs,
+                 static_cast<unsigned long long>(now.items), Mib(now.used).c_str(),
+                 Mib(now.heap).c_str(), Percent(now.used, now.heap).c_str(),
+                 Percent(now.items, now.slots).c_str());
+        o << line;
+        now_samples[s.id] = std::move(now);
+      }
+      snprintf(line, sizeof line, "%-4s %-21s", "all", "(total)");
+      o << line;
+      for (const auto& op : kOps) {
+        snprintf(line, sizeof line, " %9.0f", total_rate[op.first]);
+        o << line;
+      }
+      snprintf(line, sizeof line, " %9.0f %9.0f %11llu %9s %9s %7s %7s\n", total_writes,
+               total_errors, static_cast<unsigned long long>(total_items),
+               Mib(total_used).c_str(), Mib(total_heap).c_str(),
+               Percent(total_used, total_heap).c_str(), Percent(total_items, total_slots).c_str());
+      o << line;
+      // On a terminal: home, clear, then the view; elsewhere snapshots one after another.
+      if (terminal) {
+        std::cout << "\033[H\033[2J" << o.str() << std::flush;
+      } else {
+        std::cout << o.str() << "\n" << std::flush;
+      }
+      before = std::move(now_samples);
+      t_before = t_now;
+    }
+    return all_reachable ? kExitOk : kExitError;
+  }
+
   int Cluster() {
     int code = kExitError;
     rdkv::Client* c = client(&code);
@@ -643,10 +831,22 @@ class Cli {
     if (c == nullptr) return code;
     // Progress goes to stdout in text mode, to stderr with --json (stdout: one object).
     std::ostream& progress_out = FLAGS_json ? std::cerr : std::cout;
-    rdkv::Result<rdkv::MoveReport> r =
-        rdkv::Admin(*c).MoveShards(shards, to, [&progress_out](std::string_view line) {
+    // On a terminal the copy's progress lines ("  copy: ...") rewrite one line in place.
+    const bool terminal = isatty(FLAGS_json ? STDERR_FILENO : STDOUT_FILENO) == 1;
+    bool open_line = false;
+    rdkv::Result<rdkv::MoveReport> r = rdkv::Admin(*c).MoveShards(
+        shards, to, [&progress_out, terminal, &open_line](std::string_view line) {
+          const bool copy_progress = line.substr(0, 8) == "  copy: ";
+          if (terminal && copy_progress) {
+            progress_out << "\r" << line << "\033[K" << std::flush;
+            open_line = true;
+            return;
+          }
+          if (open_line) progress_out << "\r\033[K";  // the next line replaces the progress
+          open_line = false;
           progress_out << line << "\n" << std::flush;
         });
+    if (open_line) progress_out << "\r\033[K" << std::flush;
     if (!r.ok()) return Report(r.status(), "cluster move");
     const rdkv::MoveReport& m = *r;
     const char* kStepNames[4] = {"install_on_old_owners", "copy", "install_on_new_owner_and_rest",

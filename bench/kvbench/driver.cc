@@ -1,5 +1,8 @@
 #include "bench/kvbench/driver.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <vector>
 
 #include "common/util/mutex.h"
+#include "common/util/progress.h"
 #include "common/util/thread_annotations.h"
 
 namespace rdkv::kvbench {
@@ -247,6 +251,12 @@ class StatusPrinter {
   std::array<uint64_t, kNumMeasures> last_count_{}, last_sum_{};
 };
 
+// Whether status and progress lines share one stream (then a terminal progress line is cleared
+// before a status line).
+bool progress_out_same(const DriverOptions& o) {
+  return o.status_out != nullptr && o.status_out == o.progress_out;
+}
+
 }  // namespace
 
 int64_t ThreadOpCount(int64_t count, int threads, int thread_index) {
@@ -308,11 +318,33 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
   const auto interval =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.status_interval));
   Clock::time_point next_status = start + interval;
+  // Load progress: records done of insertcount, rate, ETA.
+  const bool progress_on =
+      options.phase == Phase::kLoad && options.progress_out != nullptr && total > 0;
+  const bool progress_tty = progress_on && isatty(fileno(options.progress_out)) == 1;
+  double progress_secs = options.progress_interval > 0 ? options.progress_interval
+                         : progress_tty                 ? 1.0
+                                                        : c.status_interval;
+  if (progress_secs <= 0) progress_secs = 10;
+  const auto progress_every = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(progress_secs));
+  rdkv::ProgressMeter meter("load", "records", static_cast<uint64_t>(std::max<int64_t>(total, 0)),
+                            std::chrono::duration_cast<std::chrono::milliseconds>(progress_every),
+                            start);
+  rdkv::ProgressPrinter progress(progress_on ? options.progress_out : stderr, &meter,
+                                 progress_tty);
+  Clock::time_point next_progress = start + progress_every;
+  auto records_done = [&stats] {
+    uint64_t done = 0;
+    for (const auto& s : stats) done += s->done.load(std::memory_order_relaxed);
+    return done;
+  };
   {
     rdkv::MutexLock lock(&shared.mu);
     while (shared.running > 0) {
       Clock::time_point wake = Clock::time_point::max();
       if (status_on) wake = next_status;
+      if (progress_on) wake = std::min(wake, next_progress);
       if (has_deadline && !shared.stop.load()) wake = std::min(wake, deadline);
       if (wake == Clock::time_point::max()) {
         while (shared.running != 0) shared.cv.Wait(&shared.mu);
@@ -325,14 +357,23 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
       if (has_deadline && now >= deadline) shared.stop.store(true);
       if (status_on && now >= next_status) {
         lock.Unlock();
+        // A status line after a terminal progress line starts on a fresh line.
+        if (progress_tty && progress_out_same(options)) std::fputs("\r\033[K", options.status_out);
         status.Print();
         lock.Lock();
         while (next_status <= now) next_status += interval;
+      }
+      if (progress_on && now >= next_progress) {
+        lock.Unlock();
+        progress.Print(records_done());
+        lock.Lock();
+        while (next_progress <= now) next_progress += progress_every;
       }
     }
   }
   for (auto& t : ts) t.join();
   const Clock::time_point end = Clock::now();
+  if (progress_on) progress.Finish(records_done());
   if (status_on) status.Print();  // YCSB prints a last status line at the end too
 
   Report r;

@@ -25,6 +25,11 @@ enum class Phase { kLoad, kRun };
 struct DriverOptions {
   Phase phase = Phase::kRun;
   std::FILE* status_out = stderr;  // status lines; nullptr: none
+  // The load phase's progress ("load: 40.0k/100k records (40%), 20.0k records/s, ETA 3 s"): on a
+  // terminal one line rewritten every second, otherwise a plain line every status.interval
+  // (progress_interval when set). nullptr: none.
+  std::FILE* progress_out = nullptr;
+  double progress_interval = 0;  // seconds; 0: 1 s on a terminal, else status.interval
 };
 
 // The report of the phase (runtime, throughput, per-op summaries, errors by kind, the

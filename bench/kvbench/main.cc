@@ -47,7 +47,9 @@ void Usage(std::FILE* out) {
                "  -threads N       client threads (property threadcount)\n"
                "  -target N        ops/s over all threads; latencies then count from each operation's\n"
                "                   intended start (no coordinated omission) (property target)\n"
-               "  -s               status lines on stderr (on by default; status.interval=0 turns off)\n"
+               "  -s               status lines on stderr (on by default; status.interval=0 turns off);\n"
+               "                   load also prints its progress (records done/total, rate, ETA):\n"
+               "                   on a terminal one line updated every second\n"
                "  --json           print one JSON object instead of YCSB's text\n"
                "  -h, --help       this text\n"
                "\n"
@@ -166,6 +168,8 @@ int Main(int argc, char** argv) {
   CoreWorkload workload(*config);
   DriverOptions opts;
   opts.phase = phase;
+  // load: records done/total, rate and ETA on stderr (with the status lines; off with them).
+  if (config->status_interval > 0) opts.progress_out = stderr;
   auto report = RunPhase(workload, **backend, opts);
   if (!report.ok()) {
     std::fprintf(stderr, "kvbench: %s\n", report.status().ToString().c_str());

@@ -302,7 +302,11 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   lo.progress_interval = options.progress_interval;
   auto load = [&](const std::string& dir) -> Result<RecoveryStats> {
     LOG(INFO) << "recovery: loading " << dir << " (read-only) into the region";
-    Result<RecoveryStats> r = LoadDatabase(dir, store, lo);
+    LoadOptions dir_lo = lo;
+    if (!options.restore_from.empty() && dir == options.restore_from) {
+      dir_lo.progress_label = "restore";  // progress lines: "restore: 1.20M/5.00M keys (24%), ..."
+    }
+    Result<RecoveryStats> r = LoadDatabase(dir, store, dir_lo);
     if (!r.ok()) {
       return Status(r.status().code(), r.status().message() + " [nothing on disk was changed]");
     }

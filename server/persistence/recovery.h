@@ -41,6 +41,8 @@ struct LoadOptions {
   RocksDbTuning tuning;
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // the server's --max_value_size
   std::chrono::milliseconds progress_interval{2000};  // progress log period on long loads
+  // The progress lines' prefix: "recovery" (the data dir's database) or "restore" (a snapshot).
+  std::string progress_label = "recovery";
   // Key ranges loaded in parallel at most (fewer when the database has few table files);
   // 0: the number of CPUs, at most 8.
   int threads = 0;

@@ -302,5 +302,32 @@ TEST(Driver, StatusLines) {
   EXPECT_GE(lines, 3);  // every 0.1 s for 0.35 s, and one at the end
 }
 
+TEST(Driver, LoadProgressLines) {
+  MemoryBackend backend;
+  // 400 records at 2000/s: about 0.2 s, a progress line every 0.05 s and the final one.
+  CoreWorkload w(Load("workloadc", {{"recordcount", "400"}, {"target", "2000"},
+                                    {"status.interval", "0"}}));
+  char* buf = nullptr;
+  size_t len = 0;
+  std::FILE* out = open_memstream(&buf, &len);
+  DriverOptions o;
+  o.phase = Phase::kLoad;
+  o.status_out = nullptr;
+  o.progress_out = out;
+  o.progress_interval = 0.05;
+  auto r = RunPhase(w, backend, o);
+  std::fclose(out);
+  const std::string text(buf, len);
+  std::free(buf);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(text.find('\r'), std::string::npos) << text;  // not a terminal: plain lines
+  EXPECT_NE(text.find("/400 records ("), std::string::npos) << text;
+  EXPECT_NE(text.find(" records/s, ETA "), std::string::npos) << text;
+  EXPECT_NE(text.find("load: 400/400 records (100%)"), std::string::npos) << text;
+  int lines = 0;
+  for (char ch : text) lines += ch == '\n';
+  EXPECT_GE(lines, 3) << text;
+}
+
 }  // namespace
 }  // namespace rdkv::kvbench

@@ -2,6 +2,7 @@
 // delete, CAS versions across restarts, group commit, backpressure, deferred sync replies,
 // a failing disk, snapshots and restore, and the start-up errors that must leave a data
 // directory untouched.
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 #include <rocksdb/db.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/util/mutex.h"
 #include "server/persistence/format.h"
 #include "server/persistence/recovery.h"
 #include "tests/persistence/fault_fs.h"
@@ -701,6 +703,31 @@ TEST(StartupErrorsNoDb, DataDirIsAFile) {
   EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument) << n.status().ToString();
 }
 
+// Keeps the log lines that start with `prefix` (glog calls send from any thread).
+class PrefixSink : public google::LogSink {
+ public:
+  explicit PrefixSink(std::string prefix) : prefix_(std::move(prefix)) {
+    google::AddLogSink(this);
+  }
+  ~PrefixSink() override { google::RemoveLogSink(this); }
+  void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&,
+            const char* message, size_t length) override {
+    std::string line(message, length);
+    if (line.rfind(prefix_, 0) != 0) return;
+    rdkv::MutexLock l(&mu_);
+    lines_.push_back(std::move(line));
+  }
+  std::vector<std::string> lines() {
+    rdkv::MutexLock l(&mu_);
+    return lines_;
+  }
+
+ private:
+  const std::string prefix_;
+  rdkv::Mutex mu_;
+  std::vector<std::string> lines_ GUARDED_BY(mu_);
+};
+
 TEST(Recovery, ManyKeysLoadWithTheirVersions) {
   TempDir dir;
   PersistOptions o = Opts(Durability::kAsync, dir.path());
@@ -713,9 +740,23 @@ TEST(Recovery, ManyKeysLoadWithTheirVersions) {
       ASSERT_TRUE(r.status.ok());
     }
   }
+  PrefixSink sink("recovery: ");
   auto n = MustStart(o, 32u << 20);
   EXPECT_EQ(n->recovered().keys, 30000u);
   EXPECT_EQ(n->store().counters().items, 30000u);
+  // Progress: done/total, rate, ETA (common/util/progress.h), then the MiB loaded.
+  bool progress_seen = false;
+  for (const std::string& line : sink.lines()) {
+    if (line.find("%), ") == std::string::npos) continue;  // not "recovery: loading/loaded"
+    progress_seen = true;
+    EXPECT_NE(line.find("/"), std::string::npos) << line;
+    EXPECT_NE(line.find(" keys/s, "), std::string::npos) << line;
+    EXPECT_TRUE(line.find(", ETA ") != std::string::npos ||
+                line.find(", done in ") != std::string::npos)
+        << line;
+    EXPECT_NE(line.find(" MiB"), std::string::npos) << line;
+  }
+  EXPECT_TRUE(progress_seen) << "no progress line in 30000 keys at a 1 ms interval";
   for (int i = 0; i < 30000; i += 101) {
     uint64_t v = 0;
     EXPECT_EQ(GetValue(*n, "key:" + std::to_string(i * 7919 % 30000), &v), std::to_string(i));

@@ -140,9 +140,36 @@ grep -q "host:port" "$work/err" || fail "bad --server message: $(cat "$work/err"
 
 # --- help ---
 "$kvcli" --help >"$work/out" 2>&1 || fail "--help exit status"
-for word in --server --transport --auth_token --json --value_file --timeout_ms get put insert del cas mget stats ping "Exit status"; do
+for word in --server --transport --auth_token --json --value_file --timeout_ms --interval --iterations get put insert del cas mget stats ping top "Exit status"; do
   grep -q -- "$word" "$work/out" || fail "--help does not mention $word"
 done
+
+# --- top: plain snapshots when stdout is not a terminal; ops/s > 0 under load ---
+# A scripted shell keeps writing (one connection) while top takes its snapshots.
+for i in $(seq 1 300000); do echo "put load$((i % 1000)) v$i"; done >"$work/load"
+"$kvcli" --server="$server" --transport=tcp <"$work/load" >/dev/null 2>&1 &
+load_pid=$!
+run 0 --interval=0.3 --iterations=3 top
+kill "$load_pid" 2>/dev/null
+wait "$load_pid" 2>/dev/null
+[[ $out != *$'\033'* ]] || fail "top wrote terminal escapes to a pipe"
+[[ $(grep -c '^kvcli top ' "$work/out") == 3 ]] || fail "top did not print 3 snapshots: $out"
+[[ $(grep -c '^ID  *ADDRESS  *put/s  *ins/s  *del/s  *cas/s  *imp/s  *writes/s  *err/s  *items  *heap_MiB  *of_MiB  *heap%  *slots%$' "$work/out") == 3 ]] ||
+  fail "top column header: $out"
+grep -q '^kvcli top .* standalone  servers 1/1 up$' "$work/out" || fail "top title line: $out"
+# Each snapshot: one server row and the total; the last snapshot's rows saw the load.
+rows=$(grep -E '^(0|all) ' "$work/out" | tail -2)
+[[ $(wc -l <<<"$rows") == 2 ]] || fail "top rows: $out"
+while read -r id _ put _ _ _ _ writes _ items _ _ _ _; do
+  [[ $put =~ ^[0-9]+$ ]] && ((put > 0)) || fail "top: $id put/s is '$put' under load: $out"
+  [[ $writes =~ ^[0-9]+$ ]] && ((writes >= put)) || fail "top: $id writes/s '$writes': $out"
+  [[ $items =~ ^[0-9]+$ ]] && ((items > 0)) || fail "top: $id items '$items': $out"
+done <<<"$rows"
+run 2 --interval=0 top
+expect_err 'interval' "top --interval=0"
+"$kvcli" --server=127.0.0.1:1 --transport=tcp --connect_timeout_ms=1000 --iterations=1 top \
+  >"$work/out" 2>"$work/err"
+[[ $? == 2 ]] || fail "top against an unreachable server should exit 2"
 
 # --- snapshot: refused by this durability=none server, taken by a persisting one ---
 run 2 snapshot

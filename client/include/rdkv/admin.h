@@ -34,7 +34,9 @@ class ClientImpl;
 }  // namespace client
 
 // Progress of Admin::MoveShards: one human-readable line per event ("step 2/4: shard 3:
-// 1200 items copied from server 0 to server 1").
+// 1200 items copied from server 0 to server 1"), and during a long copy a progress line about
+// once a second, starting "  copy: " ("  copy: 40.0k/100k items (40%), 20.0k items/s, ETA 3 s
+// (shard 5)"; the total is estimated from the old owners' statistics).
 using MoveProgressFn = std::function<void(std::string_view line)>;
 
 // What Admin::MoveShards did.

@@ -75,6 +75,15 @@ Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point 
       rc = err == 0 ? 0 : -1;
       errno = err;
     }
+    if (rc == 0 && IsSelfConnected(fd)) {
+      // Closed at once so the port is free again for the server that should be listening on it.
+      std::string self = PeerName(fd);
+      close(fd);
+      return Status::Unavailable("connect to " + FormatHostPort(host, port) +
+                                 ": connected to itself (" + self + " <-> " + self +
+                                 ", TCP simultaneous open: no server listens on the port and it "
+                                 "lies in net.ipv4.ip_local_port_range)");
+    }
     if (rc == 0) {
       Status s = SetNonBlocking(fd, false);
       if (!s.ok()) {
@@ -122,6 +131,26 @@ uint16_t LocalPort(int fd) {
   if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
   if (ss.ss_family == AF_INET6) return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
   return 0;
+}
+
+bool IsSelfConnected(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof local, peer_len = sizeof peer;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return false;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
+  if (local.ss_family != peer.ss_family) return false;
+  if (local.ss_family == AF_INET) {
+    auto* l = reinterpret_cast<sockaddr_in*>(&local);
+    auto* p = reinterpret_cast<sockaddr_in*>(&peer);
+    return l->sin_port == p->sin_port && l->sin_addr.s_addr == p->sin_addr.s_addr;
+  }
+  if (local.ss_family == AF_INET6) {
+    auto* l = reinterpret_cast<sockaddr_in6*>(&local);
+    auto* p = reinterpret_cast<sockaddr_in6*>(&peer);
+    return l->sin6_port == p->sin6_port &&
+           memcmp(&l->sin6_addr, &p->sin6_addr, sizeof l->sin6_addr) == 0;
+  }
+  return false;
 }
 
 std::string PeerName(int fd) {

@@ -22,12 +22,20 @@ void ConfigureStreamSocket(int fd);
 Status SetNonBlocking(int fd, bool nonblocking);
 
 // Resolves host:port and connects (non-blocking connect + poll) before `deadline`.
-// Returns a connected, blocking socket. kUnavailable (refused, unreachable) or kTimedOut.
+// Returns a connected, blocking socket. kUnavailable (refused, unreachable, or connected to
+// itself: see IsSelfConnected) or kTimedOut.
 Result<int> ConnectTo(const std::string& host, uint16_t port, Clock::time_point deadline);
 
 // Binds and listens on host:port (SO_REUSEADDR, so a restarted server gets its port back).
 Result<int> ListenOn(const std::string& host, uint16_t port, int backlog);
 uint16_t LocalPort(int fd);
+
+// True when the socket's local address equals its peer address. A client connecting to a local
+// port P with no listener, P in net.ipv4.ip_local_port_range, can be given P as its own ephemeral
+// port, and TCP simultaneous open then connects it to itself (127.0.0.1:P <-> 127.0.0.1:P): the
+// connect "succeeds", and a server restarted on P fails with "address already in use" while that
+// socket lives. ConnectTo closes such a socket at once.
+bool IsSelfConnected(int fd);
 std::string PeerName(int fd);  // "10.0.0.1:51234" or "?"
 
 // Writes every byte of `iov` (MSG_NOSIGNAL | MSG_DONTWAIT, polling for room) until `deadline`.
