@@ -33,7 +33,8 @@ DEFINE_int32(ops, 5000, "Operations for each latency phase");
 DEFINE_int32(threads, 2, "Client threads for the throughput phases");
 DEFINE_double(seconds, 2.0, "Duration of each throughput phase");
 DEFINE_string(json, "", "Also write the figures as JSON to this file");
-DEFINE_bool(location_cache, true, "Use the client's location cache (warm GETs take one READ); "
+DEFINE_bool(location_cache, true,
+            "Use the client's location cache (warm GETs take one READ); "
             "false measures the index path (window READ + item READ)");
 
 using Clock = std::chrono::steady_clock;
@@ -78,7 +79,8 @@ int main(int argc, char** argv) {
     auto kind = rdkv::transport::ChooseTransport(FLAGS_transport);
     if (!kind.ok()) Die(kind.status(), "--transport");
     so.transport = *kind;
-    so.memory_bytes = std::max<uint64_t>(256ull << 20, uint64_t(FLAGS_keys) * (FLAGS_value_size + 256) * 4);
+    so.memory_bytes =
+        std::max<uint64_t>(256ull << 20, uint64_t(FLAGS_keys) * (FLAGS_value_size + 256) * 4);
     auto s = rdkv::server::Server::Start(so);
     if (!s.ok()) Die(s.status(), "embedded server");
     embedded = std::move(*s);
@@ -122,7 +124,8 @@ int main(int argc, char** argv) {
     if (!r.ok()) Die(r.status(), "get");
   });
   rdkv::ClientStats after = client.stats();
-  double reads_per_get = double(after.get_reads - before.get_reads) / std::max<uint64_t>(1, after.gets - before.gets);
+  double reads_per_get =
+      double(after.get_reads - before.get_reads) / std::max<uint64_t>(1, after.gets - before.gets);
   Latency put_lat = timed([&](int k) {
     auto r = client.Put(Key(k), value);
     if (!r.ok()) Die(r.status(), "put");
@@ -159,17 +162,26 @@ int main(int argc, char** argv) {
   double get_rate = throughput(true);
   double put_rate = throughput(false);
 
-  std::printf("rdkv kv_bench transport=%s value_size=%d keys=%d cache=%d get_lat p50_us=%.2f p99_us=%.2f avg_us=%.2f reads_per_get=%.3f\n",
-              FLAGS_transport.c_str(), FLAGS_value_size, FLAGS_keys, FLAGS_location_cache ? 1 : 0, get_lat.p50, get_lat.p99, get_lat.avg, reads_per_get);
-  std::printf("rdkv kv_bench transport=%s value_size=%d put_lat p50_us=%.2f p99_us=%.2f avg_us=%.2f\n",
-              FLAGS_transport.c_str(), FLAGS_value_size, put_lat.p50, put_lat.p99, put_lat.avg);
-  std::printf("rdkv kv_bench transport=%s value_size=%d threads=%d get_ops_per_s=%.0f put_ops_per_s=%.0f\n",
-              FLAGS_transport.c_str(), FLAGS_value_size, FLAGS_threads, get_rate, put_rate);
+  std::printf(
+      "rdkv kv_bench transport=%s value_size=%d keys=%d cache=%d get_lat p50_us=%.2f p99_us=%.2f "
+      "avg_us=%.2f reads_per_get=%.3f\n",
+      FLAGS_transport.c_str(), FLAGS_value_size, FLAGS_keys, FLAGS_location_cache ? 1 : 0,
+      get_lat.p50, get_lat.p99, get_lat.avg, reads_per_get);
+  std::printf(
+      "rdkv kv_bench transport=%s value_size=%d put_lat p50_us=%.2f p99_us=%.2f avg_us=%.2f\n",
+      FLAGS_transport.c_str(), FLAGS_value_size, put_lat.p50, put_lat.p99, put_lat.avg);
+  std::printf(
+      "rdkv kv_bench transport=%s value_size=%d threads=%d get_ops_per_s=%.0f put_ops_per_s=%.0f\n",
+      FLAGS_transport.c_str(), FLAGS_value_size, FLAGS_threads, get_rate, put_rate);
   if (!FLAGS_json.empty()) {
-    std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport << "\",\"value_size\":" << FLAGS_value_size
-                              << ",\"get_p50_us\":" << get_lat.p50 << ",\"get_p99_us\":" << get_lat.p99
-                              << ",\"reads_per_get\":" << reads_per_get << ",\"put_p50_us\":" << put_lat.p50
-                              << ",\"put_p99_us\":" << put_lat.p99 << ",\"get_ops_per_s\":" << get_rate
+    std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport
+                              << "\",\"value_size\":" << FLAGS_value_size
+                              << ",\"get_p50_us\":" << get_lat.p50
+                              << ",\"get_p99_us\":" << get_lat.p99
+                              << ",\"reads_per_get\":" << reads_per_get
+                              << ",\"put_p50_us\":" << put_lat.p50
+                              << ",\"put_p99_us\":" << put_lat.p99
+                              << ",\"get_ops_per_s\":" << get_rate
                               << ",\"put_ops_per_s\":" << put_rate << "}\n";
   }
   return 0;

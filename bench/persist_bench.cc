@@ -86,7 +86,8 @@ std::vector<std::string> Split(const std::string& s) {
 // An anonymous mapping for the region (zero pages until touched, transparent huge pages).
 struct Region {
   explicit Region(size_t n) : size(n) {
-    p = static_cast<uint8_t*>(mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
+    p = static_cast<uint8_t*>(mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
     if (p == MAP_FAILED) Die(Status::FromErrno("mmap", errno), "region");
     madvise(p, n, MADV_HUGEPAGE);  // as kvserver's region when it has no reserved huge pages
   }
@@ -188,8 +189,9 @@ class InprocDriver {
   void Done(int client, std::span<const uint8_t> response) {
     rdkv::Result<kv::Response> r = kv::DecodeResponse(response);
     if (!r.ok() || !r->status.ok()) Die(r.ok() ? r->status : r.status(), "put");
-    uint32_t us = static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                            Clock::now() - starts_[client]).count());
+    uint32_t us = static_cast<uint32_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - starts_[client])
+            .count());
     Worker& w = workers_[client % workers_.size()];
     MutexLock l(&w.mu);
     if (measuring_) w.lat.push_back(us);
@@ -326,14 +328,15 @@ void WritesPhase(const std::string& work) {
   std::printf("writes: transport=%s clients=%d threads=%d value=%d B keys=%d seconds=%.1f\n",
               FLAGS_transport.c_str(), FLAGS_clients, FLAGS_threads, FLAGS_value_size,
               FLAGS_key_space, FLAGS_seconds);
-  std::printf("%-6s %12s %9s %9s %10s %9s %11s\n", "mode", "PUT/s", "p50 us", "p99 us",
-              "p99.9 us", "groups", "recs/group");
+  std::printf("%-6s %12s %9s %9s %10s %9s %11s\n", "mode", "PUT/s", "p50 us", "p99 us", "p99.9 us",
+              "groups", "recs/group");
   double async_rate = 0, sync_rate = 0;
   for (const std::string& m : Split(FLAGS_modes)) {
     auto d = persistence::ParseDurability(m);
     if (!d.ok()) Die(d.status(), "--modes");
     std::string dir = work + "/writes-" + m;
-    Figures f = FLAGS_transport == "tcp" ? TcpWrites(*d, dir, memory) : InprocWrites(*d, dir, memory);
+    Figures f =
+        FLAGS_transport == "tcp" ? TcpWrites(*d, dir, memory) : InprocWrites(*d, dir, memory);
     std::printf("%-6s %12.0f %9.0f %9.0f %10.0f %9llu %11.1f\n", m.c_str(), f.ops_per_s, f.p50_us,
                 f.p99_us, f.p999_us, static_cast<unsigned long long>(f.ps.groups),
                 f.ps.groups ? double(f.ps.records) / f.ps.groups : 0.0);
@@ -355,7 +358,8 @@ void WritesPhase(const std::string& work) {
 double CpuSeconds() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  return ru.ru_utime.tv_sec + ru.ru_stime.tv_sec +
+         (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 void RecoveryPhase(const std::string& work) {
@@ -379,7 +383,8 @@ void RecoveryPhase(const std::string& work) {
     Region region(memory);
     auto store = rdkv::server::Store::Format(region.p, region.size, so);
     if (!store.ok()) Die(store.status(), "format");
-    auto p = persistence::Persister::Start(Options(persistence::Durability::kAsync, dir), store->get());
+    auto p =
+        persistence::Persister::Start(Options(persistence::Durability::kAsync, dir), store->get());
     if (!p.ok()) Die(p.status(), "persister");
     Clock::time_point t0 = Clock::now();
     std::string value(FLAGS_value_size, 'v');
@@ -426,15 +431,18 @@ void RecoveryPhase(const std::string& work) {
   if (!p.ok()) Die(p.status(), "recovery");
   double mib = rs.bytes / 1048576.0;
   std::printf("  database on disk: %.0f MiB\n", disk / 1048576.0);
-  std::printf("  recovered %llu keys, %.0f MiB (keys + values) in %.2f s: %.0f keys/s, %.0f MiB/s\n",
-              static_cast<unsigned long long>(rs.keys), mib, rs.seconds, rs.keys / rs.seconds,
-              mib / rs.seconds);
-  std::printf("    %d threads (key ranges) reading RocksDB and writing the region: %.2f s of "
-              "CPU (%.0f keys per CPU second)\n",
-              rs.threads, rs.cpu_seconds, rs.keys / rs.cpu_seconds);
-  std::printf("  whole start (load + reopen for writing): %.2f s wall, %.2f s of CPU (all threads; "
-              "%.0f keys per CPU second)\n",
-              start_s, cpu_s, rs.keys / cpu_s);
+  std::printf(
+      "  recovered %llu keys, %.0f MiB (keys + values) in %.2f s: %.0f keys/s, %.0f MiB/s\n",
+      static_cast<unsigned long long>(rs.keys), mib, rs.seconds, rs.keys / rs.seconds,
+      mib / rs.seconds);
+  std::printf(
+      "    %d threads (key ranges) reading RocksDB and writing the region: %.2f s of "
+      "CPU (%.0f keys per CPU second)\n",
+      rs.threads, rs.cpu_seconds, rs.keys / rs.cpu_seconds);
+  std::printf(
+      "  whole start (load + reopen for writing): %.2f s wall, %.2f s of CPU (all threads; "
+      "%.0f keys per CPU second)\n",
+      start_s, cpu_s, rs.keys / cpu_s);
   p->reset();
 }
 

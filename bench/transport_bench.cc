@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
     std::vector<transport::ReadOp*> batch;
     for (int i = 0; i < qd; ++i) {
       if (busy[i] && ops[i].done()) {
-        if (ops[i].status.load() != transport::ReadStatus::kOk) die(Status::Internal("READ failed"), "rate READ");
+        if (ops[i].status.load() != transport::ReadStatus::kOk)
+          die(Status::Internal("READ failed"), "rate READ");
         busy[i] = false;
         ++done;
       }
@@ -127,7 +128,8 @@ int main(int argc, char** argv) {
   }
   // Drain.
   std::vector<transport::ReadOp*> pending;
-  for (int i = 0; i < qd; ++i) if (busy[i]) pending.push_back(&ops[i]);
+  for (int i = 0; i < qd; ++i)
+    if (busy[i]) pending.push_back(&ops[i]);
   for (auto* p : pending) {
     while (!p->done()) (*conn)->PollReads();
     ++done;
@@ -135,15 +137,17 @@ int main(int argc, char** argv) {
   double secs = std::chrono::duration<double>(Clock::now() - r0).count();
   double rate = done / secs;
 
-  std::printf("rdkv transport_bench transport=%s size=%d read_lat_qd1 p50_us=%.2f p99_us=%.2f avg_us=%.2f n=%zu\n",
-              FLAGS_transport.c_str(), FLAGS_size, pct(0.50), pct(0.99), avg, lat.size());
+  std::printf(
+      "rdkv transport_bench transport=%s size=%d read_lat_qd1 p50_us=%.2f p99_us=%.2f avg_us=%.2f "
+      "n=%zu\n",
+      FLAGS_transport.c_str(), FLAGS_size, pct(0.50), pct(0.99), avg, lat.size());
   std::printf("rdkv transport_bench transport=%s size=%d read_rate qd=%d reads_per_s=%.0f\n",
               FLAGS_transport.c_str(), FLAGS_size, qd, rate);
   if (!FLAGS_json.empty()) {
-    std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport << "\",\"size\":" << FLAGS_size
-                              << ",\"p50_us\":" << pct(0.5) << ",\"p99_us\":" << pct(0.99)
-                              << ",\"avg_us\":" << avg << ",\"qd\":" << qd
-                              << ",\"reads_per_s\":" << rate << "}\n";
+    std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport
+                              << "\",\"size\":" << FLAGS_size << ",\"p50_us\":" << pct(0.5)
+                              << ",\"p99_us\":" << pct(0.99) << ",\"avg_us\":" << avg
+                              << ",\"qd\":" << qd << ",\"reads_per_s\":" << rate << "}\n";
   }
   return 0;
 }

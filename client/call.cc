@@ -50,8 +50,7 @@ Status Caller::Call(Link& link, const kv::Request& request, uint64_t* version, s
   }
   auto what = [&] {
     return std::string(kv::OpName(request.op)) +
-           (info.keyed ? " of " + DescribeKey(request.key) : "") + " to " +
-           session->conn().peer();
+           (info.keyed ? " of " + DescribeKey(request.key) : "") + " to " + session->conn().peer();
   };
   if (!s.ok()) {
     if (s.Is(StatusCode::kConnectionLost)) session->MarkBroken();

@@ -35,7 +35,8 @@ Status ValidateOptions(const ClientOptions& o) {
   if (o.connect_timeout.count() <= 0) {
     return Status::InvalidArgument("connect_timeout must be positive");
   }
-  if (o.read_deadline.count() <= 0) return Status::InvalidArgument("read_deadline must be positive");
+  if (o.read_deadline.count() <= 0)
+    return Status::InvalidArgument("read_deadline must be positive");
   if (o.ownership_lease.count() <= 0) {
     return Status::InvalidArgument("ownership_lease must be positive");
   }
@@ -72,7 +73,8 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   std::string host;
   uint16_t port = 0;
   RDKV_RETURN_IF_ERROR(ParseHostPort(options.seed, &host, &port));
-  RDKV_ASSIGN_OR_RETURN(transport::TransportKind kind, transport::ChooseTransport(options.transport));
+  RDKV_ASSIGN_OR_RETURN(transport::TransportKind kind,
+                        transport::ChooseTransport(options.transport));
   transport::FabricOptions fo;
   fo.kind = kind;
   fo.device = options.device;

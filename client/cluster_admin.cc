@@ -49,8 +49,7 @@ class LinkChannel final : public AdminChannel {
               std::string* body) override {
     Link* link = links_->LinkFor(server.id, server.address);
     // A step's request may wait for a lease, fsyncs or a whole shard's deletes.
-    return caller_->Call(*link, r, version, body,
-                         std::max(options_.op_timeout, kAdminCallTimeout));
+    return caller_->Call(*link, r, version, body, std::max(options_.op_timeout, kAdminCallTimeout));
   }
 
  private:
@@ -85,8 +84,10 @@ Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
   if (reachable == 0) {
     return Status::Unavailable("no server of the cluster is reachable: " + first_error);
   }
-  nlohmann::json out = {{"servers", servers.size()}, {"reachable", reachable},
-                        {"total", std::move(total)}, {"per_server", std::move(per)}};
+  nlohmann::json out = {{"servers", servers.size()},
+                        {"reachable", reachable},
+                        {"total", std::move(total)},
+                        {"per_server", std::move(per)}};
   return out.dump();
 }
 

@@ -58,12 +58,18 @@ Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::
 
 const char* ProblemText(Problem p) {
   switch (p) {
-    case Problem::kNone: return "unknown";
-    case Problem::kSlow: return "READs slower than read_deadline";
-    case Problem::kTorn: return "item failed its checksum";
-    case Problem::kRetired: return "item retired while being read";
-    case Problem::kBadSlot: return "slot points outside the heap or past the largest item";
-    case Problem::kLease: return "the ownership lease expired before the READ completed";
+    case Problem::kNone:
+      return "unknown";
+    case Problem::kSlow:
+      return "READs slower than read_deadline";
+    case Problem::kTorn:
+      return "item failed its checksum";
+    case Problem::kRetired:
+      return "item retired while being read";
+    case Problem::kBadSlot:
+      return "slot points outside the heap or past the largest item";
+    case Problem::kLease:
+      return "the ownership lease expired before the READ completed";
   }
   return "unknown";
 }
@@ -139,8 +145,8 @@ void Backoff(int round) {
 
 }  // namespace
 
-GetEngine::GetEngine(const ClientOptions& options, Links* links, Router* router,
-                     ScratchPool* pool, Counters* counters)
+GetEngine::GetEngine(const ClientOptions& options, Links* links, Router* router, ScratchPool* pool,
+                     Counters* counters)
     : options_(options),
       links_(links),
       router_(router),

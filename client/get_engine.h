@@ -38,25 +38,25 @@ const char* ProblemText(Problem p);
 
 // One key being looked up by Get or MultiGet.
 struct KeyJob {
-  Link* link = nullptr;         // the server it is read from
-  uint32_t shard = 0;           // cluster: the key's shard
-  bool wrong_owner = false;     // cluster: the server does not serve the shard (re-route)
+  Link* link = nullptr;      // the server it is read from
+  uint32_t shard = 0;        // cluster: the key's shard
+  bool wrong_owner = false;  // cluster: the server does not serve the shard (re-route)
   std::string_view key;
   uint64_t hash = 0;
-  uint64_t window_offset = 0;   // region offset of the key's 128-byte window
+  uint64_t window_offset = 0;  // region offset of the key's 128-byte window
   uint16_t fingerprint = 0;
   std::optional<Result<GetResult>>* out = nullptr;  // where the result goes (caller-owned)
   bool done = false;
-  int attempts = 0;             // index attempts (window READs) so far
+  int attempts = 0;                                // index attempts (window READs) so far
   std::chrono::steady_clock::time_point deadline;  // op_timeout from the start of the call
   std::optional<CachedLocation> cached;
   // The current index attempt.
   std::chrono::steady_clock::time_point t0;
-  uint8_t ncand = 0;            // candidates found in the window
-  uint8_t unresolved = 0;       // candidates not yet read and judged
-  bool retry = false;           // a candidate said "changed under us"
-  bool slow = false;            // the attempt exceeded read_deadline
-  int slow_attempts = 0;        // attempts that exceeded read_deadline
+  uint8_t ncand = 0;                 // candidates found in the window
+  uint8_t unresolved = 0;            // candidates not yet read and judged
+  bool retry = false;                // a candidate said "changed under us"
+  bool slow = false;                 // the attempt exceeded read_deadline
+  int slow_attempts = 0;             // attempts that exceeded read_deadline
   Problem problem = Problem::kNone;  // the last reason for a retry, for the final error
   kv::SlotFields cand[kMaxCandidates];
 };

@@ -27,7 +27,7 @@ struct ReadScratch {
   std::unique_ptr<transport::MemoryRegion> region;
   uint8_t* windows = nullptr;  // window_capacity * kv::kWindowBytes
   size_t window_capacity = 0;
-  uint8_t* items = nullptr;    // item_capacity bytes, 64-byte aligned
+  uint8_t* items = nullptr;  // item_capacity bytes, 64-byte aligned
   size_t item_capacity = 0;
   std::unique_ptr<transport::ReadOp[]> ops;
   size_t op_capacity = 0;

@@ -34,8 +34,8 @@ Status Router::Init() {
   if (body.empty()) return Status::Ok();
   auto map = cluster::ParseClusterMap(body);
   if (!map.ok()) {
-    return Status::ProtocolError(links_->Name(seed) + " sent a cluster map that does not parse: " +
-                                 map.status().message());
+    return Status::ProtocolError(
+        links_->Name(seed) + " sent a cluster map that does not parse: " + map.status().message());
   }
   Install(std::move(map).value());
   return Status::Ok();
@@ -94,9 +94,9 @@ Status Router::Refresh(Link* from) {
     }
     auto parsed = cluster::ParseClusterMap(body);
     if (!parsed.ok()) {
-      last = Status::ProtocolError(links_->Name(*link) +
-                                   " sent a cluster map that does not parse: " +
-                                   parsed.status().message());
+      last =
+          Status::ProtocolError(links_->Name(*link) + " sent a cluster map that does not parse: " +
+                                parsed.status().message());
       continue;
     }
     Install(std::move(parsed).value());

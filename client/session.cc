@@ -11,7 +11,7 @@ Session::Session(std::unique_ptr<transport::Connection> conn, const kv::RegionHe
     : conn_(std::move(conn)), header_(header), region_(region), pool_(pool) {}
 
 Session::~Session() {
-  conn_.reset();  // every READ it owned is now void: its destination may be reused
+  conn_.reset();                 // every READ it owned is now void: its destination may be reused
   MutexLock l(&quarantine_mu_);  // no other user is left; taken for the analysis
   for (auto& s : quarantine_) {
     for (size_t i = 0; i < s->op_capacity; ++i) {
@@ -131,7 +131,8 @@ Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fa
 
 }  // namespace
 
-Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const ServerAddress& address,
+Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric,
+                                             const ServerAddress& address,
                                              const ClientOptions& options, ScratchPool* pool) {
   // Room for the largest request to a server with kvserver's largest --max_value_size (1 MiB);
   // a server with a larger limit gets a second connection sized for it.
@@ -152,8 +153,9 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const Se
     if (region.length < kv::kHeaderBytes) {
       return Status::ProtocolError("region is smaller than its header");
     }
-    RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::MemoryRegion> buf,
-                          fabric->AllocateRegion(kv::kHeaderBytes, transport::RegionAccess::kLocal));
+    RDKV_ASSIGN_OR_RETURN(
+        std::unique_ptr<transport::MemoryRegion> buf,
+        fabric->AllocateRegion(kv::kHeaderBytes, transport::RegionAccess::kLocal));
     transport::ReadOp op;
     op.local = buf->data();
     op.lkey = buf->lkey();

@@ -94,7 +94,8 @@ Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDe
 // Errors: kUnavailable / kTimedOut / kPermissionDenied from the transport, kProtocolError for
 // a region this client cannot read. Messages do not name the server: the caller does, once
 // (Links::SessionOf).
-Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric, const ServerAddress& address,
+Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric,
+                                             const ServerAddress& address,
                                              const ClientOptions& options, ScratchPool* pool);
 
 }  // namespace rdkv::client

@@ -13,8 +13,8 @@
 
 #include "client/client_internal.h"
 #include "common/util/mutex.h"
-#include "common/util/thread_annotations.h"
 #include "common/util/progress.h"
+#include "common/util/thread_annotations.h"
 
 namespace rdkv::client {
 namespace {
@@ -84,8 +84,8 @@ Result<Survey> AskEveryServer(AdminChannel& channel, const cluster::ClusterMap& 
     }
     Result<kv::MapAnswer> answer = kv::DecodeMapAnswer(epoch, body);
     if (!answer.ok()) {
-      return Status::ProtocolError(ServerName(e) + " sent a malformed cluster map answer: " +
-                                   answer.status().message());
+      return Status::ProtocolError(
+          ServerName(e) + " sent a malformed cluster map answer: " + answer.status().message());
     }
     if (answer->map_json.empty()) {
       return Status::NotSupported(ServerName(e) + " serves standalone (no cluster map)");
@@ -191,8 +191,10 @@ class Mover {
         Status s = Drop(b, shard, &stale, counter_of[a]);
         const Clock::time_point give_up = Clock::now() + kBusyCopyWait;
         if (s.Is(StatusCode::kBusy)) {
-          Say("  shard " + std::to_string(shard) + ": " + Name(b) + " is busy with another copy of "
-              "it; waiting up to " + std::to_string(kBusyCopyWait.count() / 1000) + " s");
+          Say("  shard " + std::to_string(shard) + ": " + Name(b) +
+              " is busy with another copy of "
+              "it; waiting up to " +
+              std::to_string(kBusyCopyWait.count() / 1000) + " s");
         }
         while (s.Is(StatusCode::kBusy) && Clock::now() < give_up) {
           std::this_thread::sleep_for(std::chrono::milliseconds(250));
@@ -358,8 +360,8 @@ class Mover {
         Call(id, kv::EncodeDropShard({shard, version_floor}, &scratch), &version, &body));
     Result<kv::DropShardAnswer> answer = kv::DecodeDropShardAnswer(version, body);
     if (!answer.ok()) {
-      return Status::ProtocolError(Name(id) + " sent a malformed DROP_SHARD answer: " +
-                                   answer.status().message());
+      return Status::ProtocolError(
+          Name(id) + " sent a malformed DROP_SHARD answer: " + answer.status().message());
     }
     *dropped = answer->dropped;
     return Status::Ok();
@@ -374,7 +376,8 @@ class Mover {
     if (!j.is_object() || !j.contains("items") || !j["items"].is_number_unsigned()) return 0;
     uint64_t owned = 1;
     if (j.contains("cluster") && j["cluster"].is_object() &&
-        j["cluster"].contains("owned_shards") && j["cluster"]["owned_shards"].is_number_unsigned()) {
+        j["cluster"].contains("owned_shards") &&
+        j["cluster"]["owned_shards"].is_number_unsigned()) {
       owned = std::max<uint64_t>(1, j["cluster"]["owned_shards"].get<uint64_t>());
     }
     return j["items"].get<uint64_t>() / owned;
@@ -416,7 +419,8 @@ class Mover {
       copy_done_ += answer->entries.size();
       if (copy_meter_ != nullptr && copy_meter_->Due()) {
         // An estimate below the items copied so far is raised to them (and 10% more).
-        if (copy_done_ >= copy_meter_->total()) copy_meter_->set_total(copy_done_ + copy_done_ / 10);
+        if (copy_done_ >= copy_meter_->total())
+          copy_meter_->set_total(copy_done_ + copy_done_ / 10);
         Say(copy_meter_->Line(copy_done_) + " (shard " + std::to_string(shard) + ")");
       }
       for (const kv::ScanEntry& e : answer->entries) *bytes += e.key.size() + e.value.size();
@@ -437,8 +441,8 @@ class Mover {
         size_t i = next.fetch_add(1, std::memory_order_relaxed);
         if (i >= entries.size()) return;
         const kv::ScanEntry& e = entries[i];
-        Status s = channel_.Call(target, kv::EncodeImport({e.key, e.value, e.version}), nullptr,
-                                 nullptr);
+        Status s =
+            channel_.Call(target, kv::EncodeImport({e.key, e.value, e.version}), nullptr, nullptr);
         if (!s.ok()) {
           first.Note(Status(s.code(), "IMPORT of " + DescribeKey(e.key) + " into " +
                                           ServerName(target) + ": " + s.message()));

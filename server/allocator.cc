@@ -55,13 +55,12 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
     if (!free_[c].empty()) return TakeLocked(c);
   }
   if (retry_after != nullptr) {
-    *retry_after = limbo_.empty() ? Clock::duration::zero()
-                                  : limbo_.front().reusable_at - Clock::now();
+    *retry_after =
+        limbo_.empty() ? Clock::duration::zero() : limbo_.front().reusable_at - Clock::now();
   }
   return Status::OutOfSpace("no free block of " + std::to_string(uint64_t{size} * 64) +
-                            " bytes: the region's heap is full (" +
-                            std::to_string(used_ * 64) + " bytes in use, " +
-                            std::to_string(limbo_units_ * 64) +
+                            " bytes: the region's heap is full (" + std::to_string(used_ * 64) +
+                            " bytes in use, " + std::to_string(limbo_units_ * 64) +
                             " bytes waiting out the reuse grace period)");
 }
 

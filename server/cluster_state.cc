@@ -32,9 +32,9 @@ Result<std::unique_ptr<ClusterState>> ClusterState::Create(Store* store, cluster
   RDKV_RETURN_IF_ERROR(Validate(*store, map, server_id));
   for (uint32_t s = 0; s < map.shards; ++s) store->SetOwned(s, map.OwnerOf(s) == server_id);
   store->SetMapEpoch(map.epoch);
-  return std::unique_ptr<ClusterState>(new ClusterState(
-      store, std::make_shared<const cluster::ClusterMap>(std::move(map)), server_id, lease,
-      std::move(saved_map_path)));
+  return std::unique_ptr<ClusterState>(
+      new ClusterState(store, std::make_shared<const cluster::ClusterMap>(std::move(map)),
+                       server_id, lease, std::move(saved_map_path)));
 }
 
 Status ClusterState::CheckOwner(std::string_view key, uint64_t* epoch) const {
@@ -75,8 +75,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
       LOG(ERROR) << "cluster map epoch " << next.epoch << " refused: cannot save it to "
                  << saved_map_path_ << ": " << saved.ToString();
       return Status::IoError("cannot save cluster map epoch " + std::to_string(next.epoch) +
-                             " to " + saved_map_path_ + " (nothing changed): " +
-                             saved.message());
+                             " to " + saved_map_path_ + " (nothing changed): " + saved.message());
     }
   } else {
     LOG(WARNING) << "cluster map epoch " << next.epoch

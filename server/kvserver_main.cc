@@ -9,66 +9,84 @@
 #include <fstream>
 #include <string>
 
+#include "common/cluster/cluster_map.h"
 #include "common/transport/transport.h"
 #include "common/util/units.h"
-#include "common/cluster/cluster_map.h"
 #include "server/server.h"
 
 DEFINE_string(host, "127.0.0.1", "Address to listen on (verbs: the RDMA device's IP address).");
 DEFINE_int32(port, 7400, "Port to listen on; 0 picks a free one (see --port_file).");
-DEFINE_string(port_file, "", "If set, the port actually used is written to this file once "
+DEFINE_string(port_file, "",
+              "If set, the port actually used is written to this file once "
               "the server is serving (for scripts and tests).");
-DEFINE_string(transport, "auto", "Fabric: auto (verbs when an RDMA device is active, else tcp), "
+DEFINE_string(transport, "auto",
+              "Fabric: auto (verbs when an RDMA device is active, else tcp), "
               "verbs, or tcp (the software NIC).");
 DEFINE_string(device, "", "RDMA device to use with verbs (e.g. rxe0); empty = the first active.");
-DEFINE_string(auth_token, "", "Token clients must present in the connection handshake. "
+DEFINE_string(auth_token, "",
+              "Token clients must present in the connection handshake. "
               "Empty accepts any client (use only on a trusted network).");
-DEFINE_string(memory, "256MiB", "Size of the registered region holding the index and the items "
+DEFINE_string(memory, "256MiB",
+              "Size of the registered region holding the index and the items "
               "(e.g. 512MiB, 4GiB). Allocated and registered once at start.");
-DEFINE_double(index_fraction, 1.0 / 16, "Share of --memory given to the hash index (0.001..0.5). "
+DEFINE_double(index_fraction, 1.0 / 16,
+              "Share of --memory given to the hash index (0.001..0.5). "
               "One 8-byte slot per item; raise it for many small items.");
 DEFINE_string(max_value_size, "1MiB", "Largest value accepted (at most 1MiB).");
 DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply writes.");
-DEFINE_int32(grace_ms, 90, "Freed item memory is reused no earlier than this many ms later; "
+DEFINE_int32(grace_ms, 90,
+             "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");
-DEFINE_string(cluster_map, "", "Cluster map file (JSON, see docs/design.md \"Cluster\"): which "
+DEFINE_string(cluster_map, "",
+              "Cluster map file (JSON, see docs/design.md \"Cluster\"): which "
               "server owns which shard. Empty: a standalone server owning every key. Needs "
               "--data_dir (any --durability, none too): a newer map the server was sent later "
               "is kept in <data_dir>/cluster_map.json and wins at start when its epoch is "
               "higher, so a restart does not take back shards moved away.");
 DEFINE_int32(server_id, -1, "This server's id in --cluster_map (required with it).");
-DEFINE_int32(ownership_lease_ms, 100, "A server that loses a shard waits this long before "
+DEFINE_int32(ownership_lease_ms, 100,
+             "A server that loses a shard waits this long before "
              "acknowledging the map change; clients trust an ownership READ this long.");
-DEFINE_int32(metrics_port, -1, "Serve Prometheus metrics at http://<metrics_host>:<port>/metrics "
+DEFINE_int32(metrics_port, -1,
+             "Serve Prometheus metrics at http://<metrics_host>:<port>/metrics "
              "(docs/operations.md \"Metrics\"); 0 picks a free port; -1 (default): off.");
 DEFINE_string(metrics_host, "127.0.0.1", "Address the /metrics HTTP server listens on.");
 DEFINE_bool(huge_pages, true, "Back the region with 2 MiB huge pages when the system has them.");
 
 // Persistence (docs/persistence.md).
-DEFINE_string(data_dir, "", "Directory for this server's RocksDB database (<data_dir>/db), "
+DEFINE_string(data_dir, "",
+              "Directory for this server's RocksDB database (<data_dir>/db), "
               "snapshots (<data_dir>/snapshots) and the newest cluster map it was sent "
               "(<data_dir>/cluster_map.json). Required with --cluster_map, and unless "
               "--durability=none (with none it holds only the cluster map).");
-DEFINE_string(durability, "", "sync: acknowledge a write only after it is in the WAL and "
+DEFINE_string(durability, "",
+              "sync: acknowledge a write only after it is in the WAL and "
               "fsynced (group commit); async: acknowledge when applied in memory, WAL fsynced "
               "within --persist_lag_ms; none: a pure cache, nothing on disk. "
               "Default: sync when --data_dir is set, none otherwise.");
-DEFINE_int32(persist_lag_ms, 100, "async: the WAL is fsynced at least this often, and writers "
+DEFINE_int32(persist_lag_ms, 100,
+             "async: the WAL is fsynced at least this often, and writers "
              "are slowed while the oldest unwritten write is older than half of it.");
-DEFINE_string(persist_queue, "64MiB", "Bound on applied writes (keys + values) not yet handed to "
+DEFINE_string(persist_queue, "64MiB",
+              "Bound on applied writes (keys + values) not yet handed to "
               "RocksDB; writers wait while it is exceeded (backpressure, nothing dropped).");
-DEFINE_string(snapshot_dir, "", "Where snapshots go; default <data_dir>/snapshots (keep it on "
+DEFINE_string(snapshot_dir, "",
+              "Where snapshots go; default <data_dir>/snapshots (keep it on "
               "the data dir's filesystem: snapshot files are hard links).");
-DEFINE_string(snapshot_interval, "0", "Take a snapshot periodically (e.g. 30m, 6h, 3600s); 0 = "
+DEFINE_string(snapshot_interval, "0",
+              "Take a snapshot periodically (e.g. 30m, 6h, 3600s); 0 = "
               "only on request (kvcli snapshot).");
-DEFINE_int32(snapshot_keep, 5, "Periodic snapshots kept (older ones are pruned); 0 keeps all. "
+DEFINE_int32(snapshot_keep, 5,
+             "Periodic snapshots kept (older ones are pruned); 0 keeps all. "
              "Snapshots taken on request are never pruned.");
-DEFINE_string(restore_from, "", "Start from this snapshot directory: it is loaded, then copied "
+DEFINE_string(restore_from, "",
+              "Start from this snapshot directory: it is loaded, then copied "
               "to <data_dir>/db (a database already there is renamed db.pre-restore-<time>). "
               "A one-time action: drop the flag afterwards.");
 DEFINE_string(rocksdb_compression, "lz4", "RocksDB block compression: none, snappy, lz4, zstd.");
 DEFINE_string(rocksdb_write_buffer, "64MiB", "RocksDB memtable size (up to 3 are kept).");
-DEFINE_string(rocksdb_block_cache, "32MiB", "RocksDB block cache (reads come from the region, so "
+DEFINE_string(rocksdb_block_cache, "32MiB",
+              "RocksDB block cache (reads come from the region, so "
               "it only helps compactions and recovery; 0 disables it).");
 DEFINE_int32(rocksdb_background_jobs, 2, "RocksDB flush + compaction threads.");
 
@@ -89,8 +107,7 @@ rdkv::Result<std::chrono::milliseconds> ParseDuration(const std::string& text) {
   if (unit.empty() || unit == "s") return std::chrono::milliseconds(n * 1000);
   if (unit == "m") return std::chrono::milliseconds(n * 60 * 1000);
   if (unit == "h") return std::chrono::milliseconds(n * 3600 * 1000);
-  return rdkv::Status::InvalidArgument("'" + text + "': unknown unit '" + unit +
-                                       "' (ms, s, m, h)");
+  return rdkv::Status::InvalidArgument("'" + text + "': unknown unit '" + unit + "' (ms, s, m, h)");
 }
 }  // namespace
 
@@ -114,7 +131,8 @@ int main(int argc, char** argv) {
   o.host = FLAGS_host;
   if (FLAGS_port < 0 || FLAGS_port > 65535) return fail("--port must be 0..65535");
   o.port = static_cast<uint16_t>(FLAGS_port);
-  rdkv::Result<rdkv::transport::TransportKind> kind = rdkv::transport::ChooseTransport(FLAGS_transport);
+  rdkv::Result<rdkv::transport::TransportKind> kind =
+      rdkv::transport::ChooseTransport(FLAGS_transport);
   if (!kind.ok()) return fail("--transport: " + kind.status().message());
   o.transport = *kind;
   o.device = FLAGS_device;
@@ -161,8 +179,8 @@ int main(int argc, char** argv) {
 
   namespace persistence = rdkv::server::persistence;
   persistence::PersistOptions& p = o.persist;
-  std::string mode = FLAGS_durability.empty() ? (FLAGS_data_dir.empty() ? "none" : "sync")
-                                              : FLAGS_durability;
+  std::string mode =
+      FLAGS_durability.empty() ? (FLAGS_data_dir.empty() ? "none" : "sync") : FLAGS_durability;
   rdkv::Result<persistence::Durability> durability = persistence::ParseDurability(mode);
   if (!durability.ok()) return fail("--durability: " + durability.status().message());
   p.durability = *durability;
@@ -213,8 +231,8 @@ int main(int argc, char** argv) {
   }
   LOG(INFO) << "kvserver serving on " << o.host << ":" << port << " over "
             << rdkv::transport::TransportKindName(o.transport) << " (" << FLAGS_memory
-            << " region, " << o.worker_threads << " worker threads, durability="
-            << persistence::DurabilityName(p.durability) << ")";
+            << " region, " << o.worker_threads
+            << " worker threads, durability=" << persistence::DurabilityName(p.durability) << ")";
 
   struct sigaction sa {};
   sa.sa_handler = OnSignal;

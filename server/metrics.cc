@@ -31,9 +31,7 @@ std::string ResultLabel(StatusCode code) {
 }
 
 // The op label: kv::kOpTable's name; slot 0 counts requests that did not decode.
-std::string OpLabel(size_t op) {
-  return op == 0 ? "invalid" : std::string(kv::kOpTable[op].name);
-}
+std::string OpLabel(size_t op) { return op == 0 ? "invalid" : std::string(kv::kOpTable[op].name); }
 
 class Families {
  public:
@@ -85,9 +83,7 @@ class Collector final : public prometheus::Collectable {
  public:
   explicit Collector(std::function<ServerStats()> read_stats)
       : read_stats_(std::move(read_stats)) {}
-  std::vector<MetricFamily> Collect() const override {
-    return ServerMetricFamilies(read_stats_());
-  }
+  std::vector<MetricFamily> Collect() const override { return ServerMetricFamilies(read_stats_()); }
 
  private:
   const std::function<ServerStats()> read_stats_;
@@ -160,8 +156,7 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
   // Cluster.
   f.Gauge("rdkv_map_epoch", "Epoch of the cluster map this server holds (0 standalone)",
           static_cast<double>(s.map_epoch));
-  f.Gauge("rdkv_shards", "Shards of the cluster map (1 standalone)",
-          static_cast<double>(s.shards));
+  f.Gauge("rdkv_shards", "Shards of the cluster map (1 standalone)", static_cast<double>(s.shards));
   f.Gauge("rdkv_shards_owned", "Shards this server owns (1 standalone)",
           static_cast<double>(s.owned_shards));
   // Persistence (only when the server persists).

@@ -1,6 +1,6 @@
 // Counts of the requests a Service answered, by op and result, and their latency (from the
-// handler taking the request to the answer encoded, deferred answers included), for the Prometheus exporter
-// (server/metrics.cc). Slots are fixed at construction: Record takes no lock, looks up no
+// handler taking the request to the answer encoded, deferred answers included), for the Prometheus
+// exporter (server/metrics.cc). Slots are fixed at construction: Record takes no lock, looks up no
 // label and allocates nothing.
 //
 // Thread-safety: Record and Snapshot from any thread.
@@ -20,8 +20,7 @@ namespace rdkv::server {
 
 // Op index 0 ("none" in kv::kOpTable) counts requests that did not decode into an op.
 inline constexpr size_t kRequestOpSlots = kv::kMaxOp + 1;
-inline constexpr size_t kRequestResultSlots =
-    static_cast<size_t>(StatusCode::kProtocolError) + 1;
+inline constexpr size_t kRequestResultSlots = static_cast<size_t>(StatusCode::kProtocolError) + 1;
 
 struct RequestMetricsSnapshot {
   // answered[op][status code]

@@ -2,9 +2,9 @@
 
 #include <glog/logging.h>
 
-#include <nlohmann/json.hpp>
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -39,8 +39,8 @@ class ServerImpl final : public Server {
   ServerImpl(std::unique_ptr<transport::Fabric> fabric,
              std::unique_ptr<transport::MemoryRegion> region, std::unique_ptr<Store> store,
              std::unique_ptr<persistence::Persister> persister,
-             std::unique_ptr<ClusterState> cluster,
-             const persistence::RecoveryStats& recovered, const ServerOptions& options)
+             std::unique_ptr<ClusterState> cluster, const persistence::RecoveryStats& recovered,
+             const ServerOptions& options)
       : options_(options),
         fabric_(std::move(fabric)),
         region_(std::move(region)),
@@ -75,8 +75,7 @@ class ServerImpl final : public Server {
     exposer_->RegisterCollectable(collector_);
     std::vector<int> ports = exposer_->GetListeningPorts();
     metrics_port_ = ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
-    LOG(INFO) << "metrics: http://" << options_.metrics_host << ":" << metrics_port_
-              << "/metrics";
+    LOG(INFO) << "metrics: http://" << options_.metrics_host << ":" << metrics_port_ << "/metrics";
     return Status::Ok();
   }
 
@@ -91,7 +90,8 @@ class ServerImpl final : public Server {
     lo.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
       thread_local std::vector<uint8_t> response;
       if (service_.Handle(payload, &response, &reply)) {
-        reply.session->Reply(reply.request_id, response).IgnoreError();  // client gone: nothing to do
+        reply.session->Reply(reply.request_id, response)
+            .IgnoreError();  // client gone: nothing to do
       }  // else deferred: the service answers through `reply` when the write is durable
     };
     RDKV_ASSIGN_OR_RETURN(listener_, fabric_->Listen(std::move(lo)));
@@ -176,8 +176,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   }
   if (options.cluster_map) {
     std::string why;
-    RDKV_ASSIGN_OR_RETURN(map, ChooseStartupMap(*options.cluster_map, options.cluster_map_file,
-                                                data_dir, &why));
+    RDKV_ASSIGN_OR_RETURN(
+        map, ChooseStartupMap(*options.cluster_map, options.cluster_map_file, data_dir, &why));
     LOG(INFO) << "cluster map: " << why;
   } else if (std::error_code ec; !data_dir.empty() && fs::exists(SavedMapPath(data_dir), ec)) {
     LOG(WARNING) << SavedMapPath(data_dir) << " holds a cluster map, but this server was "
@@ -224,9 +224,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   persistence::RecoveryStats recovered;
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<persistence::Persister> persister,
                         persistence::Persister::Start(po, store.get(), &recovered));
-  auto server = std::make_unique<ServerImpl>(std::move(fabric), std::move(region),
-                                             std::move(store), std::move(persister),
-                                             std::move(cluster), recovered, options);
+  auto server =
+      std::make_unique<ServerImpl>(std::move(fabric), std::move(region), std::move(store),
+                                   std::move(persister), std::move(cluster), recovered, options);
   RDKV_RETURN_IF_ERROR(server->Listen());
   RDKV_RETURN_IF_ERROR(server->ServeMetrics());
   return std::unique_ptr<Server>(std::move(server));

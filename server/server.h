@@ -10,10 +10,10 @@
 #include <optional>
 #include <string>
 
+#include "common/cluster/cluster_map.h"
 #include "common/kv/limits.h"
 #include "common/transport/transport.h"
 #include "rdkv/status.h"
-#include "common/cluster/cluster_map.h"
 #include "server/persistence/persister.h"
 #include "server/request_metrics.h"
 
@@ -21,15 +21,15 @@ namespace rdkv::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 7400;               // 0: pick a free port (see Server::port())
+  uint16_t port = 7400;  // 0: pick a free port (see Server::port())
   transport::TransportKind transport = transport::TransportKind::kTcp;
-  std::string device;                 // verbs device name; empty = first active
+  std::string device;  // verbs device name; empty = first active
   std::string auth_token;
-  uint64_t memory_bytes = 256ull << 20;   // the registered region
-  double index_fraction = 1.0 / 16;       // share of the region for the hash index
+  uint64_t memory_bytes = 256ull << 20;                  // the registered region
+  double index_fraction = 1.0 / 16;                      // share of the region for the hash index
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // at most kv::kMaxValueBytes
   int worker_threads = 2;
-  std::chrono::milliseconds grace{90};    // freed memory is reused no earlier than this
+  std::chrono::milliseconds grace{90};  // freed memory is reused no earlier than this
   bool huge_pages = true;
   // Durability, data dir, snapshots, RocksDB tuning (docs/persistence.md). The default is
   // durability=none: nothing on disk. max_value_bytes above is passed on to it.
@@ -54,20 +54,20 @@ struct ServerOptions {
 
 struct ServerStats {
   uint64_t items = 0;
-  uint64_t item_bytes = 0;     // bytes of live items (headers + keys + values)
+  uint64_t item_bytes = 0;  // bytes of live items (headers + keys + values)
   uint64_t heap_bytes = 0;
-  uint64_t free_bytes = 0;     // heap not in use by live items nor waiting in limbo
+  uint64_t free_bytes = 0;  // heap not in use by live items nor waiting in limbo
   uint64_t limbo_bytes = 0;
   uint64_t puts = 0, inserts = 0, deletes = 0, cas = 0, stats = 0, pings = 0;
-  uint64_t errors = 0;         // requests answered with an error status
+  uint64_t errors = 0;  // requests answered with an error status
   uint64_t protocol_errors = 0;
   uint64_t out_of_space = 0;
-  uint64_t io_errors = 0;      // writes refused or not made durable because the disk failed
+  uint64_t io_errors = 0;  // writes refused or not made durable because the disk failed
   persistence::RecoveryStats recovered;  // what was loaded from disk at start
   // For the Prometheus exporter (server/metrics.h):
   uint64_t region_bytes = 0;
-  uint64_t used_bytes = 0;     // heap handed out to items and not freed
-  uint64_t index_slots = 0;    // one item per slot
+  uint64_t used_bytes = 0;   // heap handed out to items and not freed
+  uint64_t index_slots = 0;  // one item per slot
   transport::ListenerStats transport;
   std::optional<persistence::PersisterStats> persist;  // none with durability=none
   bool clustered = false;

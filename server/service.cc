@@ -101,9 +101,9 @@ bool Service::Dispatch(const kv::Request& r, Exchange ex) {
       return HandleDropShard(r, ex);
   }
   // A number that is no op (the decoder refuses those; HandleDecoded does not).
-  return AnswerNow(ex, Status::NotSupported("operation " +
-                                            std::to_string(static_cast<unsigned>(r.op)) +
-                                            " is not handled by this server"));
+  return AnswerNow(ex,
+                   Status::NotSupported("operation " + std::to_string(static_cast<unsigned>(r.op)) +
+                                        " is not handled by this server"));
 }
 
 bool Service::HasHandler(kv::Op op) {
@@ -133,8 +133,7 @@ bool Service::AnswerNow(Exchange ex, const Status& status, uint64_t version,
   return true;
 }
 
-std::function<void(const Status&, uint64_t, std::string_view)> Service::AnswerLater(
-    Exchange ex) {
+std::function<void(const Status&, uint64_t, std::string_view)> Service::AnswerLater(Exchange ex) {
   return [this, op = ex.op, received = ex.received, deliver = (*ex.defer)()](
              const Status& s, uint64_t version, std::string_view body) {
     std::vector<uint8_t> out;
@@ -184,9 +183,12 @@ std::string Service::StatsJson() const {
   j["limbo_bytes"] = as.limbo_units * kv::kUnit;
   j["index_buckets"] = store_->header().bucket_count;
   j["version_counter"] = store_->version_counter();
-  j["ops"] = {{"put", load(counters_.puts)},       {"insert", load(counters_.inserts)},
-              {"delete", load(counters_.deletes)}, {"cas", load(counters_.cas)},
-              {"stats", load(counters_.stats)},    {"ping", load(counters_.pings)},
+  j["ops"] = {{"put", load(counters_.puts)},
+              {"insert", load(counters_.inserts)},
+              {"delete", load(counters_.deletes)},
+              {"cas", load(counters_.cas)},
+              {"stats", load(counters_.stats)},
+              {"ping", load(counters_.pings)},
               {"snapshot", load(counters_.snapshots)},
               {"import", load(counters_.imports)},
               {"map_change", load(counters_.map_changes)}};

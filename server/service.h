@@ -112,8 +112,7 @@ class Service {
   std::function<void(const Status&, uint64_t, std::string_view)> AnswerLater(Exchange ex);
   void CountError(const Status& s);
   // Records one answer (any result) in request_metrics_.
-  void RecordAnswer(uint8_t op, std::chrono::steady_clock::time_point received,
-                    StatusCode result);
+  void RecordAnswer(uint8_t op, std::chrono::steady_clock::time_point received, StatusCode result);
   void CountWrite(kv::Op op);
 
   // --- writes (service_write.cc): PUT, INSERT, CAS, DELETE, IMPORT ---

@@ -37,10 +37,9 @@ bool Service::HandleSnapshot(const kv::Request& r, Exchange ex) {
                                               "nothing on disk to snapshot"));
   }
   // A checkpoint flushes RocksDB's memtables: done on the snapshot thread.
-  persister_->Snapshot(std::string(m->name),
-                       [answer = AnswerLater(ex)](Result<std::string> path) {
-                         answer(path.status(), 0, path.ok() ? *path : std::string());
-                       });
+  persister_->Snapshot(std::string(m->name), [answer = AnswerLater(ex)](Result<std::string> path) {
+    answer(path.status(), 0, path.ok() ? *path : std::string());
+  });
   return false;
 }
 
@@ -128,8 +127,8 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
   if (persister_ != nullptr && (*dropped > 0 || version_floor > 0)) {
     Status flushed = persister_->Flush();
     if (!flushed.ok()) {
-      return Status(flushed.code(), "dropped " + std::to_string(*dropped) +
-                                        " item(s) of shard " + std::to_string(shard) +
+      return Status(flushed.code(), "dropped " + std::to_string(*dropped) + " item(s) of shard " +
+                                        std::to_string(shard) +
                                         " but could not make that durable: " + flushed.message());
     }
   }

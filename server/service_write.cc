@@ -69,11 +69,21 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
 void Service::CountWrite(kv::Op op) {
   std::atomic<uint64_t>* counter = nullptr;
   switch (op) {
-    case kv::Op::kPut: counter = &counters_.puts; break;
-    case kv::Op::kInsert: counter = &counters_.inserts; break;
-    case kv::Op::kDelete: counter = &counters_.deletes; break;
-    case kv::Op::kCas: counter = &counters_.cas; break;
-    case kv::Op::kImport: counter = &counters_.imports; break;
+    case kv::Op::kPut:
+      counter = &counters_.puts;
+      break;
+    case kv::Op::kInsert:
+      counter = &counters_.inserts;
+      break;
+    case kv::Op::kDelete:
+      counter = &counters_.deletes;
+      break;
+    case kv::Op::kCas:
+      counter = &counters_.cas;
+      break;
+    case kv::Op::kImport:
+      counter = &counters_.imports;
+      break;
     case kv::Op::kStats:
     case kv::Op::kPing:
     case kv::Op::kSnapshot:
@@ -134,8 +144,7 @@ bool Service::Persist(const kv::Request& r, uint64_t version, Exchange ex) {
   // Applied (a GET may already see it); in sync mode acknowledged only once durable. IMPORT
   // answers only once the item is in RocksDB in every mode: the mover drops the old owner's
   // copy after the copy is answered.
-  const bool deferred =
-      persister_->durability() == Durability::kSync || r.op == kv::Op::kImport;
+  const bool deferred = persister_->durability() == Durability::kSync || r.op == kv::Op::kImport;
   persistence::Persister::Completion done;
   if (deferred) {
     done = [answer = AnswerLater(ex), version](const Status& s) { answer(s, version, {}); };

@@ -1,6 +1,5 @@
 #include "server/store.h"
 
-
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -200,8 +199,9 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
     }
     if (slot == nullptr) {
       allocator_.Release(b);
-      return Status::OutOfSpace("the key's index window (16 slots) is full: give the index a "
-                                "larger share of the region (--index_fraction) or more memory");
+      return Status::OutOfSpace(
+          "the key's index window (16 slots) is full: give the index a "
+          "larger share of the region (--index_fraction) or more memory");
     }
   }
   h.version = mode == Mode::kRestore ? expected
@@ -217,8 +217,8 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   Block old_block{};
   if (old != 0) old_block = MarkDead(old);
   // Publish: the item's bytes happen-before the slot store (release).
-  StoreWord(slot, kv::PackSlot({kv::FingerprintOf(hash), static_cast<uint16_t>(units),
-                                b.offset_units}));
+  StoreWord(slot,
+            kv::PackSlot({kv::FingerprintOf(hash), static_cast<uint16_t>(units), b.offset_units}));
   items_.fetch_add(1, std::memory_order_relaxed);
   item_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   // Now current: LIVE. Between the slot store and this, readers see PENDING and retry.
@@ -278,7 +278,8 @@ uint32_t Store::ShardOfKey(std::string_view key) const {
 
 bool Store::Owns(uint32_t shard) const {
   auto* h = const_cast<kv::RegionHeader*>(header_);
-  uint64_t w = std::atomic_ref<uint64_t>(h->owned_shards[shard / 64]).load(std::memory_order_acquire);
+  uint64_t w =
+      std::atomic_ref<uint64_t>(h->owned_shards[shard / 64]).load(std::memory_order_acquire);
   return (w >> (shard % 64)) & 1;
 }
 

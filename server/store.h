@@ -113,8 +113,8 @@ class Store {
   enum class Mode { kUpsert, kInsert, kCas, kRestore };
   Store(uint8_t* region, const kv::RegionHeader* header, const StoreOptions& options);
   // `expected`: the version to match (kCas) or to give the item (kRestore).
-  Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value,
-                         uint64_t expected, uint64_t* current_version);
+  Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value, uint64_t expected,
+                         uint64_t* current_version);
 
   class WindowLock;
   // Finds the slot holding `key` in its window; nullptr when absent.

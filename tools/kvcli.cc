@@ -12,30 +12,32 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <ctime>
-#include <map>
-#include <thread>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/kv/layout.h"
 #include "rdkv/admin.h"
 #include "rdkv/client.h"
 
-DEFINE_string(server, "127.0.0.1:7400", "The kvserver to talk to, as host:port (in a cluster: "
+DEFINE_string(server, "127.0.0.1:7400",
+              "The kvserver to talk to, as host:port (in a cluster: "
               "any server, the seed).");
-DEFINE_string(seed, "", "Same as --server (the name cluster commands use); wins when both are "
+DEFINE_string(seed, "",
+              "Same as --server (the name cluster commands use); wins when both are "
               "given.");
 DEFINE_string(transport, "auto",
               "auto (verbs when an RDMA device with an active port exists, else tcp), verbs, "
@@ -54,8 +56,7 @@ DEFINE_int32(connect_timeout_ms, 5000, "Deadline of connecting to the server, in
 DEFINE_bool(all, false,
             "stats: every server of the cluster, each with its statistics, and their totals.");
 DEFINE_double(interval, 1.0, "top: seconds between refreshes (at least 0.1).");
-DEFINE_int32(iterations, 0,
-             "top: print this many snapshots, then exit (0: until interrupted).");
+DEFINE_int32(iterations, 0, "top: print this many snapshots, then exit (0: until interrupted).");
 DEFINE_bool(verbose, false, "Log the client library's progress (transport choice, reconnects).");
 
 namespace {
@@ -154,8 +155,8 @@ std::string Base64(std::string_view in) {
   std::string out;
   size_t i = 0;
   for (; i + 2 < in.size(); i += 3) {
-    uint32_t v = (uint32_t(uint8_t(in[i])) << 16) | (uint32_t(uint8_t(in[i + 1])) << 8) |
-                 uint8_t(in[i + 2]);
+    uint32_t v =
+        (uint32_t(uint8_t(in[i])) << 16) | (uint32_t(uint8_t(in[i + 1])) << 8) | uint8_t(in[i + 2]);
     out += kTable[v >> 18];
     out += kTable[(v >> 12) & 63];
     out += kTable[(v >> 6) & 63];
@@ -222,7 +223,8 @@ bool ReadFile(const std::string& path, std::string* out, std::string* error) {
 }
 
 // The value argument: literal, @FILE, @@literal, or '-' (stdin).
-bool ResolveValue(const std::string& arg, bool interactive, std::string* value, std::string* error) {
+bool ResolveValue(const std::string& arg, bool interactive, std::string* value,
+                  std::string* error) {
   if (arg == "-") {
     if (interactive) {
       *error = "'-' (stdin) is not available in interactive mode";
@@ -269,10 +271,9 @@ bool ParseShards(const std::string& text, std::vector<uint32_t>* out, std::strin
                           (comma == std::string::npos ? text.size() : comma) - start);
     size_t dash = part.find('-');
     uint32_t first = 0, last = 0;
-    bool ok = dash == std::string_view::npos
-                  ? ParseNumber(part, &first) && ParseNumber(part, &last)
-                  : ParseNumber(part.substr(0, dash), &first) &&
-                        ParseNumber(part.substr(dash + 1), &last);
+    bool ok = dash == std::string_view::npos ? ParseNumber(part, &first) && ParseNumber(part, &last)
+                                             : ParseNumber(part.substr(0, dash), &first) &&
+                                                   ParseNumber(part.substr(dash + 1), &last);
     if (!ok || first > last) {
       *error = "'" + std::string(part) + "' in SHARDS '" + text +
                "' is not a shard number or a range A-B (A <= B)";
@@ -520,8 +521,9 @@ class Cli {
         std::cerr << "kvcli: get " << keys[i] << ": " << r.status().ToString() << "\n";
         if (FLAGS_json) {
           arr.push_back({{"key", keys[i]},
-                         {"error", {{"code", std::string(rdkv::StatusCodeName(r.status().code()))},
-                                    {"message", r.status().message()}}}});
+                         {"error",
+                          {{"code", std::string(rdkv::StatusCodeName(r.status().code()))},
+                           {"message", r.status().message()}}}});
         } else {
           std::cout << keys[i] << "\t(error)\n";
         }
@@ -617,7 +619,9 @@ class Cli {
       }
       per.push_back(std::move(one));
     }
-    json j = {{"servers", servers.size()}, {"reachable", reachable}, {"total", total},
+    json j = {{"servers", servers.size()},
+              {"reachable", reachable},
+              {"total", total},
               {"per_server", per}};
     std::cout << j.dump(FLAGS_json ? -1 : 2, ' ', false, json::error_handler_t::replace) << "\n"
               << std::flush;
@@ -689,15 +693,17 @@ class Cli {
     rdkv::Admin admin(*c);
     const bool terminal = isatty(STDOUT_FILENO) == 1;
     // The write ops shown, in order (the stats' "ops" keys), with their column names.
-    static constexpr std::pair<const char*, const char*> kOps[] = {
-        {"put", "put/s"}, {"insert", "ins/s"}, {"delete", "del/s"}, {"cas", "cas/s"},
-        {"import", "imp/s"}};
+    static constexpr std::pair<const char*, const char*> kOps[] = {{"put", "put/s"},
+                                                                   {"insert", "ins/s"},
+                                                                   {"delete", "del/s"},
+                                                                   {"cas", "cas/s"},
+                                                                   {"import", "imp/s"}};
     using Clock = std::chrono::steady_clock;
     std::map<uint32_t, TopSample> before;
     Clock::time_point t_before = Clock::now();
     for (const rdkv::ServerInfo& s : admin.Servers(true)) before[s.id] = Sample(s);
-    const auto interval = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(FLAGS_interval));
+    const auto interval =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(FLAGS_interval));
     bool all_reachable = true;
     for (int it = 0; FLAGS_iterations == 0 || it < FLAGS_iterations; ++it) {
       std::this_thread::sleep_until(t_before + interval);
@@ -727,8 +733,8 @@ class Cli {
         snprintf(line, sizeof line, " %9s", op.second);
         o << line;
       }
-      snprintf(line, sizeof line, " %9s %9s %11s %9s %9s %7s %7s\n", "writes/s", "err/s",
-               "items", "heap_MiB", "of_MiB", "heap%", "slots%");
+      snprintf(line, sizeof line, " %9s %9s %11s %9s %9s %7s %7s\n", "writes/s", "err/s", "items",
+               "heap_MiB", "of_MiB", "heap%", "slots%");
       o << line;
       std::map<std::string, double> total_rate;
       double total_writes = 0, total_errors = 0;
@@ -774,9 +780,9 @@ class Cli {
         o << line;
       }
       snprintf(line, sizeof line, " %9.0f %9.0f %11llu %9s %9s %7s %7s\n", total_writes,
-               total_errors, static_cast<unsigned long long>(total_items),
-               Mib(total_used).c_str(), Mib(total_heap).c_str(),
-               Percent(total_used, total_heap).c_str(), Percent(total_items, total_slots).c_str());
+               total_errors, static_cast<unsigned long long>(total_items), Mib(total_used).c_str(),
+               Mib(total_heap).c_str(), Percent(total_used, total_heap).c_str(),
+               Percent(total_items, total_slots).c_str());
       o << line;
       // On a terminal: home, clear, then the view; elsewhere snapshots one after another.
       if (terminal) {
@@ -802,13 +808,16 @@ class Cli {
     if (FLAGS_json) {
       json arr = json::array();
       for (const auto& s : servers) {
-        json one = {{"id", s.id}, {"address", s.address}, {"reachable", s.reachable},
-                    {"shards", s.shards}, {"map_epoch", s.map_epoch}};
+        json one = {{"id", s.id},
+                    {"address", s.address},
+                    {"reachable", s.reachable},
+                    {"shards", s.shards},
+                    {"map_epoch", s.map_epoch}};
         if (!s.reachable) one["error"] = s.error;
         arr.push_back(std::move(one));
       }
-      EmitJson({{"ok", all_up}, {"map_epoch", epoch}, {"standalone", epoch == 0},
-                {"servers", arr}});
+      EmitJson(
+          {{"ok", all_up}, {"map_epoch", epoch}, {"standalone", epoch == 0}, {"servers", arr}});
     } else {
       std::cout << (epoch == 0 ? std::string("standalone server")
                                : "cluster map epoch " + std::to_string(epoch))
@@ -886,8 +895,8 @@ class Cli {
       std::cout << "moved shards " << ShardList(m.moved) << " to server " << m.to_server
                 << ": map epoch " << m.from_epoch << " -> " << m.to_epoch << "\n";
       if (!m.skipped.empty()) {
-        std::cout << "skipped (already on server " << m.to_server
-                  << "): " << ShardList(m.skipped) << "\n";
+        std::cout << "skipped (already on server " << m.to_server << "): " << ShardList(m.skipped)
+                  << "\n";
       }
     }
     char line[256];
@@ -909,9 +918,9 @@ class Cli {
     if (c == nullptr) return code;
     auto t0 = std::chrono::steady_clock::now();
     rdkv::Status s = c->Ping();
-    auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                  std::chrono::steady_clock::now() - t0)
-                  .count();
+    auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     if (!s.ok()) return Report(s, "ping");
     if (FLAGS_json) {
       EmitJson({{"ok", true}, {"server", Seed()}, {"rtt_us", us}});

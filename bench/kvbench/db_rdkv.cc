@@ -102,9 +102,8 @@ Result<std::unique_ptr<Backend>> MakeRdkvBackend(const Properties& props) {
   }
   auto client = Client::Connect(o);
   if (!client.ok()) {
-    return Status(client.status().code(),
-                  "rdkv: cannot connect to " + o.seed + " (transport " + o.transport +
-                      "): " + client.status().ToString());
+    return Status(client.status().code(), "rdkv: cannot connect to " + o.seed + " (transport " +
+                                              o.transport + "): " + client.status().ToString());
   }
   return std::unique_ptr<Backend>(std::make_unique<RdkvBackend>(std::move(*client)));
 }

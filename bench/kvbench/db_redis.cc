@@ -25,11 +25,16 @@ struct ContextFree {
 
 std::string ConnectionErrorKind(const redisContext* c) {
   switch (c->err) {
-    case REDIS_ERR_IO: return "io";
-    case REDIS_ERR_EOF: return "eof";
-    case REDIS_ERR_PROTOCOL: return "protocol";
-    case REDIS_ERR_OOM: return "client_oom";
-    default: return "connection";
+    case REDIS_ERR_IO:
+      return "io";
+    case REDIS_ERR_EOF:
+      return "eof";
+    case REDIS_ERR_PROTOCOL:
+      return "protocol";
+    case REDIS_ERR_OOM:
+      return "client_oom";
+    default:
+      return "connection";
   }
 }
 
@@ -58,12 +63,8 @@ class RedisDB final : public DB {
     value->assign(r->str, r->len);
     return OpStatus::Ok();
   }
-  OpStatus Update(std::string_view key, std::string_view value) override {
-    return Set(key, value);
-  }
-  OpStatus Insert(std::string_view key, std::string_view value) override {
-    return Set(key, value);
-  }
+  OpStatus Update(std::string_view key, std::string_view value) override { return Set(key, value); }
+  OpStatus Insert(std::string_view key, std::string_view value) override { return Set(key, value); }
 
  private:
   OpStatus Set(std::string_view key, std::string_view value) {

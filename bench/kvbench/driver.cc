@@ -27,8 +27,8 @@ enum Measure { kMRead = 0, kMUpdate, kMInsert, kMReadModifyWrite, kNumMeasures }
 const char* const kMeasureNames[kNumMeasures] = {"READ", "UPDATE", "INSERT", "READ-MODIFY-WRITE"};
 
 struct OpMeasurement {
-  Histogram ok;      // OK and NOT_FOUND (YCSB's [READ])
-  Histogram failed;  // errors (YCSB's [READ-FAILED])
+  Histogram ok;                     // OK and NOT_FOUND (YCSB's [READ])
+  Histogram failed;                 // errors (YCSB's [READ-FAILED])
   uint64_t returns[3] = {0, 0, 0};  // OK, NOT_FOUND, ERROR
 };
 
@@ -45,8 +45,8 @@ struct ThreadStats {
   std::atomic<uint64_t> done{0};
 
   void Measure(Measure m, Clock::time_point start, Clock::time_point end, const OpStatus& s) {
-    const auto ns = static_cast<uint64_t>(
-        std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count()));
+    const auto ns = static_cast<uint64_t>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count()));
     OpMeasurement& op = ops[m];
     if (s.code == OpStatus::kError) {
       op.failed.Record(ns);
@@ -70,7 +70,8 @@ struct Shared {
 class Worker {
  public:
   Worker(CoreWorkload& w, std::unique_ptr<DB> db, ThreadStats* stats, Shared* shared, Phase phase,
-         int64_t ops /* < 0: until stopped */, double tick_ns, Clock::time_point deadline, bool has_deadline)
+         int64_t ops /* < 0: until stopped */, double tick_ns, Clock::time_point deadline,
+         bool has_deadline)
       : w_(w),
         db_(std::move(db)),
         stats_(stats),
@@ -87,7 +88,8 @@ class Worker {
       if (shared_->stop.load(std::memory_order_relaxed)) break;
       Clock::time_point op_start;
       if (tick_ns_ > 0) {
-        op_start = start + std::chrono::nanoseconds(static_cast<int64_t>(tick_ns_ * static_cast<double>(i)));
+        op_start = start + std::chrono::nanoseconds(
+                               static_cast<int64_t>(tick_ns_ * static_cast<double>(i)));
         if (has_deadline_ && op_start >= deadline_) break;
         if (!SleepUntil(op_start)) break;
       } else {
@@ -98,11 +100,20 @@ class Worker {
         DoInsert(w_.NextLoadKeynum(), op_start, /*acknowledge=*/false);
       } else {
         switch (ts_->NextOp()) {
-          case OpType::kRead: DoRead(op_start); break;
-          case OpType::kUpdate: DoUpdate(op_start); break;
-          case OpType::kInsert: DoInsert(w_.NextInsertKeynum(), op_start, /*acknowledge=*/true); break;
-          case OpType::kReadModifyWrite: DoReadModifyWrite(op_start); break;
-          case OpType::kScan: break;  // refused before the run starts
+          case OpType::kRead:
+            DoRead(op_start);
+            break;
+          case OpType::kUpdate:
+            DoUpdate(op_start);
+            break;
+          case OpType::kInsert:
+            DoInsert(w_.NextInsertKeynum(), op_start, /*acknowledge=*/true);
+            break;
+          case OpType::kReadModifyWrite:
+            DoReadModifyWrite(op_start);
+            break;
+          case OpType::kScan:
+            break;  // refused before the run starts
         }
       }
       stats_->done.fetch_add(1, std::memory_order_relaxed);
@@ -187,7 +198,8 @@ class Worker {
 std::string WallClockLabel() {
   const auto now = std::chrono::system_clock::now();
   const std::time_t t = std::chrono::system_clock::to_time_t(now);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   localtime_r(&t, &tm);
   char buf[64];
@@ -225,14 +237,17 @@ class StatusPrinter {
                        " current ops/sec;";
     if (total_ops_ > 0 && rate > 0 && done < static_cast<uint64_t>(total_ops_)) {
       line += " est completion in " +
-              std::to_string(static_cast<int64_t>(static_cast<double>(total_ops_ - static_cast<int64_t>(done)) / rate)) +
+              std::to_string(static_cast<int64_t>(
+                  static_cast<double>(total_ops_ - static_cast<int64_t>(done)) / rate)) +
               " seconds";
     }
     for (int m = 0; m < kNumMeasures; ++m) {
       const uint64_t n = count[m] - last_count_[m];
       if (n == 0) continue;
-      const double avg_us = static_cast<double>(sum[m] - last_sum_[m]) / static_cast<double>(n) / 1000.0;
-      line += std::string(" [") + kMeasureNames[m] + " AverageLatency(us)=" + FormatNumber(avg_us, 2) + "]";
+      const double avg_us =
+          static_cast<double>(sum[m] - last_sum_[m]) / static_cast<double>(n) / 1000.0;
+      line += std::string(" [") + kMeasureNames[m] +
+              " AverageLatency(us)=" + FormatNumber(avg_us, 2) + "]";
     }
     std::fprintf(out_, "%s\n", line.c_str());
     std::fflush(out_);
@@ -270,7 +285,8 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
   const int threads = c.threadcount;
   const int64_t total = options.phase == Phase::kLoad ? c.insertcount : c.operationcount;
   if (options.phase == Phase::kRun && total == 0 && c.maxexecutiontime <= 0) {
-    return Status::InvalidArgument("operationcount=0 runs until maxexecutiontime, which is not set");
+    return Status::InvalidArgument(
+        "operationcount=0 runs until maxexecutiontime, which is not set");
   }
 
   // Run by time: every thread goes on until maxexecutiontime.
@@ -291,14 +307,13 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
   backend.PhaseStart();
   const Clock::time_point start = Clock::now();
   const bool has_deadline = c.maxexecutiontime > 0;
-  const Clock::time_point deadline =
-      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(c.maxexecutiontime));
+  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                                 std::chrono::duration<double>(c.maxexecutiontime));
   std::vector<std::unique_ptr<Worker>> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.push_back(std::make_unique<Worker>(workload, std::move(dbs[t]), stats[t].get(), &shared,
-                                               options.phase,
-                                               unlimited ? -1 : ThreadOpCount(total, threads, t),
-                                               tick_ns, deadline, has_deadline));
+    workers.push_back(std::make_unique<Worker>(
+        workload, std::move(dbs[t]), stats[t].get(), &shared, options.phase,
+        unlimited ? -1 : ThreadOpCount(total, threads, t), tick_ns, deadline, has_deadline));
   }
   {
     rdkv::MutexLock lock(&shared.mu);
@@ -323,16 +338,15 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
       options.phase == Phase::kLoad && options.progress_out != nullptr && total > 0;
   const bool progress_tty = progress_on && isatty(fileno(options.progress_out)) == 1;
   double progress_secs = options.progress_interval > 0 ? options.progress_interval
-                         : progress_tty                 ? 1.0
-                                                        : c.status_interval;
+                         : progress_tty                ? 1.0
+                                                       : c.status_interval;
   if (progress_secs <= 0) progress_secs = 10;
-  const auto progress_every = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(progress_secs));
+  const auto progress_every =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(progress_secs));
   rdkv::ProgressMeter meter("load", "records", static_cast<uint64_t>(std::max<int64_t>(total, 0)),
                             std::chrono::duration_cast<std::chrono::milliseconds>(progress_every),
                             start);
-  rdkv::ProgressPrinter progress(progress_on ? options.progress_out : stderr, &meter,
-                                 progress_tty);
+  rdkv::ProgressPrinter progress(progress_on ? options.progress_out : stderr, &meter, progress_tty);
   Clock::time_point next_progress = start + progress_every;
   auto records_done = [&stats] {
     uint64_t done = 0;
@@ -406,7 +420,8 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
   }
   for (int m = 0; m < kNumMeasures; ++m) {
     if (merged[m].failed.count() == 0) continue;
-    r.ops.push_back(OpSummary::FromHistogram(std::string(kMeasureNames[m]) + "-FAILED", merged[m].failed));
+    r.ops.push_back(
+        OpSummary::FromHistogram(std::string(kMeasureNames[m]) + "-FAILED", merged[m].failed));
   }
   BackendReport br = backend.PhaseReport();
   r.backend_section = br.section;

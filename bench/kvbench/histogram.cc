@@ -13,9 +13,9 @@ size_t Histogram::NumBuckets() {
 
 size_t Histogram::BucketIndex(uint64_t ns) {
   if (ns < kExactBelow) return static_cast<size_t>(ns);
-  const int msb = 63 - std::countl_zero(ns);                  // >= kSubBucketBits + 1
+  const int msb = 63 - std::countl_zero(ns);  // >= kSubBucketBits + 1
   if (msb >= kMaxBits) return NumBuckets() - 1;
-  const int shift = msb - kSubBucketBits;                      // >= 1
+  const int shift = msb - kSubBucketBits;  // >= 1
   return kExactBelow + static_cast<size_t>(shift - 1) * kSubBuckets +
          static_cast<size_t>((ns >> shift) - kSubBuckets);
 }
@@ -72,8 +72,8 @@ double Histogram::Percentile(double p) const {
   for (size_t i = 0; i < counts_.size(); ++i) {
     seen += counts_[i];
     if (seen >= rank) {
-      const double mid = static_cast<double>(BucketLow(i)) +
-                         (static_cast<double>(BucketWidth(i)) - 1.0) / 2.0;
+      const double mid =
+          static_cast<double>(BucketLow(i)) + (static_cast<double>(BucketWidth(i)) - 1.0) / 2.0;
       return std::clamp(mid, static_cast<double>(min_), static_cast<double>(max_));
     }
   }

@@ -19,9 +19,9 @@ namespace rdkv::kvbench {
 class Histogram {
  public:
   static constexpr int kSubBucketBits = 8;
-  static constexpr uint64_t kSubBuckets = 1u << kSubBucketBits;   // 256 per power of two
-  static constexpr uint64_t kExactBelow = 2 * kSubBuckets;        // 512 ns
-  static constexpr int kMaxBits = 40;                              // 2^40 ns ~ 18 min
+  static constexpr uint64_t kSubBuckets = 1u << kSubBucketBits;  // 256 per power of two
+  static constexpr uint64_t kExactBelow = 2 * kSubBuckets;       // 512 ns
+  static constexpr int kMaxBits = 40;                            // 2^40 ns ~ 18 min
 
   Histogram();
 

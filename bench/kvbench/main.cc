@@ -27,33 +27,35 @@ constexpr int kExitFailed = 1;
 constexpr int kExitOpErrors = 3;
 
 void Usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: kvbench load|run [options]\n"
-               "\n"
-               "YCSB's core workloads against rdkv, Redis or memcached, with YCSB's generators and\n"
-               "YCSB's output format. Load the records first (load), then measure (run).\n"
-               "\n"
-               "options:\n"
-               "  -db NAME         rdkv (default), redis or memcached (built in: ");
+  std::fprintf(
+      out,
+      "usage: kvbench load|run [options]\n"
+      "\n"
+      "YCSB's core workloads against rdkv, Redis or memcached, with YCSB's generators and\n"
+      "YCSB's output format. Load the records first (load), then measure (run).\n"
+      "\n"
+      "options:\n"
+      "  -db NAME         rdkv (default), redis or memcached (built in: ");
   const auto backends = AvailableBackends();
   for (size_t i = 0; i < backends.size(); ++i) {
     std::fprintf(out, "%s%s", i ? ", " : "", backends[i].c_str());
   }
-  std::fprintf(out,
-               ")\n"
-               "  -P FILE          a workload file (YCSB property format), e.g. bench/workloads/workloada;\n"
-               "                   may be repeated; later files win\n"
-               "  -p NAME=VALUE    set a property (wins over every -P file)\n"
-               "  -threads N       client threads (property threadcount)\n"
-               "  -target N        ops/s over all threads; latencies then count from each operation's\n"
-               "                   intended start (no coordinated omission) (property target)\n"
-               "  -s               status lines on stderr (on by default; status.interval=0 turns off);\n"
-               "                   load also prints its progress (records done/total, rate, ETA):\n"
-               "                   on a terminal one line updated every second\n"
-               "  --json           print one JSON object instead of YCSB's text\n"
-               "  -h, --help       this text\n"
-               "\n"
-               "properties (unknown ones are errors):\n");
+  std::fprintf(
+      out,
+      ")\n"
+      "  -P FILE          a workload file (YCSB property format), e.g. bench/workloads/workloada;\n"
+      "                   may be repeated; later files win\n"
+      "  -p NAME=VALUE    set a property (wins over every -P file)\n"
+      "  -threads N       client threads (property threadcount)\n"
+      "  -target N        ops/s over all threads; latencies then count from each operation's\n"
+      "                   intended start (no coordinated omission) (property target)\n"
+      "  -s               status lines on stderr (on by default; status.interval=0 turns off);\n"
+      "                   load also prints its progress (records done/total, rate, ETA):\n"
+      "                   on a terminal one line updated every second\n"
+      "  --json           print one JSON object instead of YCSB's text\n"
+      "  -h, --help       this text\n"
+      "\n"
+      "properties (unknown ones are errors):\n");
   for (const auto& [name, what] : KnownProperties()) {
     std::fprintf(out, "  %-26s %s\n", name.c_str(), what.c_str());
   }
@@ -76,7 +78,8 @@ int Main(int argc, char** argv) {
     return 0;
   }
   if (phase_arg != "load" && phase_arg != "run") {
-    std::fprintf(stderr, "kvbench: the first argument must be load or run, not '%s' (kvbench --help)\n",
+    std::fprintf(stderr,
+                 "kvbench: the first argument must be load or run, not '%s' (kvbench --help)\n",
                  phase_arg.c_str());
     return kExitUsage;
   }

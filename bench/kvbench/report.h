@@ -48,13 +48,13 @@ struct Report {
   std::string phase;  // "load" or "run"
   std::string db;
   int threads = 1;
-  double target = 0;          // ops/s; > 0: latencies count from the intended start times
+  double target = 0;  // ops/s; > 0: latencies count from the intended start times
   double runtime_ms = 0;
   uint64_t operations = 0;
-  double throughput = 0;      // operations / runtime, ops/s
+  double throughput = 0;  // operations / runtime, ops/s
   std::vector<OpSummary> ops;
-  std::map<std::string, uint64_t> errors;   // kind -> count
-  std::string backend_section;              // "RDKV"
+  std::map<std::string, uint64_t> errors;  // kind -> count
+  std::string backend_section;             // "RDKV"
   std::vector<std::pair<std::string, double>> backend_values;
   std::map<std::string, std::string> properties;  // the effective workload properties
 };

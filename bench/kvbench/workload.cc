@@ -117,10 +117,14 @@ std::string Properties::OriginOf(const std::string& name) const {
 
 std::string_view DistributionName(Distribution d) {
   switch (d) {
-    case Distribution::kUniform: return "uniform";
-    case Distribution::kZipfian: return "zipfian";
-    case Distribution::kLatest: return "latest";
-    case Distribution::kHotspot: return "hotspot";
+    case Distribution::kUniform:
+      return "uniform";
+    case Distribution::kZipfian:
+      return "zipfian";
+    case Distribution::kLatest:
+      return "latest";
+    case Distribution::kHotspot:
+      return "hotspot";
   }
   return "?";
 }
@@ -249,9 +253,9 @@ Result<WorkloadConfig> ParseWorkload(const Properties& props) {
     if (!known.count(name)) {
       std::string hint;
       const size_t dot = name.find('.');
-      if (dot != std::string::npos && (name.compare(0, dot, "rdkv") == 0 ||
-                                       name.compare(0, dot, "redis") == 0 ||
-                                       name.compare(0, dot, "memcached") == 0)) {
+      if (dot != std::string::npos &&
+          (name.compare(0, dot, "rdkv") == 0 || name.compare(0, dot, "redis") == 0 ||
+           name.compare(0, dot, "memcached") == 0)) {
         hint = " (backend properties: ";
         for (const auto& k : known) {
           if (k.compare(0, dot + 1, name, 0, dot + 1) == 0) hint += k + " ";
@@ -266,10 +270,10 @@ Result<WorkloadConfig> ParseWorkload(const Properties& props) {
   Checker c(props);
   WorkloadConfig w;
   std::string s;
-  RDKV_RETURN_IF_ERROR(c.OneOf("workload",
-                               {"site.ycsb.workloads.CoreWorkload",
-                                "com.yahoo.ycsb.workloads.CoreWorkload", "CoreWorkload"},
-                               &s));
+  RDKV_RETURN_IF_ERROR(c.OneOf(
+      "workload",
+      {"site.ycsb.workloads.CoreWorkload", "com.yahoo.ycsb.workloads.CoreWorkload", "CoreWorkload"},
+      &s));
   constexpr int64_t kMaxCount = int64_t{1} << 40;
   RDKV_RETURN_IF_ERROR(c.Int("recordcount", 0, kMaxCount, &w.recordcount));
   RDKV_RETURN_IF_ERROR(c.Int("operationcount", 0, kMaxCount, &w.operationcount));
@@ -302,9 +306,10 @@ Result<WorkloadConfig> ParseWorkload(const Properties& props) {
   RDKV_RETURN_IF_ERROR(c.OneOf("scanlengthdistribution", {"uniform", "zipfian"}, &s));
 
   s = "uniform";
-  RDKV_RETURN_IF_ERROR(c.OneOf("requestdistribution", {"uniform", "zipfian", "latest", "hotspot"}, &s));
-  w.requestdistribution = s == "zipfian"  ? Distribution::kZipfian
-                          : s == "latest" ? Distribution::kLatest
+  RDKV_RETURN_IF_ERROR(
+      c.OneOf("requestdistribution", {"uniform", "zipfian", "latest", "hotspot"}, &s));
+  w.requestdistribution = s == "zipfian"   ? Distribution::kZipfian
+                          : s == "latest"  ? Distribution::kLatest
                           : s == "hotspot" ? Distribution::kHotspot
                                            : Distribution::kUniform;
   RDKV_RETURN_IF_ERROR(c.Double("zipfianconstant", 0, 1, &w.zipfianconstant, true, true));
@@ -343,9 +348,7 @@ std::string ScanRefusal(const WorkloadConfig& config) {
 }
 
 CoreWorkload::CoreWorkload(const WorkloadConfig& config)
-    : config_(config),
-      load_sequence_(config.insertstart),
-      insert_sequence_(config.recordcount) {
+    : config_(config), load_sequence_(config.insertstart), insert_sequence_(config.recordcount) {
   value_size_ = 0;
   for (int i = 0; i < config_.fieldcount; ++i) {
     field_names_.push_back("field" + std::to_string(i) + "=");
@@ -356,7 +359,8 @@ CoreWorkload::CoreWorkload(const WorkloadConfig& config)
   expected_new_keys_ = static_cast<int64_t>(static_cast<double>(config_.operationcount) *
                                             config_.insertproportion * 2.0);
   if (config_.requestdistribution == Distribution::kLatest) {
-    latest_zetan_ = Zeta(static_cast<uint64_t>(insert_sequence_.LastValue()), config_.zipfianconstant);
+    latest_zetan_ =
+        Zeta(static_cast<uint64_t>(insert_sequence_.LastValue()), config_.zipfianconstant);
   }
 }
 
@@ -435,8 +439,8 @@ CoreWorkload::ThreadState::ThreadState(const CoreWorkload* w, uint64_t seed) : w
                                                          w->latest_zetan_);
       break;
     case Distribution::kHotspot:
-      chooser_ = std::make_unique<HotspotGenerator>(lo, hi, c.hotspotdatafraction,
-                                                    c.hotspotopnfraction);
+      chooser_ =
+          std::make_unique<HotspotGenerator>(lo, hi, c.hotspotdatafraction, c.hotspotopnfraction);
       break;
   }
 }

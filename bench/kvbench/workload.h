@@ -41,9 +41,9 @@ std::string_view DistributionName(Distribution d);
 
 struct WorkloadConfig {
   int64_t recordcount = 0;
-  int64_t operationcount = 0;   // 0 with maxexecutiontime: run until the time is up
+  int64_t operationcount = 0;  // 0 with maxexecutiontime: run until the time is up
   int64_t insertstart = 0;
-  int64_t insertcount = 0;      // default recordcount - insertstart
+  int64_t insertcount = 0;  // default recordcount - insertstart
   double readproportion = 0.95;
   double updateproportion = 0.05;
   double insertproportion = 0;
@@ -120,7 +120,7 @@ class CoreWorkload {
  private:
   WorkloadConfig config_;
   size_t value_size_;
-  std::vector<std::string> field_names_;   // "field0=" ...
+  std::vector<std::string> field_names_;  // "field0=" ...
   CounterGenerator load_sequence_;
   AcknowledgedCounterGenerator insert_sequence_;
   int64_t expected_new_keys_;

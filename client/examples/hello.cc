@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
   const std::string key = "hello:greeting";
 
   rdkv::Result<uint64_t> v1 = kv.Put(key, "hello, world");
-  Expect(v1.ok(), "Put(" + key + ") -> version " + (v1.ok() ? std::to_string(*v1) : v1.status().ToString()));
+  Expect(v1.ok(),
+         "Put(" + key + ") -> version " + (v1.ok() ? std::to_string(*v1) : v1.status().ToString()));
   if (!v1.ok()) return 1;
 
   rdkv::Result<rdkv::GetResult> got = kv.Get(key);
@@ -66,7 +67,8 @@ int main(int argc, char** argv) {
   Expect(deleted.ok(), "Delete -> " + deleted.ToString());
 
   got = kv.Get(key);
-  Expect(got.status().Is(rdkv::StatusCode::kNotFound), "Get after Delete -> " + got.status().ToString());
+  Expect(got.status().Is(rdkv::StatusCode::kNotFound),
+         "Get after Delete -> " + got.status().ToString());
 
   // Operator calls take the connected Client; applications need only rdkv/client.h.
   rdkv::Admin admin(kv);

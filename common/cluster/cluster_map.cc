@@ -31,7 +31,8 @@ nlohmann::json ToJsonValue(const ClusterMap& m) {
   j["epoch"] = m.epoch;
   j["shards"] = m.shards;
   j["servers"] = nlohmann::json::array();
-  for (const ServerEntry& s : m.servers) j["servers"].push_back({{"id", s.id}, {"address", s.address}});
+  for (const ServerEntry& s : m.servers)
+    j["servers"].push_back({{"id", s.id}, {"address", s.address}});
   j["owners"] = m.owners;
   return j;
 }
@@ -43,7 +44,9 @@ std::string ClusterMap::ToJson() const { return ToJsonValue(*this).dump(); }
 std::string ClusterMap::ToPrettyJson() const { return ToJsonValue(*this).dump(2); }
 
 Result<ClusterMap> ParseClusterMap(std::string_view text) {
-  auto bad = [](const std::string& what) { return Status::InvalidArgument("cluster map: " + what); };
+  auto bad = [](const std::string& what) {
+    return Status::InvalidArgument("cluster map: " + what);
+  };
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("not valid JSON");
   if (!j.is_object()) return bad("top level must be an object");
@@ -128,7 +131,8 @@ ClusterMap MakeUniformMap(const std::vector<std::string>& addresses, uint32_t sh
   m.epoch = 1;
   m.shards = shards;
   for (uint32_t i = 0; i < addresses.size(); ++i) m.servers.push_back({i, addresses[i]});
-  for (uint32_t s = 0; s < shards; ++s) m.owners.push_back(s % static_cast<uint32_t>(addresses.size()));
+  for (uint32_t s = 0; s < shards; ++s)
+    m.owners.push_back(s % static_cast<uint32_t>(addresses.size()));
   return m;
 }
 

@@ -33,8 +33,8 @@ Status CheckFields(const Request& r, Op want, Fields used) {
 Result<uint32_t> ParseShard(std::string_view text, Op op) {
   uint32_t shard = 0;
   const char* end = text.data() + text.size();
-  bool canonical = !text.empty() && text.size() <= kMaxShardDigits &&
-                   (text.size() == 1 || text[0] != '0');
+  bool canonical =
+      !text.empty() && text.size() <= kMaxShardDigits && (text.size() == 1 || text[0] != '0');
   if (canonical) {
     auto [p, ec] = std::from_chars(text.data(), end, shard);
     canonical = ec == std::errc() && p == end && shard < kMaxShards;
@@ -43,8 +43,8 @@ Result<uint32_t> ParseShard(std::string_view text, Op op) {
     // The key field may hold anything: show at most a few bytes of it.
     std::string shown(text.substr(0, 16));
     return Status::InvalidArgument(std::string(OpName(op)) + ": '" + shown +
-                                   "' is not a shard number (0.." +
-                                   std::to_string(kMaxShards - 1) + ", in decimal)");
+                                   "' is not a shard number (0.." + std::to_string(kMaxShards - 1) +
+                                   ", in decimal)");
   }
   return shard;
 }

@@ -93,7 +93,7 @@ struct SnapshotAnswer {
   std::string_view path;
 };
 struct MapAnswer {
-  uint64_t epoch = 0;          // 0 and an empty map_json: the server is standalone
+  uint64_t epoch = 0;  // 0 and an empty map_json: the server is standalone
   std::string_view map_json;
 };
 struct ShardScanAnswer {

@@ -4,8 +4,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cmath>
+#include <cstddef>
 
 namespace rdkv::kv {
 
@@ -20,7 +20,8 @@ uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_vie
   XXH3_64bits_reset(&st);
   // The header from key_bytes up to the checksum; the state enters through StateMix.
   static_assert(offsetof(ItemHeader, state) == 0 && offsetof(ItemHeader, key_bytes) == 4);
-  XXH3_64bits_update(&st, reinterpret_cast<const uint8_t*>(&h) + 4, offsetof(ItemHeader, checksum) - 4);
+  XXH3_64bits_update(&st, reinterpret_cast<const uint8_t*>(&h) + 4,
+                     offsetof(ItemHeader, checksum) - 4);
   XXH3_64bits_update(&st, key.data(), key.size());
   XXH3_64bits_update(&st, value.data(), value.size());
   return XXH3_64bits_digest(&st) ^ StateMix(h.state);

@@ -39,11 +39,11 @@ inline constexpr size_t kBucketBytes = 64;
 inline constexpr size_t kSlotsPerBucket = 8;
 inline constexpr size_t kWindowBuckets = 2;  // buckets a key may live in (one READ)
 inline constexpr size_t kWindowBytes = kBucketBytes * kWindowBuckets;
-inline constexpr size_t kUnit = 64;          // item alignment and size unit
+inline constexpr size_t kUnit = 64;                // item alignment and size unit
 inline constexpr uint32_t kMaxItemUnits = 0xffff;  // 4 MiB - 64 B
 
-inline constexpr uint32_t kStateLive = 0x4556494c;  // "LIVE"
-inline constexpr uint32_t kStateDead = 0x44414544;  // "DEAD"
+inline constexpr uint32_t kStateLive = 0x4556494c;     // "LIVE"
+inline constexpr uint32_t kStateDead = 0x44414544;     // "DEAD"
 inline constexpr uint32_t kStatePending = 0x444e4550;  // "PEND": written, not yet current
 
 // The first page of the region. The static part is written once before the region is served
@@ -56,18 +56,18 @@ struct RegionHeader {
   uint32_t header_bytes;
   uint64_t region_bytes;
   uint64_t index_offset;
-  uint64_t bucket_count;   // windows start at buckets [0, bucket_count); bucket_count+1 exist
+  uint64_t bucket_count;  // windows start at buckets [0, bucket_count); bucket_count+1 exist
   uint64_t heap_offset;
   uint64_t heap_bytes;
-  uint64_t incarnation;    // random per server start: a new table, old cached locations are void
+  uint64_t incarnation;  // random per server start: a new table, old cached locations are void
   uint64_t max_value_bytes;
-  uint32_t shard_count;    // 1 for a standalone server
-  uint32_t server_id;      // this server's id in the cluster map (0 standalone)
+  uint32_t shard_count;      // 1 for a standalone server
+  uint32_t server_id;        // this server's id in the cluster map (0 standalone)
   uint64_t header_checksum;  // Checksum over the bytes before this field
 
   // --- ownership: one READ of kOwnershipBytes at offsetof(RegionHeader, map_epoch) ---
-  uint64_t map_epoch;                       // cluster map epoch served (0 = standalone)
-  uint64_t owned_shards[kMaxShards / 64];   // bit s of word s/64: this server serves shard s
+  uint64_t map_epoch;                      // cluster map epoch served (0 = standalone)
+  uint64_t owned_shards[kMaxShards / 64];  // bit s of word s/64: this server serves shard s
 };
 inline constexpr size_t kOwnershipOffset = 88;
 inline constexpr size_t kOwnershipBytes = 8 + kMaxShards / 8;
@@ -78,11 +78,11 @@ inline bool OwnsShard(const uint64_t* owned_words, uint32_t shard) {
 static_assert(sizeof(RegionHeader) <= kHeaderBytes);
 
 struct ItemHeader {
-  uint32_t state;       // kLiveState / kDeadState
+  uint32_t state;  // kLiveState / kDeadState
   uint32_t key_bytes;
   uint32_t value_bytes;
-  uint32_t units;       // allocated size in 64-byte units (server bookkeeping, checksummed)
-  uint64_t version;     // the key's version; grows with every write of the key
+  uint32_t units;    // allocated size in 64-byte units (server bookkeeping, checksummed)
+  uint64_t version;  // the key's version; grows with every write of the key
   uint64_t checksum;
 };
 static_assert(sizeof(ItemHeader) == 32);
@@ -90,7 +90,9 @@ static_assert(sizeof(ItemHeader) == 32);
 inline size_t ItemBytes(size_t key_bytes, size_t value_bytes) {
   return sizeof(ItemHeader) + key_bytes + value_bytes;
 }
-inline uint32_t UnitsFor(size_t bytes) { return static_cast<uint32_t>((bytes + kUnit - 1) / kUnit); }
+inline uint32_t UnitsFor(size_t bytes) {
+  return static_cast<uint32_t>((bytes + kUnit - 1) / kUnit);
+}
 
 // --- slot words ---
 struct SlotFields {
@@ -102,14 +104,15 @@ inline uint64_t PackSlot(SlotFields s) {
   return (uint64_t{s.fingerprint} << 48) | (uint64_t{s.units} << 32) | s.offset_units;
 }
 inline SlotFields UnpackSlot(uint64_t w) {
-  return {static_cast<uint16_t>(w >> 48), static_cast<uint16_t>(w >> 32),
-          static_cast<uint32_t>(w)};
+  return {static_cast<uint16_t>(w >> 48), static_cast<uint16_t>(w >> 32), static_cast<uint32_t>(w)};
 }
 
 // --- hashing ---
 // One 64-bit hash per key (XXH3) decides everything: bucket, fingerprint and (cluster) shard.
 uint64_t KeyHash(std::string_view key);
-inline uint64_t BucketOf(uint64_t hash, uint64_t bucket_count) { return (hash >> 20) % bucket_count; }
+inline uint64_t BucketOf(uint64_t hash, uint64_t bucket_count) {
+  return (hash >> 20) % bucket_count;
+}
 inline uint16_t FingerprintOf(uint64_t hash) {
   uint16_t fp = static_cast<uint16_t>(hash >> 48);
   return fp == 0 ? 1 : fp;

@@ -9,18 +9,18 @@
 namespace rdkv::kv {
 
 enum class Op : uint8_t {
-  kPut = 1,         // upsert
-  kInsert = 2,      // only if absent (kAlreadyExists otherwise)
-  kDelete = 3,      // kNotFound if absent
-  kCas = 4,         // replace only if current version == expected_version (kVersionMismatch)
-  kStats = 5,       // body: JSON object
+  kPut = 1,     // upsert
+  kInsert = 2,  // only if absent (kAlreadyExists otherwise)
+  kDelete = 3,  // kNotFound if absent
+  kCas = 4,     // replace only if current version == expected_version (kVersionMismatch)
+  kStats = 5,   // body: JSON object
   kPing = 6,
-  kSnapshot = 7,    // a RocksDB checkpoint (admin)
-  kClusterMap = 8,  // fetch the server's cluster map
-  kShardScan = 9,   // admin: one batch of a shard's items
-  kImport = 10,     // admin: store one item with exactly its version (a shard copy)
-  kDropShard = 11,  // admin: delete a shard this server does not own
-  kInstallMap = 12, // admin: install a cluster map with a higher epoch (wire version 2)
+  kSnapshot = 7,     // a RocksDB checkpoint (admin)
+  kClusterMap = 8,   // fetch the server's cluster map
+  kShardScan = 9,    // admin: one batch of a shard's items
+  kImport = 10,      // admin: store one item with exactly its version (a shard copy)
+  kDropShard = 11,   // admin: delete a shard this server does not own
+  kInstallMap = 12,  // admin: install a cluster map with a higher epoch (wire version 2)
 };
 
 enum class OpClass : uint8_t {
@@ -34,8 +34,8 @@ struct OpInfo {
   Op op;
   std::string_view name;  // lower case, as logs and errors print it
   OpClass op_class;
-  bool keyed;             // carries a key the decoder checks against the key limits
-  bool has_value;         // carries a value the decoder checks against the value limit
+  bool keyed;      // carries a key the decoder checks against the key limits
+  bool has_value;  // carries a value the decoder checks against the value limit
 };
 
 // Indexed by the op's wire number; entry 0 is no op.

@@ -62,9 +62,9 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
                                      std::to_string(limits.max_key_bytes) + " bytes");
     }
     if (r.value.size() > limits.max_value_bytes) {
-      return Status::InvalidArgument("value of " + std::to_string(r.value.size()) +
-                                     " bytes is larger than --max_value_size=" +
-                                     std::to_string(limits.max_value_bytes));
+      return Status::InvalidArgument(
+          "value of " + std::to_string(r.value.size()) +
+          " bytes is larger than --max_value_size=" + std::to_string(limits.max_value_bytes));
     }
     if (!info->has_value && !r.value.empty()) {
       return Status::InvalidArgument("delete carries no value");

@@ -39,19 +39,19 @@ struct RequestHeader {
   uint8_t op;
   uint32_t key_bytes;
   uint32_t value_bytes;
-  uint32_t flags;            // reserved, must be 0
-  uint64_t expected_version; // CAS only
+  uint32_t flags;             // reserved, must be 0
+  uint64_t expected_version;  // CAS only
 };
 static_assert(sizeof(RequestHeader) == 24);
 
 struct ResponseHeader {
   uint16_t magic;
   uint8_t version;
-  uint8_t status;            // rdkv::StatusCode
+  uint8_t status;  // rdkv::StatusCode
   uint32_t message_bytes;
   uint32_t body_bytes;
   uint32_t reserved;
-  uint64_t item_version;     // the key's new version (writes) or current version (kVersionMismatch)
+  uint64_t item_version;  // the key's new version (writes) or current version (kVersionMismatch)
 };
 static_assert(sizeof(ResponseHeader) == 24);
 // MaxMessageBytes' slack holds either header.

@@ -21,8 +21,9 @@ Result<std::unique_ptr<Fabric>> Fabric::Create(const FabricOptions& options) {
 #if RDKV_WITH_VERBS
     return CreateVerbsFabric(options);
 #else
-    return Status::NotSupported("this build of rdkv has no verbs transport (RDKV_WITH_VERBS=OFF): "
-                                "use tcp");
+    return Status::NotSupported(
+        "this build of rdkv has no verbs transport (RDKV_WITH_VERBS=OFF): "
+        "use tcp");
 #endif
   }
   return CreateTcpFabric(options);

@@ -29,8 +29,8 @@ class MappedMemory {
 
  private:
   uint8_t* data_ = nullptr;
-  size_t size_ = 0;          // what the caller asked for
-  size_t mapped_size_ = 0;   // rounded up to the page size used
+  size_t size_ = 0;         // what the caller asked for
+  size_t mapped_size_ = 0;  // rounded up to the page size used
   bool huge_ = false;
 };
 

@@ -74,9 +74,9 @@ enum class ReadStatus : uint8_t {
 // and untouched until done() returns true; the transport writes only `status` and the
 // destination. A ReadOp can be reused after it is done (call Reset()).
 struct ReadOp {
-  uint8_t* local = nullptr;   // destination inside a MemoryRegion of this Fabric
-  uint32_t lkey = 0;          // that region's lkey
-  uint64_t remote_addr = 0;   // absolute remote address (RegionDescriptor::addr + offset)
+  uint8_t* local = nullptr;  // destination inside a MemoryRegion of this Fabric
+  uint32_t lkey = 0;         // that region's lkey
+  uint64_t remote_addr = 0;  // absolute remote address (RegionDescriptor::addr + offset)
   uint32_t rkey = 0;
   uint32_t length = 0;
   std::atomic<ReadStatus> status{ReadStatus::kPending};
@@ -91,8 +91,8 @@ struct ConnectOptions {
   uint16_t port = 0;
   std::string auth_token;  // must equal the listener's token, or Connect fails kPermissionDenied
   std::chrono::milliseconds connect_timeout{5000};
-  uint32_t max_outstanding_reads = 1024;   // READs in flight at once on this connection
-  uint32_t max_outstanding_calls = 64;     // two-sided requests in flight at once
+  uint32_t max_outstanding_reads = 1024;  // READs in flight at once on this connection
+  uint32_t max_outstanding_calls = 64;    // two-sided requests in flight at once
   // Largest request or response payload.
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
 };
@@ -177,10 +177,10 @@ struct ListenerStats {
   uint64_t connections_refused = 0;  // bad token, too many, bad handshake
   uint64_t connections_open = 0;     // clients connected now (past the handshake)
   uint64_t requests = 0;
-  uint64_t reads_served = 0;         // tcp only: READs served by the transport thread
-  uint64_t read_bytes_served = 0;    // tcp only: bytes those READs returned
-  uint64_t reads_refused = 0;        // tcp only: bad rkey / out of bounds
-  uint64_t protocol_errors = 0;      // malformed frames (connection dropped)
+  uint64_t reads_served = 0;       // tcp only: READs served by the transport thread
+  uint64_t read_bytes_served = 0;  // tcp only: bytes those READs returned
+  uint64_t reads_refused = 0;      // tcp only: bad rkey / out of bounds
+  uint64_t protocol_errors = 0;    // malformed frames (connection dropped)
 };
 
 class Listener {

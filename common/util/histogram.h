@@ -53,8 +53,8 @@ class AtomicHistogram {
 
   // Bounds for request latencies in seconds: 5 us .. 10 s, about 2.5x apart.
   static std::vector<double> LatencySecondsBounds() {
-    return {5e-6, 10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
-            25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1, 2.5, 5, 10};
+    return {5e-6,  10e-6, 25e-6, 50e-6,  100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3,
+            10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 500e-3, 1,      2.5,  5,      10};
   }
 
  private:

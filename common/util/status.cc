@@ -6,24 +6,42 @@ namespace rdkv {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kAlreadyExists: return "AlreadyExists";
-    case StatusCode::kVersionMismatch: return "VersionMismatch";
-    case StatusCode::kOutOfSpace: return "OutOfSpace";
-    case StatusCode::kTimedOut: return "TimedOut";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kConnectionLost: return "ConnectionLost";
-    case StatusCode::kPermissionDenied: return "PermissionDenied";
-    case StatusCode::kRemoteAccessError: return "RemoteAccessError";
-    case StatusCode::kCorruption: return "Corruption";
-    case StatusCode::kIoError: return "IoError";
-    case StatusCode::kBusy: return "Busy";
-    case StatusCode::kWrongOwner: return "WrongOwner";
-    case StatusCode::kInternal: return "Internal";
-    case StatusCode::kNotSupported: return "NotSupported";
-    case StatusCode::kProtocolError: return "ProtocolError";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kAlreadyExists:
+      return "AlreadyExists";
+    case StatusCode::kVersionMismatch:
+      return "VersionMismatch";
+    case StatusCode::kOutOfSpace:
+      return "OutOfSpace";
+    case StatusCode::kTimedOut:
+      return "TimedOut";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kConnectionLost:
+      return "ConnectionLost";
+    case StatusCode::kPermissionDenied:
+      return "PermissionDenied";
+    case StatusCode::kRemoteAccessError:
+      return "RemoteAccessError";
+    case StatusCode::kCorruption:
+      return "Corruption";
+    case StatusCode::kIoError:
+      return "IoError";
+    case StatusCode::kBusy:
+      return "Busy";
+    case StatusCode::kWrongOwner:
+      return "WrongOwner";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kNotSupported:
+      return "NotSupported";
+    case StatusCode::kProtocolError:
+      return "ProtocolError";
   }
   return "Unknown";
 }

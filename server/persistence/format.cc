@@ -2,10 +2,10 @@
 
 #include <glog/logging.h>
 #include <rocksdb/cache.h>
+#include <rocksdb/convenience.h>
 #include <rocksdb/env.h>
 #include <rocksdb/memtablerep.h>
 #include <rocksdb/options.h>
-#include <rocksdb/convenience.h>
 #include <rocksdb/table.h>
 
 #include <fcntl.h>
@@ -82,8 +82,8 @@ Status MakeDbOptions(const RocksDbTuning& tuning, rocksdb::Env* env, rocksdb::Op
   o.info_log = MakeGlogLogger();
   rocksdb::BlockBasedTableOptions t;
   t.block_size = 16 * 1024;
-  t.block_cache = tuning.block_cache_bytes > 0 ? rocksdb::NewLRUCache(tuning.block_cache_bytes)
-                                               : nullptr;
+  t.block_cache =
+      tuning.block_cache_bytes > 0 ? rocksdb::NewLRUCache(tuning.block_cache_bytes) : nullptr;
   t.no_block_cache = tuning.block_cache_bytes == 0;
   o.table_factory.reset(rocksdb::NewBlockBasedTableFactory(t));
   *out = std::move(o);

@@ -64,10 +64,10 @@ inline uint64_t DecodeVersion(const char* in) {
 // The tuning flags. Reads come from the region, never from RocksDB, so the cache is small and
 // there are no bloom filters; RocksDB is read sequentially once, at recovery.
 struct RocksDbTuning {
-  std::string compression = "lz4";          // none | snappy | lz4 | zstd
+  std::string compression = "lz4";            // none | snappy | lz4 | zstd
   uint64_t write_buffer_bytes = 64ull << 20;  // per memtable; up to 3 memtables
   uint64_t block_cache_bytes = 32ull << 20;
-  int background_jobs = 2;                  // flushes + compactions
+  int background_jobs = 2;  // flushes + compactions
 };
 
 // RocksDB options for a kvserver database into *out. kInvalidArgument for an unknown or

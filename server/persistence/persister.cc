@@ -35,9 +35,12 @@ Result<Durability> ParseDurability(std::string_view name) {
 
 std::string_view DurabilityName(Durability d) {
   switch (d) {
-    case Durability::kSync: return "sync";
-    case Durability::kAsync: return "async";
-    case Durability::kNone: return "none";
+    case Durability::kSync:
+      return "sync";
+    case Durability::kAsync:
+      return "async";
+    case Durability::kNone:
+      return "none";
   }
   return "?";
 }
@@ -46,12 +49,17 @@ std::string PromiseText(const PersistOptions& o) {
   switch (o.durability) {
     case Durability::kSync:
       return "durability=sync: a write is acknowledged only after it is in the write-ahead log "
-             "under " + o.data_dir + " and fsynced (group commit: writes share syncs); an "
+             "under " +
+             o.data_dir +
+             " and fsynced (group commit: writes share syncs); an "
              "acknowledged write survives kill -9, an OS crash and power loss";
     case Durability::kAsync:
       return "durability=async: a write is acknowledged once applied in memory; it is in the "
-             "write-ahead log under " + o.data_dir + " within milliseconds (from then on it "
-             "survives kill -9) and fsynced within " + std::to_string(o.persist_lag.count()) +
+             "write-ahead log under " +
+             o.data_dir +
+             " within milliseconds (from then on it "
+             "survives kill -9) and fsynced within " +
+             std::to_string(o.persist_lag.count()) +
              " ms; a crash may lose the writes acknowledged in about the last " +
              std::to_string(o.persist_lag.count()) + " ms";
     case Durability::kNone:
@@ -69,8 +77,8 @@ std::string UtcStamp() {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[64];
-  int ms = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                now.time_since_epoch()).count() % 1000);
+  int ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000);
   std::snprintf(buf, sizeof(buf), "%04d%02d%02d-%02d%02d%02d-%03d", tm.tm_year + 1900,
                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   return buf;
@@ -142,7 +150,7 @@ Status InstallSnapshot(const fs::path& snap, const fs::path& data_dir, const fs:
 Status CreateDatabase(const fs::path& data_dir, const fs::path& db_dir, rocksdb::Options options) {
   std::error_code ec;
   fs::path staging = data_dir / "db.new";
-  fs::remove_all(staging, ec);  // a leftover of an interrupted creation: ours
+  fs::remove_all(staging, ec);          // a leftover of an interrupted creation: ours
   fs::create_directories(staging, ec);  // (RocksDB logs an error when it has to create it)
   options.create_if_missing = true;
   options.error_if_exists = true;
@@ -172,7 +180,6 @@ constexpr uint64_t kNoSequenceCheck = ~uint64_t{0};
 
 }  // namespace
 
-
 // ---------------------------------------------------------------------------------------------
 
 Persister::Impl::Impl(const PersistOptions& o, const rocksdb::Options& db_options,
@@ -183,8 +190,8 @@ Persister::Impl::Impl(const PersistOptions& o, const rocksdb::Options& db_option
       sync_(o.durability == Durability::kSync),
       db_(std::move(db)),
       max_version_(max_version) {
-  snapshot_dir_ = o.snapshot_dir.empty() ? (fs::path(o.data_dir) / "snapshots").string()
-                                         : o.snapshot_dir;
+  snapshot_dir_ =
+      o.snapshot_dir.empty() ? (fs::path(o.data_dir) / "snapshots").string() : o.snapshot_dir;
   last_sync_ = Clock::now();
   thread_ = std::thread([this] { Run(); });
   if (!sync_) sync_thread_ = std::thread([this] { SyncLoop(); });
@@ -314,9 +321,8 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     LOG(INFO) << "recovery: loaded " << r->keys << " keys (" << static_cast<uint64_t>(mib)
               << " MiB) in " << r->seconds << " s ("
               << static_cast<uint64_t>(r->keys / std::max(r->seconds, 1e-9)) << " keys/s, "
-              << static_cast<uint64_t>(mib / std::max(r->seconds, 1e-9))
-              << " MiB/s, " << r->threads << " threads); versions continue above "
-              << r->max_version;
+              << static_cast<uint64_t>(mib / std::max(r->seconds, 1e-9)) << " MiB/s, " << r->threads
+              << " threads); versions continue above " << r->max_version;
     if (recovered) *recovered = *r;
     return r;
   };
@@ -334,7 +340,8 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     return Status::InvalidArgument("durability=" + std::string(DurabilityName(options.durability)) +
                                    " needs a --data_dir");
   }
-  if (options.persist_lag.count() < 1) return Status::InvalidArgument("persist lag must be >= 1 ms");
+  if (options.persist_lag.count() < 1)
+    return Status::InvalidArgument("persist lag must be >= 1 ms");
   rocksdb::Options dbo;
   RDKV_RETURN_IF_ERROR(MakeDbOptions(options.tuning, options.env, &dbo));
 
@@ -364,7 +371,8 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     max_version = r.max_version;
   } else {
     if (fs::exists(db_dir, ec) && !fs::is_empty(db_dir, ec)) {
-      return Status::NotSupported(db_dir.string() + " holds files but no RocksDB database (no "
+      return Status::NotSupported(db_dir.string() +
+                                  " holds files but no RocksDB database (no "
                                   "CURRENT file); move it away [nothing on disk was changed]");
     }
     fs::remove(db_dir, ec);  // an empty directory, if any
@@ -378,22 +386,21 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   rocksdb::Status s = rocksdb::DB::Open(dbo, db_dir.string(), &raw);
   if (!s.ok()) return FromRocks("cannot open " + db_dir.string() + " for writing", s);
   std::unique_ptr<rocksdb::DB> db(raw);
-  if (expected_sequence != kNoSequenceCheck &&
-      db->GetLatestSequenceNumber() != expected_sequence) {
-    return Status::Unavailable(
-        db_dir.string() + " changed while it was being loaded (sequence " +
-        std::to_string(expected_sequence) + " loaded, " +
-        std::to_string(db->GetLatestSequenceNumber()) + " now): is another kvserver using it?");
+  if (expected_sequence != kNoSequenceCheck && db->GetLatestSequenceNumber() != expected_sequence) {
+    return Status::Unavailable(db_dir.string() + " changed while it was being loaded (sequence " +
+                               std::to_string(expected_sequence) + " loaded, " +
+                               std::to_string(db->GetLatestSequenceNumber()) +
+                               " now): is another kvserver using it?");
   }
   // Leftovers of snapshots interrupted by a crash.
-  fs::path snap_dir = options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
+  fs::path snap_dir =
+      options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
   for (const fs::directory_entry& e : fs::directory_iterator(snap_dir, ec)) {
     if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
   }
   LOG(INFO) << PromiseText(options);
-  return std::unique_ptr<Persister>(
-      new Persister(std::make_unique<Impl>(options, dbo, db_dir.string(), std::move(db),
-                                           max_version)));
+  return std::unique_ptr<Persister>(new Persister(
+      std::make_unique<Impl>(options, dbo, db_dir.string(), std::move(db), max_version)));
 }
 
 }  // namespace rdkv::server::persistence

@@ -51,15 +51,15 @@ struct PersistOptions {
   std::chrono::milliseconds persist_lag{100};
   // Bound on applied-but-unwritten bytes (keys + values); writers wait while it is exceeded.
   uint64_t queue_bytes = 64ull << 20;
-  std::string snapshot_dir;                         // empty: <data_dir>/snapshots
-  std::chrono::milliseconds snapshot_interval{0};   // periodic snapshots; 0 = off
-  int snapshot_keep = 5;                            // periodic snapshots kept; 0 = all
-  std::string restore_from;                         // start from this snapshot directory
+  std::string snapshot_dir;                        // empty: <data_dir>/snapshots
+  std::chrono::milliseconds snapshot_interval{0};  // periodic snapshots; 0 = off
+  int snapshot_keep = 5;                           // periodic snapshots kept; 0 = all
+  std::string restore_from;                        // start from this snapshot directory
   RocksDbTuning tuning;
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // the server's --max_value_size
-  std::chrono::milliseconds io_retry{1000};         // after an I/O error, retry this often
+  std::chrono::milliseconds io_retry{1000};              // after an I/O error, retry this often
   std::chrono::milliseconds progress_interval{2000};
-  rocksdb::Env* env = nullptr;                      // test hook (fault injection); null = default
+  rocksdb::Env* env = nullptr;  // test hook (fault injection); null = default
 };
 
 // One line: the mode and what it promises, printed at start.
@@ -68,14 +68,14 @@ std::string PromiseText(const PersistOptions& options);
 struct PersisterStats {
   Durability durability = Durability::kNone;
   uint64_t queued_records = 0, queued_bytes = 0;  // applied, not yet handed to RocksDB
-  uint64_t records = 0;          // written to RocksDB
-  uint64_t groups = 0;           // WriteBatches written (one RocksDB write each)
-  uint64_t syncs = 0;            // WAL syncs
+  uint64_t records = 0;                           // written to RocksDB
+  uint64_t groups = 0;                            // WriteBatches written (one RocksDB write each)
+  uint64_t syncs = 0;                             // WAL syncs
   uint64_t max_group_records = 0;
   uint64_t admission_waits = 0;  // writes that waited for room (backpressure)
   uint64_t max_lag_us = 0;       // longest time a write waited in the queue before RocksDB had it
   uint64_t io_errors = 0;
-  bool failing = false;          // writes are refused (kIoError) until the disk recovers
+  bool failing = false;  // writes are refused (kIoError) until the disk recovers
   std::string last_error;
   uint64_t snapshots = 0;
   std::string last_snapshot;
@@ -107,8 +107,7 @@ class Persister {
   Status Admit();
   // After applying a write (same order as the store for one key). `done` may be null; in
   // sync mode it runs once, on the persister thread, when the write is durable or failed.
-  void EnqueuePut(std::string_view key, uint64_t version, std::string_view value,
-                  Completion done);
+  void EnqueuePut(std::string_view key, uint64_t version, std::string_view value, Completion done);
   void EnqueueDelete(std::string_view key, Completion done);
   // Records that versions up to `v` were handed out (the version counter was raised without a
   // write, e.g. by a shard move), so recovery restarts the counter above it.

@@ -46,8 +46,8 @@ void Persister::Impl::EnqueuePut(std::string_view key, uint64_t version, std::st
   bool wake;
   {
     MutexLock l(&mu_);
-    rocksdb::Status s = pending_.batch.Put(rocksdb::SliceParts(kparts, 2),
-                                           rocksdb::SliceParts(vparts, 2));
+    rocksdb::Status s =
+        pending_.batch.Put(rocksdb::SliceParts(kparts, 2), rocksdb::SliceParts(vparts, 2));
     CHECK(s.ok()) << "WriteBatch::Put: " << s.ToString();  // only fails past 4 GiB
     wake = NoteEnqueuedLocked(key.size() + value.size() + 1 + kVersionBytes, std::move(done));
     max_version_ = std::max(max_version_, version);
@@ -75,9 +75,9 @@ void Persister::Impl::EnqueueMaxVersion(uint64_t v, Completion done) {
     max_version_ = std::max(max_version_, v);
     char enc[kVersionBytes];
     EncodeVersion(max_version_, enc);
-    rocksdb::Status s = pending_.batch.Put(
-        rocksdb::Slice(kMetaMaxVersion.data(), kMetaMaxVersion.size()),
-        rocksdb::Slice(enc, kVersionBytes));
+    rocksdb::Status s =
+        pending_.batch.Put(rocksdb::Slice(kMetaMaxVersion.data(), kMetaMaxVersion.size()),
+                           rocksdb::Slice(enc, kVersionBytes));
     CHECK(s.ok()) << "WriteBatch::Put: " << s.ToString();
     wake = NoteEnqueuedLocked(kMetaMaxVersion.size() + kVersionBytes, std::move(done));
   }

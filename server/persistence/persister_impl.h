@@ -63,8 +63,8 @@ class Persister::Impl {
 
   // persister_commit.cc
   Status Admit() EXCLUDES(mu_);
-  void EnqueuePut(std::string_view key, uint64_t version, std::string_view value,
-                  Completion done) EXCLUDES(mu_);
+  void EnqueuePut(std::string_view key, uint64_t version, std::string_view value, Completion done)
+      EXCLUDES(mu_);
   void EnqueueDelete(std::string_view key, Completion done) EXCLUDES(mu_);
   void EnqueueMaxVersion(uint64_t v, Completion done) EXCLUDES(mu_);
 
@@ -149,8 +149,8 @@ class Persister::Impl {
   int flush_waiters_ GUARDED_BY(mu_) = 0;
   bool stop_ GUARDED_BY(mu_) = false;
   bool stopped_ GUARDED_BY(mu_) = false;
-  Status failing_ GUARDED_BY(mu_);       // writes to RocksDB fail
-  Status sync_failing_ GUARDED_BY(mu_);  // async WAL syncs fail
+  Status failing_ GUARDED_BY(mu_);            // writes to RocksDB fail
+  Status sync_failing_ GUARDED_BY(mu_);       // async WAL syncs fail
   bool writer_done_ GUARDED_BY(mu_) = false;  // the persister thread has ended
   std::string last_error_ GUARDED_BY(mu_);
   Clock::time_point last_sync_ GUARDED_BY(mu_);

@@ -26,8 +26,8 @@ namespace {
 bool ValidSnapshotName(std::string_view name) {
   if (name.empty() || name.size() > 128 || name[0] == '.') return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '.' || c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
   });
 }
 
@@ -85,7 +85,8 @@ void Persister::Impl::SnapshotLoop() {
 
 Result<std::string> Persister::Impl::TakeSnapshot(const std::string& name) {
   if (!ValidSnapshotName(name)) {
-    return Status::InvalidArgument("snapshot name '" + name + "': use 1..128 of [A-Za-z0-9._-], "
+    return Status::InvalidArgument("snapshot name '" + name +
+                                   "': use 1..128 of [A-Za-z0-9._-], "
                                    "not starting with '.'");
   }
   std::error_code ec;

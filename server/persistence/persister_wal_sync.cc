@@ -35,8 +35,8 @@ void Persister::Impl::SyncLoop() {
     Clock::time_point now = Clock::now();
     const bool unsynced = written_seq_ > synced_seq_;
     if (writer_done_ && (!unsynced || !sync_failing_.ok())) break;
-    const bool due = unsynced && (writer_done_ || flush_waiters_ > 0 ||
-                                  now >= last_sync_ + o_.persist_lag) &&
+    const bool due = unsynced &&
+                     (writer_done_ || flush_waiters_ > 0 || now >= last_sync_ + o_.persist_lag) &&
                      (sync_failing_.ok() || now >= retry_at);
     if (!due) {
       Clock::time_point wake = unsynced ? last_sync_ + o_.persist_lag : Clock::time_point::max();

@@ -49,14 +49,15 @@ Result<ReadOnlyDb> OpenValidated(const std::string& db_dir, rocksdb::Env* env,
   s = out.db->Get(rocksdb::ReadOptions(), rocksdb::Slice(kMetaFormat.data(), kMetaFormat.size()),
                   &v);
   if (s.IsNotFound()) {
-    return Status::NotSupported(db_dir + " is a RocksDB database but not an rdkv one (it has no "
-                                "format key '" + std::string(kMetaFormat) + "')");
+    return Status::NotSupported(db_dir +
+                                " is a RocksDB database but not an rdkv one (it has no "
+                                "format key '" +
+                                std::string(kMetaFormat) + "')");
   }
   if (!s.ok()) return FromRocks("cannot read the format key of " + db_dir, s);
   if (v != std::to_string(kFormatVersion)) {
     return Status::NotSupported(db_dir + " holds rdkv persistence format version '" + v +
-                                "'; this kvserver reads version " +
-                                std::to_string(kFormatVersion));
+                                "'; this kvserver reads version " + std::to_string(kFormatVersion));
   }
   s = out.db->Get(rocksdb::ReadOptions(),
                   rocksdb::Slice(kMetaMaxVersion.data(), kMetaMaxVersion.size()), &v);
@@ -159,9 +160,9 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   // (Store::Restore). Keys are unique in the database, so no order between ranges matters.
   const uint64_t heap_units = store->header().heap_bytes / kv::kUnit;
   const uint64_t slots = store->header().bucket_count * kv::kSlotsPerBucket;
-  const size_t threads =
-      options.threads > 0 ? static_cast<size_t>(options.threads)
-                          : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  const size_t threads = options.threads > 0
+                             ? static_cast<size_t>(options.threads)
+                             : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
   std::vector<std::string> splits = SplitKeys(rodb.db.get(), threads);
   const size_t parts = splits.size() + 1;
   struct Part {

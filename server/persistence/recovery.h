@@ -28,19 +28,19 @@ namespace rdkv::server::persistence {
 
 struct RecoveryStats {
   uint64_t keys = 0;
-  uint64_t bytes = 0;          // key + value bytes loaded
-  uint64_t max_version = 0;    // the largest version the database remembers (items and meta)
-  uint64_t sequence = 0;       // RocksDB's last sequence number: identifies the state loaded
-  double seconds = 0;          // wall clock, in all: open, read and write into the region
-  double cpu_seconds = 0;      // CPU time of the loading threads (all of them)
-  int threads = 1;             // key ranges loaded in parallel
+  uint64_t bytes = 0;        // key + value bytes loaded
+  uint64_t max_version = 0;  // the largest version the database remembers (items and meta)
+  uint64_t sequence = 0;     // RocksDB's last sequence number: identifies the state loaded
+  double seconds = 0;        // wall clock, in all: open, read and write into the region
+  double cpu_seconds = 0;    // CPU time of the loading threads (all of them)
+  int threads = 1;           // key ranges loaded in parallel
 };
 
 struct LoadOptions {
   rocksdb::Env* env = nullptr;  // null: the default Env
   RocksDbTuning tuning;
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // the server's --max_value_size
-  std::chrono::milliseconds progress_interval{2000};  // progress log period on long loads
+  std::chrono::milliseconds progress_interval{2000};     // progress log period on long loads
   // The progress lines' prefix: "recovery" (the data dir's database) or "restore" (a snapshot).
   std::string progress_label = "recovery";
   // Key ranges loaded in parallel at most (fewer when the database has few table files);
@@ -64,8 +64,8 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
 // Reads the database in `db_dir` read-only, calling `item` for each item in key order
 // (tests and the crash test's checker). Same errors as LoadDatabase for damaged or foreign
 // databases. *max_version (optional) receives the meta max_version.
-using ItemVisitor = std::function<void(std::string_view key, uint64_t version,
-                                       std::string_view value)>;
+using ItemVisitor =
+    std::function<void(std::string_view key, uint64_t version, std::string_view value)>;
 Status ScanDatabase(const std::string& db_dir, rocksdb::Env* env, const ItemVisitor& item,
                     uint64_t* max_version = nullptr);
 

@@ -233,7 +233,8 @@ class FakeClientTest : public ::testing::Test {
     // The fake reuses no block for 20 s (its grace period), so a long deadline is safe; it keeps
     // sanitizer slowness from adding retries to the READ counts the tests check (the slow-path
     // test sets its own).
-    if (o.read_deadline == ClientOptions{}.read_deadline) o.read_deadline = std::chrono::seconds(10);
+    if (o.read_deadline == ClientOptions{}.read_deadline)
+      o.read_deadline = std::chrono::seconds(10);
     auto f = std::make_unique<FakeFabric>(&server_);
     fabric_ = f.get();
     return client::ConnectWithFabric(o, std::move(f));
@@ -444,7 +445,8 @@ TEST_F(FakeClientTest, SlowAttemptIsRestartedFromTheIndex) {
   ASSERT_TRUE(c->Put("k", "v").ok());
   int slow = 1;
   server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
-    if (IsItemRead(offset) && slow-- > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (IsItemRead(offset) && slow-- > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return transport::ReadStatus::kOk;
   };
   auto g = c->Get("k");
@@ -700,9 +702,7 @@ TEST_F(FakeClientTest, MultiGetReadErrorFailsUnresolvedKeys) {
 class OtherClient final : public Client {
  public:
   Result<GetResult> Get(std::string_view) override { return Status::NotSupported("other"); }
-  std::vector<Result<GetResult>> MultiGet(std::span<const std::string_view>) override {
-    return {};
-  }
+  std::vector<Result<GetResult>> MultiGet(std::span<const std::string_view>) override { return {}; }
   Result<uint64_t> Put(std::string_view, std::string_view) override {
     return Status::NotSupported("other");
   }

@@ -130,7 +130,8 @@ TEST_F(ClusterClientTest, ThreadsShareOneClientAcrossServers) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       std::vector<std::string> keys;
-      for (int i = 0; i < kKeys; ++i) keys.push_back("t" + std::to_string(t) + ":" + std::to_string(i));
+      for (int i = 0; i < kKeys; ++i)
+        keys.push_back("t" + std::to_string(t) + ":" + std::to_string(i));
       for (int round = 0; round < 3; ++round) {
         for (const auto& k : keys) {
           if (!c->Put(k, k + "/" + std::to_string(round)).ok()) failures.fetch_add(1);

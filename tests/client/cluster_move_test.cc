@@ -252,9 +252,8 @@ TEST_F(ClusterMoveTest, FinishesAMoveInterruptedAfterStepOne) {
   ASSERT_NE(admin, nullptr);
   std::string log;
   const std::vector<uint32_t> shards = {4};  // server 1 -> server 2
-  auto report =
-      Admin(*admin).MoveShards(shards, 2,
-                               [&](std::string_view l) { log += std::string(l) + "\n"; });
+  auto report = Admin(*admin).MoveShards(shards, 2,
+                                         [&](std::string_view l) { log += std::string(l) + "\n"; });
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   EXPECT_EQ(report->resumed, std::vector<uint32_t>{3});
   EXPECT_EQ(report->resumed_from_epoch, 1u);
@@ -521,8 +520,8 @@ Result<uint64_t> MoveRetryingWrite(Fn&& write) {
   Result<uint64_t> r = Status::Internal("not run");
   for (int i = 0; i < 30; ++i) {
     r = write();
-    if (r.ok() || !(r.status().Is(StatusCode::kUnavailable) ||
-                    r.status().Is(StatusCode::kConnectionLost))) {
+    if (r.ok() ||
+        !(r.status().Is(StatusCode::kUnavailable) || r.status().Is(StatusCode::kConnectionLost))) {
       break;
     }
     std::this_thread::sleep_for(100ms);
@@ -782,8 +781,7 @@ TEST_F(ClusterMoveTest, ASecondCopyOfAShardIsRefusedWhileTheFirstIsActive) {
 // its newest map) at every durability, and one with durability none keeps the moved shard with
 // its new owner across a restart.
 TEST_F(ClusterMoveTest, ClusterServerWithoutDataDirIsRefusedAndARestartKeepsTheMovedShard) {
-  for (persistence::Durability d : {persistence::Durability::kNone,
-                                    persistence::Durability::kAsync,
+  for (persistence::Durability d : {persistence::Durability::kNone, persistence::Durability::kAsync,
                                     persistence::Durability::kSync}) {
     server::ServerOptions o = Options(0);
     o.persist.durability = d;
@@ -798,7 +796,7 @@ TEST_F(ClusterMoveTest, ClusterServerWithoutDataDirIsRefusedAndARestartKeepsTheM
         << refused.status().message();
   }
 
-  StartAll();  // durability none, data dirs holding only the map
+  StartAll();                         // durability none, data dirs holding only the map
   const std::string k = KeyIn(0, 4);  // shard 0: server 0 -> 1
   auto c = NewClient(2);
   ASSERT_NE(c, nullptr);
@@ -809,8 +807,7 @@ TEST_F(ClusterMoveTest, ClusterServerWithoutDataDirIsRefusedAndARestartKeepsTheM
   servers_[0] = StartServer(0);  // its --cluster_map: epoch 1, shard 0 on server 0
   ASSERT_NE(servers_[0], nullptr);
   EXPECT_EQ(EpochOf(0), 2u) << "the saved map wins over the older flag map";
-  EXPECT_EQ(Call(0, {kv::Op::kPut, k, "must-not-land", 0}).status.code(),
-            StatusCode::kWrongOwner)
+  EXPECT_EQ(Call(0, {kv::Op::kPut, k, "must-not-land", 0}).status.code(), StatusCode::kWrongOwner)
       << "server 0 must not claim the shard it gave away";
   auto fresh = NewClient(0);  // e.g. kvcli --seed=<server 0>
   ASSERT_NE(fresh, nullptr);

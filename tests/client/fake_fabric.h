@@ -125,8 +125,7 @@ class FakeServer {
       const uint8_t* it = ItemAt(f.offset_units);
       kv::ItemHeader ih;
       std::memcpy(&ih, it, sizeof(ih));
-      if (ih.key_bytes == key.size() &&
-          std::memcmp(it + sizeof(ih), key.data(), key.size()) == 0) {
+      if (ih.key_bytes == key.size() && std::memcmp(it + sizeof(ih), key.data(), key.size()) == 0) {
         return &w[i];
       }
     }
@@ -155,7 +154,8 @@ class FakeServer {
     std::memcpy(p + sizeof(ih), key.data(), key.size());
     std::memcpy(p + sizeof(ih) + key.size(), value.data(), value.size());
     std::memcpy(p, &ih, sizeof(ih));
-    return kv::PackSlot({kv::FingerprintOf(kv::KeyHash(key)), static_cast<uint16_t>(ih.units), off});
+    return kv::PackSlot(
+        {kv::FingerprintOf(kv::KeyHash(key)), static_cast<uint16_t>(ih.units), off});
   }
 
   // Fault: marks the item `slot_word` points at DEAD (state and checksum), outside the store.
@@ -185,14 +185,19 @@ class FakeServer {
     std::lock_guard<std::mutex> l(mu_);
     Result<uint64_t> v = uint64_t{0};
     switch (op) {
-      case kv::Op::kDelete: return store_->Delete(key);
+      case kv::Op::kDelete:
+        return store_->Delete(key);
       case kv::Op::kInsert:
         v = store_->Insert(key, value, version);
         // The fake's own answer text, fixed so tests can check the client passes it on.
         if (v.status().Is(StatusCode::kAlreadyExists)) return Status::AlreadyExists("key exists");
         break;
-      case kv::Op::kCas: v = store_->Cas(key, expected, value, version); break;
-      default: v = store_->Put(key, value); break;
+      case kv::Op::kCas:
+        v = store_->Cas(key, expected, value, version);
+        break;
+      default:
+        v = store_->Put(key, value);
+        break;
     }
     if (!v.ok()) return v.status();
     *version = *v;
@@ -228,19 +233,24 @@ class FakeServer {
       case kv::Op::kDelete:
         s = Apply(req->op, req->key, req->value, req->expected_version, &version);
         break;
-      case kv::Op::kStats: body = R"({"items":1})"; break;  // a fixed body, for tests
-      case kv::Op::kPing: break;
-      case kv::Op::kClusterMap: break;  // standalone, as kvserver: an empty map, epoch 0
-      default: s = Status::NotSupported("the fake server is standalone, without persistence");
+      case kv::Op::kStats:
+        body = R"({"items":1})";
+        break;  // a fixed body, for tests
+      case kv::Op::kPing:
+        break;
+      case kv::Op::kClusterMap:
+        break;  // standalone, as kvserver: an empty map, epoch 0
+      default:
+        s = Status::NotSupported("the fake server is standalone, without persistence");
     }
     kv::EncodeResponse(s, version, body, response);
   }
 
   // --- knobs for the fake connection ---
   std::string token;
-  std::atomic<bool> down{false};         // Connect fails kUnavailable
-  std::atomic<uint64_t> generation{0};   // bump to kill every open connection
-  std::atomic<uint64_t> reads{0};        // READs served
+  std::atomic<bool> down{false};        // Connect fails kUnavailable
+  std::atomic<uint64_t> generation{0};  // bump to kill every open connection
+  std::atomic<uint64_t> reads{0};       // READs served
   std::atomic<uint64_t> calls{0};
   std::atomic<bool> calls_time_out{false};
   uint32_t rkey = 0x5eed;
@@ -296,8 +306,8 @@ class FakeMemory : public transport::MemoryRegion {
 class FakeConnection : public transport::Connection {
  public:
   explicit FakeConnection(FakeServer* s) : s_(s), generation_(s->generation.load()) {
-    regions_.push_back({reinterpret_cast<uint64_t>(s->region()), s->size(), s->rkey,
-                        kv::kLayoutVersion});
+    regions_.push_back(
+        {reinterpret_cast<uint64_t>(s->region()), s->size(), s->rkey, kv::kLayoutVersion});
   }
   const std::vector<transport::RegionDescriptor>& regions() const override { return regions_; }
 

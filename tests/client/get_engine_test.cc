@@ -42,8 +42,8 @@ class GetEngineTest : public ::testing::Test {
                                      &counters_);
     caller_ = std::make_unique<Caller>(options_, links_.get(), &counters_);
     router_ = std::make_unique<Router>(links_.get(), caller_.get());
-    engine_ = std::make_unique<GetEngine>(options_, links_.get(), router_.get(), &pool_,
-                                          &counters_);
+    engine_ =
+        std::make_unique<GetEngine>(options_, links_.get(), router_.get(), &pool_, &counters_);
   }
 
   // Makes the engine a cluster client (one server, one shard) that judges every result by

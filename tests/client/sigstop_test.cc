@@ -111,7 +111,9 @@ TEST_F(SigstopTest, GetsNeedNoServerCpuWritesDo) {
     EXPECT_EQ(r->value, "value" + std::to_string(i));
   }
   EXPECT_EQ(client_->Get("never-stored").status().code(), rdkv::StatusCode::kNotFound);
-  std::fprintf(stderr, "sigstop_test: %d GETs answered while stopped; now a PUT (expect a timeout)\n", kKeys);
+  std::fprintf(stderr,
+               "sigstop_test: %d GETs answered while stopped; now a PUT (expect a timeout)\n",
+               kKeys);
   auto put = client_->Put("key0", "while-stopped");
   EXPECT_EQ(put.status().code(), rdkv::StatusCode::kTimedOut) << put.status().ToString();
   {

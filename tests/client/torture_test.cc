@@ -108,8 +108,8 @@ TEST(ClientTorture, ConcurrentWritersNeverYieldAWrongValue) {
   for (auto& f : floor) f.store(0);
 
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> gets{0}, found{0}, not_found{0}, invalid{0}, stale{0}, errors{0},
-      writes{0}, write_errors{0};
+  std::atomic<uint64_t> gets{0}, found{0}, not_found{0}, invalid{0}, stale{0}, errors{0}, writes{0},
+      write_errors{0};
   std::mutex report_mu;
   std::vector<std::string> reports;
   auto report = [&](std::string what) {

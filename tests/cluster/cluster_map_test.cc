@@ -67,20 +67,34 @@ TEST(ClusterMapTest, DefaultOwnersAreRoundRobin) {
 }
 
 TEST(ClusterMapTest, BadMapsNameTheProblem) {
-  struct Case { const char* json; const char* expect; };
-  for (const Case& c : {
-           Case{"{", "JSON"},
-           Case{R"({"epoch": 0, "shards": 1, "servers": [{"id": 0, "address": "a:1"}]})", "epoch"},
-           Case{R"({"epoch": 1, "shards": 0, "servers": [{"id": 0, "address": "a:1"}]})", "shards"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": []})", "servers"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "nope"}]})", "host:port"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 0, "address": "b:1"}]})", "twice"},
-           Case{R"({"epoch": 1, "shards": 2, "servers": [{"id": 0, "address": "a:1"}], "owners": [0]})", "owners"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "owners": [3]})", "shard 0"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "extra": 1})", "unknown field"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\"b:1"}]})", "printable ASCII"},
-           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\u0001:1"}]})", "printable ASCII"},
-       }) {
+  struct Case {
+    const char* json;
+    const char* expect;
+  };
+  for (
+      const Case& c : {
+          Case{"{", "JSON"},
+          Case{R"({"epoch": 0, "shards": 1, "servers": [{"id": 0, "address": "a:1"}]})", "epoch"},
+          Case{R"({"epoch": 1, "shards": 0, "servers": [{"id": 0, "address": "a:1"}]})", "shards"},
+          Case{R"({"epoch": 1, "shards": 1, "servers": []})", "servers"},
+          Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "nope"}]})",
+               "host:port"},
+          Case{
+              R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 0, "address": "b:1"}]})",
+              "twice"},
+          Case{
+              R"({"epoch": 1, "shards": 2, "servers": [{"id": 0, "address": "a:1"}], "owners": [0]})",
+              "owners"},
+          Case{
+              R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "owners": [3]})",
+              "shard 0"},
+          Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "extra": 1})",
+               "unknown field"},
+          Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\"b:1"}]})",
+               "printable ASCII"},
+          Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\u0001:1"}]})",
+               "printable ASCII"},
+      }) {
     Result<ClusterMap> m = ParseClusterMap(c.json);
     ASSERT_FALSE(m.ok()) << c.json;
     EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);

@@ -2,9 +2,9 @@
 // message decoders (common/kv/admin_wire.h) and the item check clients run on bytes READ from a
 // server (common/kv/layout.h). None may crash, read out of bounds, or accept what it should
 // not; an admin message that decodes re-encodes to the same request.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -27,8 +27,8 @@ bool SameRequest(const Request& a, const Request& b) {
 }
 
 bool Inside(std::string_view part, std::string_view whole) {
-  return part.empty() || (part.data() >= whole.data() &&
-                          part.data() + part.size() <= whole.data() + whole.size());
+  return part.empty() ||
+         (part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size());
 }
 
 // Runs the admin decoder of a framed request's op; what decodes must re-encode to the request.
@@ -116,7 +116,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto entries = rdkv::kv::DecodeScanEntries(text, limits);
   if (entries.ok()) {
     for (const auto& e : *entries) {
-      if (e.key.data() < text.data() || e.value.data() + e.value.size() > text.data() + size) std::abort();
+      if (e.key.data() < text.data() || e.value.data() + e.value.size() > text.data() + size)
+        std::abort();
     }
   }
   CheckAdminAnswers(text, limits);

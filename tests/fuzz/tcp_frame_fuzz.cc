@@ -37,8 +37,9 @@ bool Inside(Bytes part, Bytes whole) {
 void DecodeAndCompare(FrameType type, Bytes body, Bytes frame) {
   auto compare = [&](const std::vector<uint8_t>& encoded_frame) {
     if (frame.empty()) {
-      Check(Same(std::vector<uint8_t>(encoded_frame.begin() + kFrameHeaderSize, encoded_frame.end()),
-                 body));
+      Check(
+          Same(std::vector<uint8_t>(encoded_frame.begin() + kFrameHeaderSize, encoded_frame.end()),
+               body));
     } else {
       Check(Same(encoded_frame, frame));
     }

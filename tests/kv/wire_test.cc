@@ -45,14 +45,27 @@ TEST(WireTest, MalformedRequestsAreProtocolErrors) {
     EXPECT_EQ(r.status().code(), code) << what << ": " << r.status().ToString();
   };
   expect_code({}, StatusCode::kProtocolError, "empty");
-  expect_code(std::vector<uint8_t>(good.begin(), good.begin() + 10), StatusCode::kProtocolError, "short");
-  auto b = good; b[0] ^= 1; expect_code(b, StatusCode::kProtocolError, "magic");
-  b = good; b[2] = 9; expect_code(b, StatusCode::kProtocolError, "version");
-  b = good; b[3] = 200; expect_code(b, StatusCode::kProtocolError, "op");
-  b = good; b.push_back(0); expect_code(b, StatusCode::kProtocolError, "trailing byte");
-  b = good; uint32_t huge = 0xffffffff; std::memcpy(b.data() + 4, &huge, 4);
+  expect_code(std::vector<uint8_t>(good.begin(), good.begin() + 10), StatusCode::kProtocolError,
+              "short");
+  auto b = good;
+  b[0] ^= 1;
+  expect_code(b, StatusCode::kProtocolError, "magic");
+  b = good;
+  b[2] = 9;
+  expect_code(b, StatusCode::kProtocolError, "version");
+  b = good;
+  b[3] = 200;
+  expect_code(b, StatusCode::kProtocolError, "op");
+  b = good;
+  b.push_back(0);
+  expect_code(b, StatusCode::kProtocolError, "trailing byte");
+  b = good;
+  uint32_t huge = 0xffffffff;
+  std::memcpy(b.data() + 4, &huge, 4);
   expect_code(b, StatusCode::kProtocolError, "key length past the end");
-  b = good; b[12] = 1; expect_code(b, StatusCode::kProtocolError, "flags");
+  b = good;
+  b[12] = 1;
+  expect_code(b, StatusCode::kProtocolError, "flags");
 }
 
 TEST(WireTest, LimitsAreInvalidArgument) {
@@ -134,9 +147,9 @@ TEST(AdminWireTest, MalformedRequestsAreRefused) {
   // Fields a message does not use.
   EXPECT_EQ(code(DecodeSnapshot({Op::kSnapshot, "s", "v", 0})), kProto);
   EXPECT_EQ(code(DecodeSnapshot({Op::kSnapshot, "s", "", 1})), kProto);
-  EXPECT_EQ(code(DecodeSnapshot({Op::kSnapshot, std::string(kMaxSnapshotNameBytes + 1, 's'), "",
-                                 0})),
-            kInvalid);
+  EXPECT_EQ(
+      code(DecodeSnapshot({Op::kSnapshot, std::string(kMaxSnapshotNameBytes + 1, 's'), "", 0})),
+      kInvalid);
   EXPECT_EQ(code(DecodeMapFetch({Op::kClusterMap, "k", "", 0})), kProto);
   EXPECT_EQ(code(DecodeMapFetch({Op::kClusterMap, "", "{}", 0})), kProto);
   EXPECT_EQ(code(DecodeMapFetch({Op::kClusterMap, "", "", 3})), kProto);
@@ -147,9 +160,19 @@ TEST(AdminWireTest, MalformedRequestsAreRefused) {
   EXPECT_EQ(code(DecodeDropShard({Op::kDropShard, "3", "v", 0})), kProto);
   EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, "3", "", kScanDone})), kInvalid);
   // Shard numbers: canonical decimal below kMaxShards only.
-  const std::string_view bad_shards[] = {"",     "-1",    "+1",         "01",   "00",
-                                         "1a",   " 1",    "1 ",         "4096", "99999",
-                                         "4294967296", "0x10", std::string_view("1\0", 2)};
+  const std::string_view bad_shards[] = {"",
+                                         "-1",
+                                         "+1",
+                                         "01",
+                                         "00",
+                                         "1a",
+                                         " 1",
+                                         "1 ",
+                                         "4096",
+                                         "99999",
+                                         "4294967296",
+                                         "0x10",
+                                         std::string_view("1\0", 2)};
   for (std::string_view bad : bad_shards) {
     EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, bad, "", 0})), kInvalid) << bad;
     EXPECT_EQ(code(DecodeDropShard({Op::kDropShard, bad, "", 0})), kInvalid) << bad;
@@ -238,8 +261,8 @@ TEST(AdminWireTest, MalformedAnswersAreRefused) {
   EXPECT_EQ(DecodeShardScanAnswer(0, kScanDone, entry(0, 1), limits).status().code(), kProto);
   EXPECT_EQ(DecodeShardScanAnswer(0, kScanDone, entry(1025, 1), limits).status().code(), kProto);
   EXPECT_EQ(DecodeShardScanAnswer(0, kScanDone, entry(1, 101), limits).status().code(), kProto);
-  EXPECT_EQ(DecodeShardScanAnswer(0, kScanDone, entry(0xffffffff, 0xffffffff), WireLimits{
-                                                    ~size_t{0}, ~uint64_t{0}})
+  EXPECT_EQ(DecodeShardScanAnswer(0, kScanDone, entry(0xffffffff, 0xffffffff),
+                                  WireLimits{~size_t{0}, ~uint64_t{0}})
                 .status()
                 .code(),
             kProto);

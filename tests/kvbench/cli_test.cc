@@ -31,7 +31,8 @@ const std::string kWorkloads = KVBENCH_WORKLOADS_DIR;
 TEST(KvbenchCli, WorkloadERefusedForEveryBackend) {
   for (const char* db : {"rdkv", "redis", "memcached"}) {
     for (const char* phase : {"load", "run"}) {
-      const CliRun r = Kvbench(std::string(phase) + " -db " + db + " -P " + kWorkloads + "/workloade");
+      const CliRun r =
+          Kvbench(std::string(phase) + " -db " + db + " -P " + kWorkloads + "/workloade");
       EXPECT_EQ(r.status, 2) << db << " " << phase << ": " << r.output;
       EXPECT_NE(r.output.find("no range scans"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("workload E"), std::string::npos) << r.output;
@@ -84,9 +85,10 @@ TEST(KvbenchCli, UsageErrorsAndHelp) {
 TEST(KvbenchCli, UnreachableServerFailsClearly) {
   // Port 1 on loopback: nothing listens there.
   for (const char* db : {"rdkv", "redis", "memcached"}) {
-    const std::string port = std::string(" -p ") + db + (std::string(db) == "rdkv" ? ".seed=127.0.0.1:1" : ".port=1");
-    const CliRun r = Kvbench("run -db " + std::string(db) + " -P " + kWorkloads + "/workloadc" + port +
-                             (std::string(db) == "rdkv" ? " -p rdkv.transport=tcp" : ""));
+    const std::string port =
+        std::string(" -p ") + db + (std::string(db) == "rdkv" ? ".seed=127.0.0.1:1" : ".port=1");
+    const CliRun r = Kvbench("run -db " + std::string(db) + " -P " + kWorkloads + "/workloadc" +
+                             port + (std::string(db) == "rdkv" ? " -p rdkv.transport=tcp" : ""));
     if (r.output.find("built without") != std::string::npos) continue;  // backend not in this build
     EXPECT_EQ(r.status, 1) << db << ": " << r.output;
     EXPECT_NE(r.output.find("127.0.0.1:1"), std::string::npos) << db << ": " << r.output;

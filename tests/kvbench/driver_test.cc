@@ -109,8 +109,10 @@ TEST(Driver, EveryWorkloadAddsUp) {
   for (const char* file : {"workloada", "workloadb", "workloadc", "workloadd", "workloadf"}) {
     SCOPED_TRACE(file);
     MemoryBackend backend;
-    const WorkloadConfig c = Load(file, {{"recordcount", "500"}, {"operationcount", "3000"},
-                                         {"threadcount", "3"}, {"status.interval", "0"}});
+    const WorkloadConfig c = Load(file, {{"recordcount", "500"},
+                                         {"operationcount", "3000"},
+                                         {"threadcount", "3"},
+                                         {"status.interval", "0"}});
     CoreWorkload w(c);
     DriverOptions load;
     load.phase = Phase::kLoad;
@@ -162,8 +164,10 @@ TEST(Driver, EveryWorkloadAddsUp) {
 
 TEST(Driver, TargetRateHolds) {
   MemoryBackend backend;
-  const WorkloadConfig c = Load("workloadc", {{"recordcount", "100"}, {"operationcount", "600"},
-                                              {"threadcount", "2"}, {"target", "2000"},
+  const WorkloadConfig c = Load("workloadc", {{"recordcount", "100"},
+                                              {"operationcount", "600"},
+                                              {"threadcount", "2"},
+                                              {"target", "2000"},
                                               {"status.interval", "0"}});
   CoreWorkload w(c);
   DriverOptions load;
@@ -184,8 +188,10 @@ TEST(Driver, TargetCountsLatencyFromTheIntendedStart) {
   // omission); measured from when they were issued, only the stalled one is slow.
   auto run = [](bool target) {
     MemoryBackend backend;
-    std::map<std::string, std::string> o = {{"recordcount", "100"}, {"operationcount", "400"},
-                                            {"threadcount", "1"}, {"status.interval", "0"}};
+    std::map<std::string, std::string> o = {{"recordcount", "100"},
+                                            {"operationcount", "400"},
+                                            {"threadcount", "1"},
+                                            {"status.interval", "0"}};
     if (target) o["target"] = "1000";
     CoreWorkload w(Load("workloadc", o));
     DriverOptions load;
@@ -199,15 +205,17 @@ TEST(Driver, TargetCountsLatencyFromTheIntendedStart) {
   const OpSummary with = run(true), without = run(false);
   EXPECT_GE(with.max_us, 200000);
   EXPECT_GE(without.max_us, 200000);
-  EXPECT_GT(with.p95_us, 100000);   // ~150 of 400 operations were over 50 ms late
+  EXPECT_GT(with.p95_us, 100000);  // ~150 of 400 operations were over 50 ms late
   EXPECT_GT(with.p50_us, without.p50_us);
   EXPECT_LT(without.p95_us, 100000);
 }
 
 TEST(Driver, RunsForMaxExecutionTime) {
   MemoryBackend backend;
-  const WorkloadConfig c = Load("workloadb", {{"recordcount", "100"}, {"operationcount", "0"},
-                                              {"maxexecutiontime", "0.3"}, {"threadcount", "2"},
+  const WorkloadConfig c = Load("workloadb", {{"recordcount", "100"},
+                                              {"operationcount", "0"},
+                                              {"maxexecutiontime", "0.3"},
+                                              {"threadcount", "2"},
                                               {"status.interval", "0"}});
   CoreWorkload w(c);
   DriverOptions load;
@@ -237,8 +245,10 @@ TEST(Driver, RunsForMaxExecutionTime) {
 
 TEST(Driver, ErrorsAreCountedByKind) {
   MemoryBackend backend;
-  const WorkloadConfig c = Load("workloada", {{"recordcount", "200"}, {"operationcount", "1000"},
-                                              {"threadcount", "2"}, {"status.interval", "0"}});
+  const WorkloadConfig c = Load("workloada", {{"recordcount", "200"},
+                                              {"operationcount", "1000"},
+                                              {"threadcount", "2"},
+                                              {"status.interval", "0"}});
   CoreWorkload w(c);
   DriverOptions load;
   load.phase = Phase::kLoad;
@@ -270,8 +280,8 @@ TEST(Driver, ErrorsAreCountedByKind) {
 
 TEST(Driver, ReadsOfMissingKeysAreNotFound) {
   MemoryBackend backend;
-  CoreWorkload w(Load("workloadc", {{"recordcount", "100"}, {"operationcount", "500"},
-                                    {"status.interval", "0"}}));
+  CoreWorkload w(Load(
+      "workloadc", {{"recordcount", "100"}, {"operationcount", "500"}, {"status.interval", "0"}}));
   auto r = RunPhase(w, backend, DriverOptions{});  // no load phase
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(Ret(*r, "READ", "NOT_FOUND"), 500u);
@@ -281,8 +291,10 @@ TEST(Driver, ReadsOfMissingKeysAreNotFound) {
 
 TEST(Driver, StatusLines) {
   MemoryBackend backend;
-  CoreWorkload w(Load("workloadc", {{"recordcount", "100"}, {"operationcount", "0"},
-                                    {"maxexecutiontime", "0.35"}, {"status.interval", "0.1"}}));
+  CoreWorkload w(Load("workloadc", {{"recordcount", "100"},
+                                    {"operationcount", "0"},
+                                    {"maxexecutiontime", "0.35"},
+                                    {"status.interval", "0.1"}}));
   char* buf = nullptr;
   size_t len = 0;
   std::FILE* out = open_memstream(&buf, &len);
@@ -305,8 +317,8 @@ TEST(Driver, StatusLines) {
 TEST(Driver, LoadProgressLines) {
   MemoryBackend backend;
   // 400 records at 2000/s: about 0.2 s, a progress line every 0.05 s and the final one.
-  CoreWorkload w(Load("workloadc", {{"recordcount", "400"}, {"target", "2000"},
-                                    {"status.interval", "0"}}));
+  CoreWorkload w(
+      Load("workloadc", {{"recordcount", "400"}, {"target", "2000"}, {"status.interval", "0"}}));
   char* buf = nullptr;
   size_t len = 0;
   std::FILE* out = open_memstream(&buf, &len);

@@ -17,8 +17,8 @@
 #include "bench/kvbench/db.h"
 #include "bench/kvbench/driver.h"
 #include "bench/kvbench/report.h"
-#include "rdkv/client.h"
 #include "common/cluster/cluster_map.h"
+#include "rdkv/client.h"
 #include "server/server.h"
 #include "tests/support/cluster_fixture.h"
 
@@ -207,14 +207,16 @@ TEST(KvbenchE2E, BinaryOutputParsesBack) {
   EXPECT_EQ(reads + updates, 1000.0) << run.out;
   EXPECT_EQ(FindMetric(rl, "READ", "Return=OK"), reads);
   EXPECT_EQ(FindMetric(rl, "UPDATE", "Return=OK"), updates);
-  for (const char* m : {"AverageLatency(us)", "MinLatency(us)", "MaxLatency(us)",
-                        "50thPercentileLatency(us)", "95thPercentileLatency(us)",
-                        "99thPercentileLatency(us)", "99.9thPercentileLatency(us)"}) {
+  for (const char* m :
+       {"AverageLatency(us)", "MinLatency(us)", "MaxLatency(us)", "50thPercentileLatency(us)",
+        "95thPercentileLatency(us)", "99thPercentileLatency(us)", "99.9thPercentileLatency(us)"}) {
     ASSERT_TRUE(FindMetric(rl, "READ", m).has_value()) << m;
     EXPECT_GT(*FindMetric(rl, "READ", m), 0) << m;
   }
-  EXPECT_LE(*FindMetric(rl, "READ", "MinLatency(us)"), *FindMetric(rl, "READ", "50thPercentileLatency(us)"));
-  EXPECT_LE(*FindMetric(rl, "READ", "99thPercentileLatency(us)"), *FindMetric(rl, "READ", "MaxLatency(us)"));
+  EXPECT_LE(*FindMetric(rl, "READ", "MinLatency(us)"),
+            *FindMetric(rl, "READ", "50thPercentileLatency(us)"));
+  EXPECT_LE(*FindMetric(rl, "READ", "99thPercentileLatency(us)"),
+            *FindMetric(rl, "READ", "MaxLatency(us)"));
   EXPECT_GE(FindMetric(rl, "RDKV", "READsPerGET").value_or(0), 1.0) << run.out;
   EXPECT_TRUE(FindMetric(rl, "RDKV", "GETRetries").has_value());
 

@@ -67,7 +67,9 @@ double GrayProbability(int64_t k, int64_t n, double theta) {
   if (k == 0) return 1 / zetan;
   if (k == 1) return std::pow(0.5, theta) / zetan;
   const double lo = (1 + std::pow(0.5, theta)) / zetan;
-  auto cut = [&](int64_t r) { return std::max(lo, 1 + (std::pow(double(r) / n, 1 - theta) - 1) / eta); };
+  auto cut = [&](int64_t r) {
+    return std::max(lo, 1 + (std::pow(double(r) / n, 1 - theta) - 1) / eta);
+  };
   return std::min(1.0, cut(k + 1)) - std::min(1.0, cut(k));
 }
 

@@ -30,15 +30,15 @@ TEST(Histogram, ExactPercentilesOfKnownInputs) {
   EXPECT_EQ(h.Percentile(50), 250.0);
   EXPECT_EQ(h.Percentile(95), 475.0);
   EXPECT_EQ(h.Percentile(99), 495.0);
-  EXPECT_EQ(h.Percentile(99.9), 500.0);   // rank ceil(499.5) = 500
+  EXPECT_EQ(h.Percentile(99.9), 500.0);  // rank ceil(499.5) = 500
   EXPECT_EQ(h.Percentile(100), 500.0);
 }
 
 TEST(Histogram, NearestRankOnSmallCounts) {
   Histogram h;
   for (uint64_t v : {10, 20, 30, 40}) h.Record(v);
-  EXPECT_EQ(h.Percentile(25), 10.0);   // rank 1
-  EXPECT_EQ(h.Percentile(26), 20.0);   // rank 2
+  EXPECT_EQ(h.Percentile(25), 10.0);  // rank 1
+  EXPECT_EQ(h.Percentile(26), 20.0);  // rank 2
   EXPECT_EQ(h.Percentile(50), 20.0);
   EXPECT_EQ(h.Percentile(75), 30.0);
   EXPECT_EQ(h.Percentile(99), 40.0);
@@ -71,7 +71,8 @@ TEST(Histogram, BucketGeometry) {
     }
   }
   for (size_t i = 0; i + 1 < Histogram::NumBuckets(); ++i) {
-    ASSERT_EQ(Histogram::BucketLow(i) + Histogram::BucketWidth(i), Histogram::BucketLow(i + 1)) << i;
+    ASSERT_EQ(Histogram::BucketLow(i) + Histogram::BucketWidth(i), Histogram::BucketLow(i + 1))
+        << i;
   }
 }
 

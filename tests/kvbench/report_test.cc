@@ -70,8 +70,9 @@ TEST(Report, YcsbTextLines) {
 
 TEST(Report, TextParsesBack) {
   const Report r = Sample();
-  const auto lines = ParseYcsbText("2026-01-01 00:00:10:000 10 sec: 1000 operations; 98.9 current ops/sec;\n" +
-                                   FormatText(r) + "not a result line\n");
+  const auto lines =
+      ParseYcsbText("2026-01-01 00:00:10:000 10 sec: 1000 operations; 98.9 current ops/sec;\n" +
+                    FormatText(r) + "not a result line\n");
   EXPECT_EQ(FindMetric(lines, "OVERALL", "RunTime(ms)"), 10110.0);
   EXPECT_NEAR(*FindMetric(lines, "OVERALL", "Throughput(ops/sec)"), r.throughput, 1e-3);
   EXPECT_EQ(FindMetric(lines, "OVERALL", "Operations"), 1000.0);

@@ -79,14 +79,17 @@ TEST(Workload, Defaults) {
 }
 
 TEST(Workload, UnknownAndMalformedPropertiesAreErrors) {
-  ExpectError("recordcount=10\nrecordcont=5\n", "unknown property 'recordcont' (test.properties:2)");
+  ExpectError("recordcount=10\nrecordcont=5\n",
+              "unknown property 'recordcont' (test.properties:2)");
   ExpectError("recordcount=10\nrdkv.sead=x:1\n", "rdkv.seed");  // the hint lists the real ones
   ExpectError("recordcount=1e3\n", "recordcount (test.properties:1) = '1e3': not an integer");
   ExpectError("recordcount=-5\n", "recordcount");
-  ExpectError("recordcount=10\nreadproportion=abc\n", "readproportion (test.properties:2) = 'abc': not a number");
+  ExpectError("recordcount=10\nreadproportion=abc\n",
+              "readproportion (test.properties:2) = 'abc': not a number");
   ExpectError("recordcount=10\nreadproportion=1.5\n", "must be in [0, 1]");
   ExpectError("recordcount=10\nreadproportion=0\nupdateproportion=0\n", "all 0");
-  ExpectError("recordcount=10\nrequestdistribution=exponential\n", "uniform, zipfian, latest, hotspot");
+  ExpectError("recordcount=10\nrequestdistribution=exponential\n",
+              "uniform, zipfian, latest, hotspot");
   ExpectError("recordcount=10\nzipfianconstant=1\n", "zipfianconstant");
   ExpectError("recordcount=10\nzipfianconstant=0\n", "zipfianconstant");
   ExpectError("recordcount=10\ninsertorder=random\n", "hashed, ordered");
@@ -137,8 +140,9 @@ TEST(Workload, RepositoryFilesHaveYcsbMixes) {
 }
 
 TEST(Workload, ScanRefusalExplains) {
-  auto w = Parse("recordcount=10\nscanproportion=0.95\ninsertproportion=0.05\nreadproportion=0\n"
-                 "updateproportion=0\n");
+  auto w = Parse(
+      "recordcount=10\nscanproportion=0.95\ninsertproportion=0.05\nreadproportion=0\n"
+      "updateproportion=0\n");
   ASSERT_TRUE(w.ok());
   const std::string m = ScanRefusal(*w);
   EXPECT_NE(m.find("no range scans"), std::string::npos) << m;
@@ -185,8 +189,9 @@ TEST(CoreWorkload, ValuesHaveTheFieldsAndNameTheirKey) {
 }
 
 TEST(CoreWorkload, OperationMixAndKeyChooser) {
-  auto w = Parse("recordcount=1000\noperationcount=1000\nreadproportion=0.5\nupdateproportion=0\n"
-                 "readmodifywriteproportion=0.5\nrequestdistribution=zipfian\n");
+  auto w = Parse(
+      "recordcount=1000\noperationcount=1000\nreadproportion=0.5\nupdateproportion=0\n"
+      "readmodifywriteproportion=0.5\nrequestdistribution=zipfian\n");
   ASSERT_TRUE(w.ok());
   CoreWorkload cw(*w);
   auto ts = cw.NewThread(1);
@@ -204,8 +209,9 @@ TEST(CoreWorkload, OperationMixAndKeyChooser) {
 }
 
 TEST(CoreWorkload, LatestReadsOnlyAcknowledgedInserts) {
-  auto w = Parse("recordcount=100\noperationcount=1000\nreadproportion=0.95\nupdateproportion=0\n"
-                 "insertproportion=0.05\nrequestdistribution=latest\n");
+  auto w = Parse(
+      "recordcount=100\noperationcount=1000\nreadproportion=0.95\nupdateproportion=0\n"
+      "insertproportion=0.05\nrequestdistribution=latest\n");
   ASSERT_TRUE(w.ok());
   CoreWorkload cw(*w);
   auto ts = cw.NewThread(2);

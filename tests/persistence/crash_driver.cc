@@ -81,7 +81,7 @@ struct KeyModel {
   std::string key;
   std::vector<Acked> history;  // acknowledged writes, in order (this cycle and before)
   bool exists = false;
-  uint64_t version = 0;        // current version (or, when deleted, the last one it had)
+  uint64_t version = 0;  // current version (or, when deleted, the last one it had)
   std::string value;
   std::optional<kv::Op> in_flight;
   std::string in_flight_value;
@@ -356,7 +356,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: crash_driver --kvserver=PATH --mode=sync|async\n");
     return 2;
   }
-  uint64_t seed = FLAGS_seed ? FLAGS_seed : static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  uint64_t seed =
+      FLAGS_seed ? FLAGS_seed : static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   std::string work = FLAGS_dir;
   if (work.empty()) {
     const char* base = std::getenv("TMPDIR");
@@ -412,7 +413,8 @@ int main(int argc, char** argv) {
             Violation(totals, "cannot probe " + k.key + " after restart");
           } else if (*v != want) {
             Violation(totals, "after restart " + k.key + " is at v" + std::to_string(*v) +
-                                  ", the disk had " + (k.exists ? "v" + std::to_string(want) : "nothing"));
+                                  ", the disk had " +
+                                  (k.exists ? "v" + std::to_string(want) : "nothing"));
           }
         }
       }
@@ -437,7 +439,8 @@ int main(int argc, char** argv) {
       writers.emplace_back(Writer, std::ref(*conns[t]), std::ref(keys[t]), cycle, t, rng(),
                            max_acked_version, std::ref(totals));
     }
-    int run_ms = FLAGS_min_run_ms + static_cast<int>(rng() % (FLAGS_max_run_ms - FLAGS_min_run_ms + 1));
+    int run_ms =
+        FLAGS_min_run_ms + static_cast<int>(rng() % (FLAGS_max_run_ms - FLAGS_min_run_ms + 1));
     std::this_thread::sleep_for(std::chrono::milliseconds(run_ms));
     const Clock::time_point kill_time = Clock::now();
     server.Kill();
@@ -466,23 +469,24 @@ int main(int argc, char** argv) {
         if (k.exists) k.history.push_back(Acked{true, k.version, k.value, kill_time});
       }
     }
-    std::printf("crash_test: cycle %d: killed after %d ms; %llu writes acknowledged so far; "
-                "%llu lost this cycle; %llu violations\n",
-                cycle, run_ms, static_cast<unsigned long long>(before),
-                static_cast<unsigned long long>(totals.lost.load() - lost_before),
-                static_cast<unsigned long long>(totals.violations.load()));
+    std::printf(
+        "crash_test: cycle %d: killed after %d ms; %llu writes acknowledged so far; "
+        "%llu lost this cycle; %llu violations\n",
+        cycle, run_ms, static_cast<unsigned long long>(before),
+        static_cast<unsigned long long>(totals.lost.load() - lost_before),
+        static_cast<unsigned long long>(totals.violations.load()));
     std::fflush(stdout);
   }
   double secs = std::chrono::duration<double>(Clock::now() - t_start).count();
-  std::printf("crash_test: mode=%s: %d kill cycles in %.1f s, %llu acknowledged writes, %llu lost "
-              "(%llu acked more than %d ms before a kill), %llu in-flight writes applied, "
-              "%llu violations\n",
-              FLAGS_mode.c_str(), FLAGS_cycles, secs,
-              static_cast<unsigned long long>(totals.acked.load()),
-              static_cast<unsigned long long>(totals.lost.load()),
-              static_cast<unsigned long long>(totals.lost_too_old.load()), FLAGS_persist_lag_ms,
-              static_cast<unsigned long long>(totals.unknown.load()),
-              static_cast<unsigned long long>(totals.violations.load()));
+  std::printf(
+      "crash_test: mode=%s: %d kill cycles in %.1f s, %llu acknowledged writes, %llu lost "
+      "(%llu acked more than %d ms before a kill), %llu in-flight writes applied, "
+      "%llu violations\n",
+      FLAGS_mode.c_str(), FLAGS_cycles, secs, static_cast<unsigned long long>(totals.acked.load()),
+      static_cast<unsigned long long>(totals.lost.load()),
+      static_cast<unsigned long long>(totals.lost_too_old.load()), FLAGS_persist_lag_ms,
+      static_cast<unsigned long long>(totals.unknown.load()),
+      static_cast<unsigned long long>(totals.violations.load()));
   if (totals.violations.load() == 0) {
     g_log.close();
     std::error_code ec;

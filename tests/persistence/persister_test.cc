@@ -503,8 +503,7 @@ TEST(Snapshot, SnapshotAndRestoreRoundTrip) {
     EXPECT_TRUE(fs::exists(snap + "/RDKV_SNAPSHOT"));
     EXPECT_EQ(n->Call(kv::Op::kSnapshot, "before-change").status.code(),
               StatusCode::kAlreadyExists);
-    EXPECT_EQ(n->Call(kv::Op::kSnapshot, "../escape").status.code(),
-              StatusCode::kInvalidArgument);
+    EXPECT_EQ(n->Call(kv::Op::kSnapshot, "../escape").status.code(), StatusCode::kInvalidArgument);
     // Changes after the snapshot are not in it.
     ASSERT_TRUE(n->Put("k1", "changed").status.ok());
     ASSERT_TRUE(n->Delete("k2").status.ok());
@@ -706,9 +705,7 @@ TEST(StartupErrorsNoDb, DataDirIsAFile) {
 // Keeps the log lines that start with `prefix` (glog calls send from any thread).
 class PrefixSink : public google::LogSink {
  public:
-  explicit PrefixSink(std::string prefix) : prefix_(std::move(prefix)) {
-    google::AddLogSink(this);
-  }
+  explicit PrefixSink(std::string prefix) : prefix_(std::move(prefix)) { google::AddLogSink(this); }
   ~PrefixSink() override { google::RemoveLogSink(this); }
   void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&,
             const char* message, size_t length) override {

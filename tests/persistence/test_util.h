@@ -27,8 +27,8 @@ namespace fs = std::filesystem;
 using server::Service;
 using server::Store;
 using server::persistence::Durability;
-using server::persistence::PersistOptions;
 using server::persistence::Persister;
+using server::persistence::PersistOptions;
 using server::persistence::RecoveryStats;
 
 class TempDir {
@@ -78,8 +78,7 @@ class Node {
     service_.reset();
   }
 
-  Reply Call(kv::Op op, std::string_view key, std::string_view value = {},
-             uint64_t expected = 0) {
+  Reply Call(kv::Op op, std::string_view key, std::string_view value = {}, uint64_t expected = 0) {
     std::vector<uint8_t> req, resp;
     kv::EncodeRequest({op, key, value, expected}, &req);
     service_->Handle(req, &resp);

@@ -62,7 +62,10 @@ TEST_F(BadInputTest, MalformedRequestsGetErrorsAndServingGoesOn) {
     std::vector<uint8_t> junk(rng() % 64);
     for (auto& b : junk) b = static_cast<uint8_t>(rng());
     if (i % 3 == 0 && junk.size() >= 4) {  // a plausible header with lying lengths
-      junk[0] = 0x52; junk[1] = 0x4b; junk[2] = 1; junk[3] = 1;
+      junk[0] = 0x52;
+      junk[1] = 0x4b;
+      junk[2] = 1;
+      junk[3] = 1;
     }
     kv::Response e = Call(*bad, junk, &buf);
     EXPECT_FALSE(e.status.ok());

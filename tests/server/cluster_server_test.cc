@@ -54,7 +54,8 @@ TEST_F(ClusterServerTest, WritesToOtherShardsAreRedirected) {
   r = Call(*c, {kv::Op::kPut, KeyIn(1, 1), "theirs", 0});
   EXPECT_EQ(r.status.code(), StatusCode::kWrongOwner);
   EXPECT_EQ(r.version, 5u) << "a redirect carries the map epoch";
-  EXPECT_NE(r.status.message().find("server 1 (127.0.0.1:2)"), std::string::npos) << r.status.message();
+  EXPECT_NE(r.status.message().find("server 1 (127.0.0.1:2)"), std::string::npos)
+      << r.status.message();
   r = Call(*c, kv::EncodeMapFetch({}));
   ASSERT_TRUE(r.status.ok());
   EXPECT_EQ(r.version, 5u);

@@ -56,7 +56,7 @@ std::string HttpGet(uint16_t port, const std::string& path) {
 
 // One scrape: every sample by its series (name and labels as printed) and every family's type.
 struct Scrape {
-  std::map<std::string, double> samples;    // `rdkv_items` or `rdkv_requests_total{op="put",...}`
+  std::map<std::string, double> samples;     // `rdkv_items` or `rdkv_requests_total{op="put",...}`
   std::map<std::string, std::string> types;  // family name -> counter, gauge, histogram, ...
 
   double at(const std::string& series) const {
@@ -161,8 +161,7 @@ TEST_F(MetricsTest, ScrapeIsExpositionFormatAndMovesWithTraffic) {
   EXPECT_GE(after.at("rdkv_heap_used_bytes"), before.at("rdkv_heap_used_bytes") + kPuts * 300);
   EXPECT_GT(after.at("rdkv_item_bytes"), before.at("rdkv_item_bytes"));
   // GETs are one-sided READs the software NIC serves: at least one per GET.
-  EXPECT_GE(after.at("rdkv_nic_reads_served_total"),
-            before.at("rdkv_nic_reads_served_total") + 5);
+  EXPECT_GE(after.at("rdkv_nic_reads_served_total"), before.at("rdkv_nic_reads_served_total") + 5);
   EXPECT_GT(after.at("rdkv_nic_read_bytes_total"), before.at("rdkv_nic_read_bytes_total"));
   // Sync mode: every acknowledged PUT is in RocksDB and its WAL synced.
   EXPECT_GE(after.at("rdkv_persist_records_total"), kPuts);

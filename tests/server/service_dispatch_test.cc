@@ -76,8 +76,7 @@ TEST_F(ServiceDispatchServerTest, AdminOpsOfAStandaloneServer) {
   EXPECT_EQ(Decoded(kv::EncodeDropShard({0, 0}, &scratch)).status.code(),
             StatusCode::kNotSupported);
   // A malformed admin message is refused before anything else.
-  EXPECT_EQ(Decoded({kv::Op::kShardScan, "01", "", 0}).status.code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Decoded({kv::Op::kShardScan, "01", "", 0}).status.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Decoded({kv::Op::kInstallMap, "", "", 0}).status.code(), StatusCode::kProtocolError);
   EXPECT_EQ(Decoded({kv::Op::kClusterMap, "k", "", 0}).status.code(), StatusCode::kProtocolError);
   EXPECT_EQ(Decoded({kv::Op::kSnapshot, "s", "", 0}).status.code(), StatusCode::kNotSupported)

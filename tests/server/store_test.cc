@@ -27,8 +27,9 @@ class StoreTest : public ::testing::Test {
       kv::SlotFields s = kv::UnpackSlot(w[i]);
       if (w[i] == 0 || s.fingerprint != kv::FingerprintOf(hash)) continue;
       std::string_view v;
-      kv::ItemCheck c = kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * 64,
-                                      uint64_t{s.units} * 64, key, &v, version);
+      kv::ItemCheck c =
+          kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * 64,
+                        uint64_t{s.units} * 64, key, &v, version);
       if (c == kv::ItemCheck::kWrongKey) continue;
       *value = std::string(v);
       return c;
@@ -86,7 +87,8 @@ TEST_F(StoreTest, OverwrittenItemIsDeadBeforeTheWriteReturns) {
   const uint64_t* w = reinterpret_cast<const uint64_t*>(
       region_.data() + h.index_offset + kv::BucketOf(hash, h.bucket_count) * kv::kBucketBytes);
   uint64_t old_word = 0;
-  for (size_t i = 0; i < 16; ++i) if (w[i]) old_word = w[i];
+  for (size_t i = 0; i < 16; ++i)
+    if (w[i]) old_word = w[i];
   ASSERT_NE(old_word, 0u);
   ASSERT_TRUE(store_->Put("k", "new").ok());
   kv::SlotFields s = kv::UnpackSlot(old_word);

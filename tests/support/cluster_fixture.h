@@ -195,9 +195,7 @@ class ClusterTest : public ::testing::Test {
   std::string KeyIn(uint32_t shard, int n, std::string_view prefix = "key") const {
     return testing::KeyIn(shard, n, shard_count_, prefix);
   }
-  uint32_t ShardOfKey(std::string_view key) const {
-    return testing::ShardOfKey(key, shard_count_);
-  }
+  uint32_t ShardOfKey(std::string_view key) const { return testing::ShardOfKey(key, shard_count_); }
 
   const std::string name_;
   const uint32_t shard_count_;

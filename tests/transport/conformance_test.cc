@@ -93,7 +93,8 @@ std::vector<uint8_t> Transform(std::span<const uint8_t> request) {
 std::vector<uint8_t> MakeRequest(char op, size_t size, uint64_t seed) {
   std::vector<uint8_t> r(std::max<size_t>(size, 1));
   r[0] = static_cast<uint8_t>(op);
-  for (size_t i = 1; i < r.size(); ++i) r[i] = static_cast<uint8_t>(SplitMix(seed + i / 8) >> (i % 8));
+  for (size_t i = 1; i < r.size(); ++i)
+    r[i] = static_cast<uint8_t>(SplitMix(seed + i / 8) >> (i % 8));
   return r;
 }
 
@@ -109,7 +110,8 @@ std::vector<uint8_t> BigResponseFor(uint32_t size, uint8_t seed) {
 // `stop` runs first and must make the thread finish soon.
 class Joiner {
  public:
-  Joiner(std::thread& thread, std::function<void()> stop) : thread_(thread), stop_(std::move(stop)) {}
+  Joiner(std::thread& thread, std::function<void()> stop)
+      : thread_(thread), stop_(std::move(stop)) {}
   ~Joiner() {
     if (!thread_.joinable()) return;
     stop_();
@@ -259,7 +261,8 @@ class TransportConformance : public testing::TestWithParam<TransportKind> {
       }
       case 'D': {
         std::lock_guard lock(mu_);
-        deferred_.push_back({std::move(reply), std::vector<uint8_t>(payload.begin(), payload.end())});
+        deferred_.push_back(
+            {std::move(reply), std::vector<uint8_t>(payload.begin(), payload.end())});
         deferred_cv_.notify_all();
         return;
       }
@@ -331,13 +334,21 @@ class TransportConformance : public testing::TestWithParam<TransportKind> {
 // ---- one-sided READs -------------------------------------------------------------------------
 
 TEST_P(TransportConformance, ReadsRegisteredMemoryAtManyOffsetsAndSizes) {
-  const uint32_t sizes[] = {1, 2, 3, 7, 8, 9, 63, 64, 65, 511, 4095, 4096, 4097, 65535, 65537,
-                            1u << 20};
+  const uint32_t sizes[] = {1,  2,   3,    7,    8,    9,     63,    64,
+                            65, 511, 4095, 4096, 4097, 65535, 65537, 1u << 20};
   std::mt19937_64 rng(42);
   const size_t guard = 16;
   for (uint32_t size : sizes) {
-    std::vector<uint64_t> offsets = {0, 1, 3, 7, 8, 4093, 65539, kRegionSize - size,
-                                     kRegionSize - size - 5, rng() % (kRegionSize - size)};
+    std::vector<uint64_t> offsets = {0,
+                                     1,
+                                     3,
+                                     7,
+                                     8,
+                                     4093,
+                                     65539,
+                                     kRegionSize - size,
+                                     kRegionSize - size - 5,
+                                     rng() % (kRegionSize - size)};
     if (size == (1u << 20)) offsets.resize(6);  // keep the batch inside the local buffer
     std::vector<ReadOp> ops(offsets.size());
     std::vector<ReadOp*> ptrs;
@@ -355,13 +366,15 @@ TEST_P(TransportConformance, ReadsRegisteredMemoryAtManyOffsetsAndSizes) {
     Status s = conn_->ReadAndWait(ptrs, Deadline());
     ASSERT_TRUE(s.ok()) << "size " << size << ": " << s.ToString();
     for (size_t i = 0; i < offsets.size(); ++i) {
-      ASSERT_EQ(ops[i].status.load(), ReadStatus::kOk) << "size " << size << " offset " << offsets[i];
+      ASSERT_EQ(ops[i].status.load(), ReadStatus::kOk)
+          << "size " << size << " offset " << offsets[i];
       for (uint32_t b = 0; b < size; ++b) {
         ASSERT_EQ(dsts[i][b], PatternByte(offsets[i] + b))
             << "size " << size << " offset " << offsets[i] << " byte " << b;
       }
       for (size_t b = 0; b < guard; ++b) {
-        ASSERT_EQ(dsts[i][size + b], 0xEE) << "READ wrote past its destination (size " << size << ")";
+        ASSERT_EQ(dsts[i][size + b], 0xEE)
+            << "READ wrote past its destination (size " << size << ")";
       }
     }
   }
@@ -387,8 +400,8 @@ TEST_P(TransportConformance, BadRkeyAndOutOfBoundsReadsFailAndTheConnectionSurvi
       {"one byte past the end", end - 63, remote_.rkey, 64},
       {"before the start", remote_.addr - 8, remote_.rkey, 16},
       {"wrapping the address space", std::numeric_limits<uint64_t>::max() - 3, remote_.rkey, 16},
-      {"a region without remote access",
-       reinterpret_cast<uint64_t>((*local_only)->data()), (*local_only)->rkey(), 64},
+      {"a region without remote access", reinterpret_cast<uint64_t>((*local_only)->data()),
+       (*local_only)->rkey(), 64},
   };
   uint64_t refused_before = listener_->stats().reads_refused;
   for (const Case& c : cases) {
@@ -541,8 +554,8 @@ TEST_P(TransportConformance, ReadsRacingAWriterSeeOnlyOldOrNewBytes) {
     for (uint32_t b = 0; b < len; ++b) {
       uint8_t d = static_cast<uint8_t>(dst[b] - base[off + b]);
       uint8_t rel = static_cast<uint8_t>(d - static_cast<uint8_t>(g_lo));
-      ASSERT_LE(rel, span) << "byte " << b << " of a READ at " << off << " is from no generation in ["
-                           << g_lo << ", " << g_hi + 1 << "]";
+      ASSERT_LE(rel, span) << "byte " << b << " of a READ at " << off
+                           << " is from no generation in [" << g_lo << ", " << g_hi + 1 << "]";
     }
   }
   stop = true;

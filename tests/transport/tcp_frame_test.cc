@@ -40,7 +40,8 @@ constexpr size_t kMax = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
 
 std::vector<uint8_t> Header(FrameType type, uint32_t body_length) {
   std::vector<uint8_t> h(kFrameHeaderSize);
-  EncodeFrameHeader(type, body_length, std::span<uint8_t, kFrameHeaderSize>(h.data(), kFrameHeaderSize));
+  EncodeFrameHeader(type, body_length,
+                    std::span<uint8_t, kFrameHeaderSize>(h.data(), kFrameHeaderSize));
   return h;
 }
 
@@ -70,7 +71,8 @@ TEST(TcpFrame, HeaderRoundTripAndRejections) {
     EXPECT_EQ(h->body_length, len);
   }
   std::vector<uint8_t> good = Header(FrameType::kCallRequest, 100);
-  EXPECT_TRUE(DecodeFrameHeader(std::span(good).first(11), kMax).status().Is(StatusCode::kProtocolError));
+  EXPECT_TRUE(
+      DecodeFrameHeader(std::span(good).first(11), kMax).status().Is(StatusCode::kProtocolError));
   auto bad = good;
   bad[0] ^= 1;
   EXPECT_NE(DecodeFrameHeader(bad, kMax).status().message().find("magic"), std::string::npos);
@@ -322,7 +324,8 @@ class TcpListenerInput : public testing::Test {
   }
 
   static void Send(int fd, std::span<const uint8_t> bytes) {
-    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
   }
 
   // Reads one frame (header + body); false on EOF, error or timeout.
@@ -671,7 +674,8 @@ TEST_F(TcpListenerInput, CallToAPeerThatStopsReadingReturnsByItsDeadline) {
     // Generous for a loaded machine; before the fix a call blocked until TCP_USER_TIMEOUT (5 s).
     EXPECT_LT(Clock::now() - start, 3500ms) << "call " << calls << " blocked past its deadline";
     ASSERT_FALSE(last.ok());
-    if (!last.Is(StatusCode::kTimedOut) || last.message().find("no response") == std::string::npos) {
+    if (!last.Is(StatusCode::kTimedOut) ||
+        last.message().find("no response") == std::string::npos) {
       break;  // no longer a plain "sent, no answer": the send itself hit the deadline
     }
   }

@@ -3,11 +3,11 @@
 // common to every transport is in conformance_test.cc.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <random>
-#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -61,9 +61,11 @@ TEST(VerbsWire, Sha256KnownAnswers) {
 TEST(VerbsWire, TokenDigests) {
   EXPECT_TRUE(verbs::DigestsEqual(verbs::DigestToken("secret"), verbs::DigestToken("secret")));
   EXPECT_FALSE(verbs::DigestsEqual(verbs::DigestToken("secret"), verbs::DigestToken("secreT")));
-  EXPECT_FALSE(verbs::DigestsEqual(verbs::DigestToken(""), verbs::DigestToken(std::string(1, '\0'))));
+  EXPECT_FALSE(
+      verbs::DigestsEqual(verbs::DigestToken(""), verbs::DigestToken(std::string(1, '\0'))));
   std::string long_token(500, 'k');  // longer than any private data: only the digest travels
-  EXPECT_FALSE(verbs::DigestsEqual(verbs::DigestToken(long_token), verbs::DigestToken(long_token + "x")));
+  EXPECT_FALSE(
+      verbs::DigestsEqual(verbs::DigestToken(long_token), verbs::DigestToken(long_token + "x")));
 }
 
 TEST(VerbsWire, HandshakeRoundTripsAndFitsRdmaCmLimits) {
@@ -129,20 +131,25 @@ TEST(VerbsWire, FragmentHeadersAreValidated) {
   verbs::EncodeFragmentHeader(h, buf);
   verbs::FragmentHeader out;
   const char* why = nullptr;
-  ASSERT_TRUE(verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 1 << 20, &out, &why))
+  ASSERT_TRUE(
+      verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 1 << 20, &out, &why))
       << why;
   EXPECT_EQ(out.id, h.id);
   EXPECT_EQ(out.credits, 3u);
   EXPECT_EQ(out.offset, 16320u);
   // Byte count disagreeing with the header, a fragment past the message end, a message over the
   // receiver's limit, a foreign buffer: all refused.
-  EXPECT_FALSE(verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3679, 1 << 20, &out, &why));
-  EXPECT_FALSE(verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 19999, &out, &why));
+  EXPECT_FALSE(
+      verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3679, 1 << 20, &out, &why));
+  EXPECT_FALSE(
+      verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 19999, &out, &why));
   h.offset = 16321;
   verbs::EncodeFragmentHeader(h, buf);
-  EXPECT_FALSE(verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 1 << 20, &out, &why));
+  EXPECT_FALSE(
+      verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 1 << 20, &out, &why));
   buf[28] ^= 0xFF;
-  EXPECT_FALSE(verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 1 << 20, &out, &why));
+  EXPECT_FALSE(
+      verbs::DecodeFragmentHeader(buf, verbs::kFragmentHeaderSize + 3680, 1 << 20, &out, &why));
   EXPECT_FALSE(verbs::DecodeFragmentHeader(buf, 10, 1 << 20, &out, &why));
   verbs::FragmentHeader credit;
   credit.type = verbs::MsgType::kCredit;
@@ -162,7 +169,8 @@ TEST(VerbsWire, NoDeviceMeansUnavailable) {
   EXPECT_TRUE(f.status().Is(StatusCode::kUnavailable)) << f.status().ToString();
 }
 
-// ---- on a device ---------------------------------------------------------------------------------
+// ---- on a device
+// ---------------------------------------------------------------------------------
 
 class VerbsSmoke : public VerbsEnv {};
 
@@ -267,7 +275,8 @@ TEST_F(VerbsSmoke, ReadRefusedByTheNicKillsOnlyThatConnection) {
   const RegionDescriptor r = (*victim)->regions()[0];
   // Past the end of the registration: the responder NAKs it (remote access error), and on RC
   // that moves the requester's queue pair to the error state.
-  EXPECT_EQ(ReadOnce(victim->get(), r.addr + r.length - 4, r.rkey, 64), ReadStatus::kRemoteAccessError);
+  EXPECT_EQ(ReadOnce(victim->get(), r.addr + r.length - 4, r.rkey, 64),
+            ReadStatus::kRemoteAccessError);
   EXPECT_FALSE((*victim)->alive());
   ReadOp op;
   op.local = local_->data();
@@ -315,7 +324,8 @@ TEST_F(VerbsSmoke, CreditsHoldUnderConcurrentMultiFragmentCalls) {
         Status s = conn_->Call(request, &response, 60s);
         if (!s.ok() || response != request) {
           failures.fetch_add(1);
-          ADD_FAILURE() << "thread " << t << " call " << i << " (" << size << " bytes): " << s.ToString();
+          ADD_FAILURE() << "thread " << t << " call " << i << " (" << size
+                        << " bytes): " << s.ToString();
         }
       }
     });
@@ -425,7 +435,8 @@ TEST_F(VerbsSmoke, IdleFabricsListenerAndConnectionBurnNoCpu) {
   // Two fabric threads, a cm thread and four workers, all idle: they sleep in poll()/condition
   // variables. A spinning thread would use about 2 s here.
   EXPECT_LT(used, 300ms) << "idle transport threads used "
-                         << std::chrono::duration_cast<std::chrono::milliseconds>(used).count() << " ms";
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(used).count()
+                         << " ms";
   ASSERT_TRUE((*c)->Call(Bytes("still works"), &resp, 10s).ok());
 }
 

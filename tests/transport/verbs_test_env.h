@@ -63,8 +63,10 @@ class VerbsEnv : public ::testing::Test {
   void SetUp() override {
     if (!OpenFabrics()) {
       if (RequireVerbs()) GTEST_FAIL() << "RDKV_REQUIRE_VERBS=1 but verbs cannot run: " << why_;
-      std::printf("SKIPPED: no usable RDMA device (%s); run it inside the Soft-RoCE VM: "
-                  "tests/rxe/vm.sh -- <this test binary>\n", why_.c_str());
+      std::printf(
+          "SKIPPED: no usable RDMA device (%s); run it inside the Soft-RoCE VM: "
+          "tests/rxe/vm.sh -- <this test binary>\n",
+          why_.c_str());
       GTEST_SKIP() << "SKIPPED: no usable RDMA device (" << why_ << ")";
     }
     auto region = server_fabric_->AllocateRegion(kRegionSize, RegionAccess::kRemoteRead);

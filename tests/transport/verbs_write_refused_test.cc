@@ -33,8 +33,8 @@ TEST_F(VerbsWriteRefused, WriteToAServerRegionIsRefusedAndChangesNothing) {
   Result<int> wc = hooks->PostWriteForTest({local_->data(), kLen}, local_->lkey(), r.addr + kOffset,
                                            r.rkey, 30s);
   ASSERT_TRUE(wc.ok()) << wc.status().ToString();
-  EXPECT_EQ(*wc, IBV_WC_REM_ACCESS_ERR) << "work completion status: "
-                                        << ibv_wc_status_str(static_cast<ibv_wc_status>(*wc));
+  EXPECT_EQ(*wc, IBV_WC_REM_ACCESS_ERR)
+      << "work completion status: " << ibv_wc_status_str(static_cast<ibv_wc_status>(*wc));
 
   // Not one byte of the region changed.
   for (size_t i = 0; i < kRegionSize; ++i) {
@@ -65,7 +65,8 @@ TEST_F(VerbsWriteRefused, WriteWithAGuessedRkeyIsRefusedToo) {
   ASSERT_NE(hooks, nullptr);
   std::memset(local_->data(), 0xCD, 64);
   // rkeys are predictable on rxe; the next one up is what an attacker would try.
-  Result<int> wc = hooks->PostWriteForTest({local_->data(), 64}, local_->lkey(), r.addr, r.rkey + 0x100, 30s);
+  Result<int> wc =
+      hooks->PostWriteForTest({local_->data(), 64}, local_->lkey(), r.addr, r.rkey + 0x100, 30s);
   ASSERT_TRUE(wc.ok()) << wc.status().ToString();
   EXPECT_EQ(*wc, IBV_WC_REM_ACCESS_ERR);
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(region_->data()[i], RegionByte(i));

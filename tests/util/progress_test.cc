@@ -31,7 +31,8 @@ TEST(Progress, LineWithTotal) {
   Clock::time_point t0{};
   ProgressMeter m("recovery", "keys", 50000, 1s, t0);
   EXPECT_EQ(m.Line(12000, t0 + 3s), "recovery: 12.0k/50.0k keys (24%), 4.00k keys/s, ETA 10 s");
-  EXPECT_EQ(m.Line(50000, t0 + 12s), "recovery: 50.0k/50.0k keys (100%), 4.17k keys/s, done in 12 s");
+  EXPECT_EQ(m.Line(50000, t0 + 12s),
+            "recovery: 50.0k/50.0k keys (100%), 4.17k keys/s, done in 12 s");
   // More than the (estimated) total counts as the total.
   EXPECT_EQ(m.Line(60000, t0 + 12s), m.Line(50000, t0 + 12s));
   // Nothing done yet: no rate, so no ETA.

@@ -24,7 +24,8 @@ TEST(StatusTest, OkAndErrors) {
   EXPECT_FALSE(s.ok());
   EXPECT_TRUE(s.Is(StatusCode::kNotFound));
   EXPECT_EQ(s.ToString(), "NotFound: key k");
-  EXPECT_EQ(Status::FromErrno("open x", ENOENT).ToString(), "IoError: open x: No such file or directory");
+  EXPECT_EQ(Status::FromErrno("open x", ENOENT).ToString(),
+            "IoError: open x: No such file or directory");
 }
 
 TEST(StatusTest, ResultPropagates) {

@@ -41,19 +41,19 @@ using MoveProgressFn = std::function<void(std::string_view line)>;
 
 // What Admin::MoveShards did.
 struct MoveReport {
-  uint64_t from_epoch = 0;           // the map epoch every server had when the new move began
-  uint64_t to_epoch = 0;             // the map epoch every server has now
+  uint64_t from_epoch = 0;  // the map epoch every server had when the new move began
+  uint64_t to_epoch = 0;    // the map epoch every server has now
   uint32_t to_server = 0;
-  std::vector<uint32_t> moved;       // shards given to to_server by this call
-  std::vector<uint32_t> skipped;     // asked for but already owned by to_server
+  std::vector<uint32_t> moved;    // shards given to to_server by this call
+  std::vector<uint32_t> skipped;  // asked for but already owned by to_server
   // An earlier move that had been interrupted (the servers reported different map epochs)
   // and that this call finished first; empty `resumed` when there was none.
-  std::vector<uint32_t> resumed;     // its shards
-  uint64_t resumed_from_epoch = 0;   // the epoch its shards were moved from
-  uint64_t resumed_to_epoch = 0;     // the epoch it installed everywhere
-  uint64_t items_copied = 0;         // items imported into new owners (resume included)
-  uint64_t bytes_copied = 0;         // their keys and values
-  uint64_t items_dropped = 0;        // stale copies deleted from old owners (step 4)
+  std::vector<uint32_t> resumed;    // its shards
+  uint64_t resumed_from_epoch = 0;  // the epoch its shards were moved from
+  uint64_t resumed_to_epoch = 0;    // the epoch it installed everywhere
+  uint64_t items_copied = 0;        // items imported into new owners (resume included)
+  uint64_t bytes_copied = 0;        // their keys and values
+  uint64_t items_dropped = 0;       // stale copies deleted from old owners (step 4)
   // Seconds spent in each step (resume included): [0] install the new map on the old owners,
   // [1] copy, [2] install it on the new owner and every other server, [3] drop the old copies.
   double step_seconds[4] = {};
@@ -63,12 +63,12 @@ struct MoveReport {
 // One server of the cluster as a client sees it (Admin::Servers).
 struct ServerInfo {
   uint32_t id = 0;
-  std::string address;            // host:port from the map (the seed when standalone)
+  std::string address;  // host:port from the map (the seed when standalone)
   bool reachable = false;
-  std::string error;              // why it is not reachable
-  std::vector<uint32_t> shards;   // shards the client's map gives it
-  uint64_t map_epoch = 0;         // the map epoch the server reports (0: standalone)
-  std::string stats;              // its statistics JSON (when asked for)
+  std::string error;             // why it is not reachable
+  std::vector<uint32_t> shards;  // shards the client's map gives it
+  uint64_t map_epoch = 0;        // the map epoch the server reports (0: standalone)
+  std::string stats;             // its statistics JSON (when asked for)
 };
 
 class Admin {

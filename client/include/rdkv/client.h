@@ -82,17 +82,17 @@ struct GetResult {
 
 // Counters for benchmarks and monitoring; totals since Connect.
 struct ClientStats {
-  uint64_t gets = 0;               // keys looked up (a MultiGet of n keys counts n)
-  uint64_t get_reads = 0;          // one-sided READs posted by GETs (reads per GET = get_reads/gets)
-  uint64_t get_retries = 0;        // attempts that failed a check or the deadline and were retried
-  uint64_t cache_hits = 0;         // GETs answered by one READ from the location cache
-  uint64_t torn_reads = 0;         // items that failed their checksum
+  uint64_t gets = 0;         // keys looked up (a MultiGet of n keys counts n)
+  uint64_t get_reads = 0;    // one-sided READs posted by GETs (reads per GET = get_reads/gets)
+  uint64_t get_retries = 0;  // attempts that failed a check or the deadline and were retried
+  uint64_t cache_hits = 0;   // GETs answered by one READ from the location cache
+  uint64_t torn_reads = 0;   // items that failed their checksum
   uint64_t writes = 0;
-  uint64_t errors = 0;             // failed calls (kNotFound, kAlreadyExists and
-                                   // kVersionMismatch are answers, not errors)
-  uint64_t cache_misses = 0;       // cached locations that no longer held the key (fell back)
-  uint64_t slow_reads = 0;         // attempts restarted because they exceeded read_deadline
-  uint64_t reconnects = 0;         // connections replaced after a failure
+  uint64_t errors = 0;        // failed calls (kNotFound, kAlreadyExists and
+                              // kVersionMismatch are answers, not errors)
+  uint64_t cache_misses = 0;  // cached locations that no longer held the key (fell back)
+  uint64_t slow_reads = 0;    // attempts restarted because they exceeded read_deadline
+  uint64_t reconnects = 0;    // connections replaced after a failure
 };
 
 // The client's counters for an application's own metrics (docs/operations.md "Metrics"): a
@@ -103,9 +103,9 @@ struct ClientStats {
 // One counter of ClientStats, named by Prometheus conventions: rdkv_client_<what>_total, a
 // monotonic count since Connect.
 struct MetricSample {
-  std::string name;   // e.g. "rdkv_client_gets_total"
-  std::string help;   // one line, for # HELP
-  double value = 0;   // every sample is a counter
+  std::string name;  // e.g. "rdkv_client_gets_total"
+  std::string help;  // one line, for # HELP
+  double value = 0;  // every sample is a counter
 };
 // One sample per ClientStats field, in a fixed order. Thread-safe (a pure function).
 std::vector<MetricSample> ClientMetricSamples(const ClientStats& stats);

@@ -18,23 +18,23 @@ namespace rdkv {
 
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kNotFound = 1,          // the key does not exist
-  kInvalidArgument = 2,   // bad input from the caller (key too long, malformed flag, ...)
-  kAlreadyExists = 3,     // INSERT of a key that is present
-  kVersionMismatch = 4,   // CAS whose expected version is not the current one
-  kOutOfSpace = 5,        // the server's region (or disk) is full; nothing stored was harmed
-  kTimedOut = 6,          // no answer within the deadline; the operation may or may not have applied
-  kUnavailable = 7,       // the server cannot be reached or is not serving
-  kConnectionLost = 8,    // the connection broke; in-flight operations have unknown outcome
-  kPermissionDenied = 9,  // authentication refused
+  kNotFound = 1,         // the key does not exist
+  kInvalidArgument = 2,  // bad input from the caller (key too long, malformed flag, ...)
+  kAlreadyExists = 3,    // INSERT of a key that is present
+  kVersionMismatch = 4,  // CAS whose expected version is not the current one
+  kOutOfSpace = 5,       // the server's region (or disk) is full; nothing stored was harmed
+  kTimedOut = 6,         // no answer within the deadline; the operation may or may not have applied
+  kUnavailable = 7,      // the server cannot be reached or is not serving
+  kConnectionLost = 8,   // the connection broke; in-flight operations have unknown outcome
+  kPermissionDenied = 9,    // authentication refused
   kRemoteAccessError = 10,  // a one-sided READ was refused by the remote side (bad rkey/bounds)
-  kCorruption = 11,       // data failed its checksum after all retries, or a file is damaged
-  kIoError = 12,          // a local system call failed
-  kBusy = 13,             // a queue is full; retry later
-  kWrongOwner = 14,       // the server does not own the key's shard (cluster map moved)
-  kInternal = 15,         // a bug or an impossible state
-  kNotSupported = 16,     // the operation is not available here
-  kProtocolError = 17,    // a malformed or unexpected message arrived
+  kCorruption = 11,         // data failed its checksum after all retries, or a file is damaged
+  kIoError = 12,            // a local system call failed
+  kBusy = 13,               // a queue is full; retry later
+  kWrongOwner = 14,         // the server does not own the key's shard (cluster map moved)
+  kInternal = 15,           // a bug or an impossible state
+  kNotSupported = 16,       // the operation is not available here
+  kProtocolError = 17,      // a malformed or unexpected message arrived
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -46,15 +46,27 @@ class [[nodiscard]] Status {
 
   static Status Ok() { return Status(); }
   static Status NotFound(std::string m = {}) { return {StatusCode::kNotFound, std::move(m)}; }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-  static Status AlreadyExists(std::string m = {}) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-  static Status VersionMismatch(std::string m = {}) { return {StatusCode::kVersionMismatch, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
+  static Status AlreadyExists(std::string m = {}) {
+    return {StatusCode::kAlreadyExists, std::move(m)};
+  }
+  static Status VersionMismatch(std::string m = {}) {
+    return {StatusCode::kVersionMismatch, std::move(m)};
+  }
   static Status OutOfSpace(std::string m) { return {StatusCode::kOutOfSpace, std::move(m)}; }
   static Status TimedOut(std::string m) { return {StatusCode::kTimedOut, std::move(m)}; }
   static Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
-  static Status ConnectionLost(std::string m) { return {StatusCode::kConnectionLost, std::move(m)}; }
-  static Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
-  static Status RemoteAccessError(std::string m) { return {StatusCode::kRemoteAccessError, std::move(m)}; }
+  static Status ConnectionLost(std::string m) {
+    return {StatusCode::kConnectionLost, std::move(m)};
+  }
+  static Status PermissionDenied(std::string m) {
+    return {StatusCode::kPermissionDenied, std::move(m)};
+  }
+  static Status RemoteAccessError(std::string m) {
+    return {StatusCode::kRemoteAccessError, std::move(m)};
+  }
   static Status Corruption(std::string m) { return {StatusCode::kCorruption, std::move(m)}; }
   static Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
   static Status Busy(std::string m) { return {StatusCode::kBusy, std::move(m)}; }
@@ -87,8 +99,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}                // NOLINT(google-explicit-constructor)
-  Result(Status status) : v_(std::move(status)) {}         // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
 
   bool ok() const { return std::holds_alternative<T>(v_); }
   // The error; Status::Ok() when a value is held.
@@ -111,17 +123,17 @@ class [[nodiscard]] Result {
 }  // namespace rdkv
 
 // Propagates a non-OK Status to the caller.
-#define RDKV_RETURN_IF_ERROR(expr)                  \
-  do {                                              \
-    ::rdkv::Status rdkv_status_ = (expr);           \
-    if (!rdkv_status_.ok()) return rdkv_status_;    \
+#define RDKV_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::rdkv::Status rdkv_status_ = (expr);        \
+    if (!rdkv_status_.ok()) return rdkv_status_; \
   } while (0)
 
 #define RDKV_CONCAT_INNER_(a, b) a##b
 #define RDKV_CONCAT_(a, b) RDKV_CONCAT_INNER_(a, b)
 // Declares `lhs` from a Result's value, or returns its Status.
-#define RDKV_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  auto RDKV_CONCAT_(rdkv_result_, __LINE__) = (expr);                      \
-  if (!RDKV_CONCAT_(rdkv_result_, __LINE__).ok())                          \
-    return RDKV_CONCAT_(rdkv_result_, __LINE__).status();                  \
+#define RDKV_ASSIGN_OR_RETURN(lhs, expr)                  \
+  auto RDKV_CONCAT_(rdkv_result_, __LINE__) = (expr);     \
+  if (!RDKV_CONCAT_(rdkv_result_, __LINE__).ok())         \
+    return RDKV_CONCAT_(rdkv_result_, __LINE__).status(); \
   lhs = std::move(RDKV_CONCAT_(rdkv_result_, __LINE__)).value()

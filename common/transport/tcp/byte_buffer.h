@@ -62,7 +62,8 @@ class ByteBuffer {
   void Grow(size_t need) {
     size_t cap = cap_ == 0 ? 4096 : cap_;
     while (cap < need) cap *= 2;
-    std::unique_ptr<uint8_t[]> nb(new uint8_t[cap]);  // not zero-filled: every byte is written first
+    std::unique_ptr<uint8_t[]> nb(
+        new uint8_t[cap]);  // not zero-filled: every byte is written first
     size_t n = size();
     if (n > 0) std::memcpy(nb.get(), buf_.get() + head_, n);
     buf_ = std::move(nb);

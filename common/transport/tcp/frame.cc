@@ -35,14 +35,22 @@ bool KnownType(uint8_t t) {
 
 std::string_view FrameTypeName(FrameType type) {
   switch (type) {
-    case FrameType::kHello: return "HELLO";
-    case FrameType::kWelcome: return "WELCOME";
-    case FrameType::kRefused: return "REFUSED";
-    case FrameType::kReadRequest: return "READ_REQUEST";
-    case FrameType::kReadResponse: return "READ_RESPONSE";
-    case FrameType::kCallRequest: return "CALL_REQUEST";
-    case FrameType::kCallResponse: return "CALL_RESPONSE";
-    case FrameType::kCallError: return "CALL_ERROR";
+    case FrameType::kHello:
+      return "HELLO";
+    case FrameType::kWelcome:
+      return "WELCOME";
+    case FrameType::kRefused:
+      return "REFUSED";
+    case FrameType::kReadRequest:
+      return "READ_REQUEST";
+    case FrameType::kReadResponse:
+      return "READ_RESPONSE";
+    case FrameType::kCallRequest:
+      return "CALL_REQUEST";
+    case FrameType::kCallResponse:
+      return "CALL_RESPONSE";
+    case FrameType::kCallError:
+      return "CALL_ERROR";
   }
   return "UNKNOWN";
 }
@@ -50,14 +58,21 @@ std::string_view FrameTypeName(FrameType type) {
 size_t MaxBodyLength(FrameType type, size_t max_message_size) {
   max_message_size = std::min(max_message_size, kMaxMessageSizeLimit);
   switch (type) {
-    case FrameType::kHello: return kHelloFixedSize + kMaxTokenLength;
-    case FrameType::kWelcome: return kWelcomeFixedSize + kMaxRegions * kRegionDescriptorWireSize;
-    case FrameType::kRefused: return kRefusedFixedSize + kMaxReasonLength;
-    case FrameType::kReadRequest: return kReadRequestBodySize;
-    case FrameType::kReadResponse: return kReadResponseFixedSize + max_message_size;
+    case FrameType::kHello:
+      return kHelloFixedSize + kMaxTokenLength;
+    case FrameType::kWelcome:
+      return kWelcomeFixedSize + kMaxRegions * kRegionDescriptorWireSize;
+    case FrameType::kRefused:
+      return kRefusedFixedSize + kMaxReasonLength;
+    case FrameType::kReadRequest:
+      return kReadRequestBodySize;
+    case FrameType::kReadResponse:
+      return kReadResponseFixedSize + max_message_size;
     case FrameType::kCallRequest:
-    case FrameType::kCallResponse: return kCallFixedSize + max_message_size;
-    case FrameType::kCallError: return kCallErrorFixedSize + kMaxReasonLength;
+    case FrameType::kCallResponse:
+      return kCallFixedSize + max_message_size;
+    case FrameType::kCallError:
+      return kCallErrorFixedSize + kMaxReasonLength;
   }
   return 0;
 }
@@ -82,8 +97,8 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const uint8_t> bytes, size_t max
   h.body_length = Get32(p + 8);
   size_t limit = MaxBodyLength(h.type, max_message_size);
   if (h.body_length > limit) {
-    return Bad(h.type, "body of " + std::to_string(h.body_length) +
-                           " bytes exceeds the limit of " + std::to_string(limit));
+    return Bad(h.type, "body of " + std::to_string(h.body_length) + " bytes exceeds the limit of " +
+                           std::to_string(limit));
   }
   return h;
 }
@@ -149,7 +164,8 @@ Result<Hello> DecodeHello(std::span<const uint8_t> body) {
     return Bad(t, "max_message_size " + std::to_string(h.max_message_size) + " out of range");
   }
   size_t token = Get16(p + 8);
-  if (token > kMaxTokenLength) return Bad(t, "token longer than " + std::to_string(kMaxTokenLength));
+  if (token > kMaxTokenLength)
+    return Bad(t, "token longer than " + std::to_string(kMaxTokenLength));
   if (body.size() != kHelloFixedSize + token) {
     return Bad(t, "token length " + std::to_string(token) + " does not match a body of " +
                       std::to_string(body.size()) + " bytes");
@@ -199,7 +215,8 @@ Result<Welcome> DecodeWelcome(std::span<const uint8_t> body) {
   }
   w.session_id = Get64(p + 8);
   uint32_t n = Get32(p + 16);
-  if (n > kMaxRegions) return Bad(t, std::to_string(n) + " regions (max " + std::to_string(kMaxRegions) + ")");
+  if (n > kMaxRegions)
+    return Bad(t, std::to_string(n) + " regions (max " + std::to_string(kMaxRegions) + ")");
   if (body.size() != kWelcomeFixedSize + size_t{n} * kRegionDescriptorWireSize) {
     return Bad(t, "region count " + std::to_string(n) + " does not match a body of " +
                       std::to_string(body.size()) + " bytes");

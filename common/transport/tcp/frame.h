@@ -72,8 +72,8 @@ struct StreamFrame {
   bool have_header = false;
   bool complete = false;
   FrameHeader header;
-  size_t frame_size = 0;             // header + body
-  std::span<const uint8_t> body;     // valid when complete
+  size_t frame_size = 0;          // header + body
+  std::span<const uint8_t> body;  // valid when complete
 };
 Result<StreamFrame> NextFrame(std::span<const uint8_t> buffered, size_t max_message_size);
 

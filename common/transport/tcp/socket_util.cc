@@ -37,7 +37,8 @@ void ConfigureStreamSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
-  unsigned int user_timeout_ms = 5000;  // unacknowledged data (or unanswered probes) this long: gone
+  unsigned int user_timeout_ms =
+      5000;  // unacknowledged data (or unanswered probes) this long: gone
   setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
 }
 

@@ -54,13 +54,16 @@ class TcpConnection final : public Connection {
         num_call_slots_(options.max_outstanding_calls),
         in_(kRecvChunk) {
     free_reads_.reserve(read_slots_.size());
-    for (size_t i = read_slots_.size(); i > 0; --i) free_reads_.push_back(static_cast<uint32_t>(i - 1));
+    for (size_t i = read_slots_.size(); i > 0; --i)
+      free_reads_.push_back(static_cast<uint32_t>(i - 1));
     free_calls_.reserve(num_call_slots_);
     for (uint32_t i = num_call_slots_; i > 0; --i) free_calls_.push_back(i - 1);
     send_buf_.Reserve(size_t{64} * kReadRequestFrameSize);
   }
 
-  void Start() { receiver_ = std::thread([this] { ReceiveLoop(); }); }
+  void Start() {
+    receiver_ = std::thread([this] { ReceiveLoop(); });
+  }
 
   ~TcpConnection() override {
     closing_.store(true, std::memory_order_release);
@@ -79,9 +82,12 @@ class TcpConnection final : public Connection {
     RDKV_RETURN_IF_ERROR(ValidateReads(ops, /*whole_batch=*/true));
     size_t posted = 0;
     switch (Post(ops, /*partial=*/false, &posted)) {
-      case PostCode::kOk: return Status::Ok();
-      case PostCode::kBusy: return Status(StatusCode::kBusy, "read slots full");  // no alloc (SSO)
-      case PostCode::kConnectionLost: break;
+      case PostCode::kOk:
+        return Status::Ok();
+      case PostCode::kBusy:
+        return Status(StatusCode::kBusy, "read slots full");  // no alloc (SSO)
+      case PostCode::kConnectionLost:
+        break;
     }
     return Status::ConnectionLost(peer_ + ": connection lost");
   }
@@ -152,9 +158,9 @@ class TcpConnection final : public Connection {
     {
       MutexLock lock(&calls_mu_);
       while (!calls_dead_ && free_calls_.empty()) {
-        if (!call_free_cv_.WaitUntil(&calls_mu_, deadline) && !calls_dead_ &&
-            free_calls_.empty()) {
-          return Status::Busy(peer_ + ": max_outstanding_calls requests in flight for the whole "
+        if (!call_free_cv_.WaitUntil(&calls_mu_, deadline) && !calls_dead_ && free_calls_.empty()) {
+          return Status::Busy(peer_ +
+                              ": max_outstanding_calls requests in flight for the whole "
                               "timeout; the request was not sent");
         }
       }
@@ -170,8 +176,7 @@ class TcpConnection final : public Connection {
     uint8_t head[kCallHeadSize];
     EncodeCallHead(FrameType::kCallRequest, MakeWireId(slot_index, generation),
                    static_cast<uint32_t>(request.size()), std::span<uint8_t, kCallHeadSize>(head));
-    iovec iov[2] = {{head, kCallHeadSize},
-                    {const_cast<uint8_t*>(request.data()), request.size()}};
+    iovec iov[2] = {{head, kCallHeadSize}, {const_cast<uint8_t*>(request.data()), request.size()}};
     Status send;
     size_t sent_bytes = 0;
     bool stream_broken = false;
@@ -191,8 +196,7 @@ class TcpConnection final : public Connection {
         MutexLock lock(&calls_mu_);
         ReleaseCallSlotLocked(slot_index);
         return Status::TimedOut(peer_ + ": the peer read nothing within " +
-                                std::to_string(timeout.count()) +
-                                " ms; the request was not sent");
+                                std::to_string(timeout.count()) + " ms; the request was not sent");
       }
       if (send.Is(StatusCode::kTimedOut)) {
         MutexLock lock(&calls_mu_);
@@ -216,7 +220,8 @@ class TcpConnection final : public Connection {
                               " ms (the request may have been applied)");
     }
     if (code == StatusCode::kOk) return Status::Ok();
-    if (code != StatusCode::kConnectionLost) return Status(code, peer_ + ": " + error);  // CALL_ERROR
+    if (code != StatusCode::kConnectionLost)
+      return Status(code, peer_ + ": " + error);  // CALL_ERROR
     return Status::ConnectionLost(peer_ + ": " + dead_reason_);
   }
 
@@ -288,8 +293,9 @@ class TcpConnection final : public Connection {
         ++slot.generation;
         ReadOp* op = ops[i];
         op->status.store(ReadStatus::kPending, std::memory_order_relaxed);
-        EncodeReadRequest({MakeWireId(index, slot.generation), op->remote_addr, op->rkey, op->length},
-                          w.subspan(i * kReadRequestFrameSize).first<kReadRequestFrameSize>());
+        EncodeReadRequest(
+            {MakeWireId(index, slot.generation), op->remote_addr, op->rkey, op->length},
+            w.subspan(i * kReadRequestFrameSize).first<kReadRequestFrameSize>());
       }
       send_buf_.Commit(n * kReadRequestFrameSize);
     }
@@ -583,11 +589,13 @@ class FdCloser {
 
 Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& options,
                                                         std::shared_ptr<RegionRegistry> registry) {
-  if (options.max_outstanding_reads == 0 || options.max_outstanding_reads > kMaxOutstandingReadsLimit) {
+  if (options.max_outstanding_reads == 0 ||
+      options.max_outstanding_reads > kMaxOutstandingReadsLimit) {
     return Status::InvalidArgument("max_outstanding_reads must be 1.." +
                                    std::to_string(kMaxOutstandingReadsLimit));
   }
-  if (options.max_outstanding_calls == 0 || options.max_outstanding_calls > kMaxOutstandingCallsLimit) {
+  if (options.max_outstanding_calls == 0 ||
+      options.max_outstanding_calls > kMaxOutstandingCallsLimit) {
     return Status::InvalidArgument("max_outstanding_calls must be 1.." +
                                    std::to_string(kMaxOutstandingCallsLimit));
   }
@@ -631,9 +639,12 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
     if (!refused.ok()) return Status::ProtocolError(peer + ": " + refused.status().message());
     std::string msg = peer + " refused the connection: " + refused->reason;
     switch (refused->code) {
-      case StatusCode::kPermissionDenied: return Status::PermissionDenied(msg);
-      case StatusCode::kProtocolError: return Status::ProtocolError(msg);
-      default: return Status(refused->code, msg);
+      case StatusCode::kPermissionDenied:
+        return Status::PermissionDenied(msg);
+      case StatusCode::kProtocolError:
+        return Status::ProtocolError(msg);
+      default:
+        return Status(refused->code, msg);
     }
   }
   if (header->type != FrameType::kWelcome) {

@@ -44,8 +44,7 @@ class TcpFabric final : public Fabric {
   TransportKind kind() const override { return TransportKind::kTcp; }
   std::string Describe() const override { return "tcp (software NIC)"; }
 
-  Result<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t size,
-                                                       RegionAccess access) override {
+  Result<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t size, RegionAccess access) override {
     auto memory = MappedMemory::Allocate(size, options_.huge_pages);
     if (!memory.ok()) return memory.status();
     return std::unique_ptr<MemoryRegion>(

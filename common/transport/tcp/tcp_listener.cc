@@ -428,10 +428,17 @@ class NicThread {
         break;
       }
       switch (type) {
-        case FrameType::kHello: HandleHello(s, f->body); break;
-        case FrameType::kReadRequest: ServeRead(s, f->body); break;
-        case FrameType::kCallRequest: QueueCall(s, f->body); break;
-        default: break;  // excluded above
+        case FrameType::kHello:
+          HandleHello(s, f->body);
+          break;
+        case FrameType::kReadRequest:
+          ServeRead(s, f->body);
+          break;
+        case FrameType::kCallRequest:
+          QueueCall(s, f->body);
+          break;
+        default:
+          break;  // excluded above
       }
       if (s.nic_closed()) return;
       s.in.Consume(f->frame_size);
@@ -477,8 +484,7 @@ class NicThread {
     }
     s.state = TcpSession::State::kReady;
     core_->connections_accepted.fetch_add(1, std::memory_order_relaxed);
-    LOG(INFO) << core_->name << ": session " << s.id() << " from " << s.peer()
-              << " authenticated";
+    LOG(INFO) << core_->name << ": session " << s.id() << " from " << s.peer() << " authenticated";
   }
 
   void Refuse(TcpSession& s, StatusCode code, const std::string& reason) {
@@ -555,8 +561,8 @@ class NicThread {
   void ProtocolError(TcpSession& s, const std::string& what) {
     core_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
     if (!s.authenticated) core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
-    LOG(WARNING) << core_->name << ": protocol error from " << s.peer() << " (session "
-                 << s.id() << "): " << what << "; dropping the connection";
+    LOG(WARNING) << core_->name << ": protocol error from " << s.peer() << " (session " << s.id()
+                 << "): " << what << "; dropping the connection";
     Close(s, {});
   }
 

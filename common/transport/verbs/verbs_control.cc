@@ -78,15 +78,17 @@ Status NextCmEvent(rdma_event_channel* ch, Clock::time_point deadline, CmEventIn
     if (errno != EAGAIN && errno != EWOULDBLOCK) return CallError("rdma_get_cm_event", errno);
     auto left = deadline - Clock::now();
     if (left <= Clock::duration::zero()) return Status::TimedOut("timed out");
-    int ms = static_cast<int>(std::clamp<int64_t>(
-        std::chrono::ceil<std::chrono::milliseconds>(left).count(), 1, 1000));
+    int ms = static_cast<int>(
+        std::clamp<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), 1, 1000));
     pollfd pfd{ch->fd, POLLIN, 0};
-    if (poll(&pfd, 1, ms) < 0 && errno != EINTR) return CallError("poll on the rdma_cm channel", errno);
+    if (poll(&pfd, 1, ms) < 0 && errno != EINTR)
+      return CallError("poll on the rdma_cm channel", errno);
   }
 }
 
 int ResolveTimeoutMs(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<int64_t>(left, 100, 5000));
 }
 
@@ -149,18 +151,27 @@ void DrainAsyncEvents(ibv_context* ctx) {
       case IBV_EVENT_QP_ACCESS_ERR:
       case IBV_EVENT_SQ_DRAINED:
       case IBV_EVENT_PATH_MIG:
-      case IBV_EVENT_PATH_MIG_ERR: object = ev.element.qp; break;
-      case IBV_EVENT_CQ_ERR: object = ev.element.cq; break;
+      case IBV_EVENT_PATH_MIG_ERR:
+        object = ev.element.qp;
+        break;
+      case IBV_EVENT_CQ_ERR:
+        object = ev.element.cq;
+        break;
       case IBV_EVENT_SRQ_LIMIT_REACHED:
         routine = true;
         [[fallthrough]];
-      case IBV_EVENT_SRQ_ERR: object = ev.element.srq; break;
+      case IBV_EVENT_SRQ_ERR:
+        object = ev.element.srq;
+        break;
       case IBV_EVENT_PORT_ACTIVE:
       case IBV_EVENT_GID_CHANGE:
       case IBV_EVENT_LID_CHANGE:
       case IBV_EVENT_PKEY_CHANGE:
-      case IBV_EVENT_CLIENT_REREGISTER: routine = true; break;
-      default: break;
+      case IBV_EVENT_CLIENT_REREGISTER:
+        routine = true;
+        break;
+      default:
+        break;
     }
     if (!routine) LOG(WARNING) << "verbs async event: " << ibv_event_type_str(ev.event_type);
     {
@@ -199,7 +210,8 @@ Result<std::unique_ptr<VerbsFabric>> VerbsFabric::Open(const FabricOptions& opti
     }
     ibv_device_attr da{};
     if (int rc = ibv_query_device(ctx, &da); rc != 0) {  // positive errno
-      seen += (seen.empty() ? "" : ", ") + name + " (" + CallError("ibv_query_device", rc).message() + ")";
+      seen += (seen.empty() ? "" : ", ") + name + " (" +
+              CallError("ibv_query_device", rc).message() + ")";
       continue;
     }
     for (uint8_t port = 1; port <= da.phys_port_cnt; ++port) {
@@ -216,8 +228,9 @@ Result<std::unique_ptr<VerbsFabric>> VerbsFabric::Open(const FabricOptions& opti
     if (f->ctx_ == nullptr) seen += (seen.empty() ? "" : ", ") + name + " (no active port)";
   }
   if (f->ctx_ == nullptr) {
-    std::string want = options.device.empty() ? "an RDMA device with an active port"
-                                              : "RDMA device '" + options.device + "' with an active port";
+    std::string want = options.device.empty()
+                           ? "an RDMA device with an active port"
+                           : "RDMA device '" + options.device + "' with an active port";
     return Status::Unavailable("no " + want + (seen.empty() ? "" : "; found: " + seen));
   }
   RDKV_ASSIGN_OR_RETURN(f->pd_, ProtectionDomain::Create(f->ctx_));
@@ -266,7 +279,8 @@ void VerbsFabric::UnregisterCmSink(rdma_cm_id* id) {
 
 void VerbsFabric::ThreadMain() {
   while (!stop_.load()) {
-    pollfd pfd[3] = {{cm_channel_.fd(), POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
+    pollfd pfd[3] = {
+        {cm_channel_.fd(), POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
     if (poll(pfd, 3, 1000) < 0) {
       if (errno != EINTR) {
         PLOG(ERROR) << "verbs fabric thread: poll";
@@ -301,7 +315,8 @@ void VerbsFabric::ThreadMain() {
   }
 }
 
-Result<std::unique_ptr<MemoryRegion>> VerbsFabric::AllocateRegion(size_t size, RegionAccess access) {
+Result<std::unique_ptr<MemoryRegion>> VerbsFabric::AllocateRegion(size_t size,
+                                                                  RegionAccess access) {
   if (size == 0) return Status::InvalidArgument("cannot allocate a zero-byte region");
   RDKV_ASSIGN_OR_RETURN(MappedMemory mem, MappedMemory::Allocate(size, huge_pages_));
   // Server regions: remote READ only. Never IBV_ACCESS_REMOTE_WRITE or atomics: no peer can
@@ -366,7 +381,8 @@ Status ClientConnection::Establish() {
   if (!st.ok()) return Status(st.code(), where + ": resolving the address: " + st.message());
   if (ev.type != RDMA_CM_EVENT_ADDR_RESOLVED) {
     return Status::Unavailable(where + ": cannot resolve the address to an RDMA device (" +
-                               rdma_event_str(ev.type) + ", " + strerror(std::abs(ev.status)) + ")");
+                               rdma_event_str(ev.type) + ", " + strerror(std::abs(ev.status)) +
+                               ")");
   }
   if (id_->verbs != fabric_->context()) {
     return Status::Unavailable(where + ": the route goes through RDMA device " +
@@ -392,8 +408,8 @@ Status ClientConnection::Establish() {
   // for all of them at once, so it cannot overrun.
   ibv_pd* pd = fabric_->pd();
   RDKV_ASSIGN_OR_RETURN(comp_channel_, CompletionChannel::Create(fabric_->context()));
-  RDKV_ASSIGN_OR_RETURN(cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe),
-                                                     comp_channel_.get()));
+  RDKV_ASSIGN_OR_RETURN(
+      cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe), comp_channel_.get()));
   ibv_qp_init_attr attr{};
   attr.qp_context = this;
   attr.send_cq = cq_.get();
@@ -405,8 +421,8 @@ Status ClientConnection::Establish() {
   attr.qp_type = IBV_QPT_RC;
   attr.sq_sig_all = 0;
   RDKV_ASSIGN_OR_RETURN(qp_, CmQueuePair::Create(id_.get(), pd, &attr));
-  RDKV_ASSIGN_OR_RETURN(recv_pool_,
-                        ChunkPool::Create(pd, kClientRecvCredits, kChunkSize, IBV_ACCESS_LOCAL_WRITE));
+  RDKV_ASSIGN_OR_RETURN(
+      recv_pool_, ChunkPool::Create(pd, kClientRecvCredits, kChunkSize, IBV_ACCESS_LOCAL_WRITE));
   RDKV_ASSIGN_OR_RETURN(send_pool_, ChunkPool::Create(pd, kClientSendSlots, kChunkSize, 0));
 
   // Every receive is posted before the server can send (it learns our credits from the
@@ -502,8 +518,8 @@ Status ClientConnection::Establish() {
   st = DecodeAccept(ev.private_data, &accept);
   if (!st.ok()) return Status(st.code(), where + ": " + st.message());
   regions_ = std::move(accept.regions);
-  max_request_ = static_cast<uint32_t>(
-      std::min<uint64_t>(options_.max_message_size, accept.max_message));
+  max_request_ =
+      static_cast<uint32_t>(std::min<uint64_t>(options_.max_message_size, accept.max_message));
 
   MsgChannel::Setup setup;
   setup.qp = qp_.get();
@@ -561,23 +577,41 @@ void ClientConnection::Kill(const char* why) {
 
 void ClientConnection::OnCmEvent(rdma_cm_event_type type, int status) {
   switch (type) {
-    case RDMA_CM_EVENT_DISCONNECTED: Kill("the server disconnected"); break;
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: Kill("the RDMA device was removed"); break;
+    case RDMA_CM_EVENT_DISCONNECTED:
+      Kill("the server disconnected");
+      break;
+    case RDMA_CM_EVENT_DEVICE_REMOVAL:
+      Kill("the RDMA device was removed");
+      break;
     case RDMA_CM_EVENT_TIMEWAIT_EXIT:
     case RDMA_CM_EVENT_ESTABLISHED:
-    case RDMA_CM_EVENT_ADDR_CHANGE: break;
-    default: Kill("unexpected rdma_cm event"); break;
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+      break;
+    default:
+      Kill("unexpected rdma_cm event");
+      break;
   }
 }
 
 void ClientConnection::OnAsyncEvent(ibv_event_type type) {
   switch (type) {
-    case IBV_EVENT_QP_FATAL: Kill("queue pair fatal error (IBV_EVENT_QP_FATAL)"); break;
-    case IBV_EVENT_QP_REQ_ERR: Kill("invalid request (IBV_EVENT_QP_REQ_ERR)"); break;
-    case IBV_EVENT_QP_ACCESS_ERR: Kill("access error (IBV_EVENT_QP_ACCESS_ERR)"); break;
-    case IBV_EVENT_CQ_ERR: Kill("completion queue error (IBV_EVENT_CQ_ERR)"); break;
-    case IBV_EVENT_DEVICE_FATAL: Kill("device fatal error"); break;
-    default: break;
+    case IBV_EVENT_QP_FATAL:
+      Kill("queue pair fatal error (IBV_EVENT_QP_FATAL)");
+      break;
+    case IBV_EVENT_QP_REQ_ERR:
+      Kill("invalid request (IBV_EVENT_QP_REQ_ERR)");
+      break;
+    case IBV_EVENT_QP_ACCESS_ERR:
+      Kill("access error (IBV_EVENT_QP_ACCESS_ERR)");
+      break;
+    case IBV_EVENT_CQ_ERR:
+      Kill("completion queue error (IBV_EVENT_CQ_ERR)");
+      break;
+    case IBV_EVENT_DEVICE_FATAL:
+      Kill("device fatal error");
+      break;
+    default:
+      break;
   }
 }
 
@@ -597,15 +631,20 @@ void ServerSessionImpl::OnAsyncEvent(ibv_event_type type) {
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
     case IBV_EVENT_QP_ACCESS_ERR:  // e.g. the client READ outside a region: RC kills both QPs
-    case IBV_EVENT_DEVICE_FATAL: MarkDead(); break;
-    case IBV_EVENT_QP_LAST_WQE_REACHED: last_wqe_reached_.store(true); break;
+    case IBV_EVENT_DEVICE_FATAL:
+      MarkDead();
+      break;
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      last_wqe_reached_.store(true);
+      break;
     case IBV_EVENT_COMM_EST: {
       // A message arrived before the RTU: let rdma_cm finish establishing.
       MutexLock lk(&cm_mu_);
       if (cm_id_.get() != nullptr) (void)rdma_notify(cm_id_.get(), IBV_EVENT_COMM_EST);
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 
@@ -633,11 +672,11 @@ Status VerbsListener::Start() {
   const uint64_t cqe =
       uint64_t{options_.max_connections} * (kServerRecvCredits + kServerSendSlots) + 64;
   if (srq_wr > static_cast<uint64_t>(da.max_srq_wr) || cqe > static_cast<uint64_t>(da.max_cqe)) {
-    return Status::InvalidArgument(
-        "max_connections " + std::to_string(options_.max_connections) + " needs an SRQ of " +
-        std::to_string(srq_wr) + " and a CQ of " + std::to_string(cqe) + " entries; " +
-        fabric_->device_name() + " allows " + std::to_string(da.max_srq_wr) + " and " +
-        std::to_string(da.max_cqe));
+    return Status::InvalidArgument("max_connections " + std::to_string(options_.max_connections) +
+                                   " needs an SRQ of " + std::to_string(srq_wr) + " and a CQ of " +
+                                   std::to_string(cqe) + " entries; " + fabric_->device_name() +
+                                   " allows " + std::to_string(da.max_srq_wr) + " and " +
+                                   std::to_string(da.max_cqe));
   }
   token_digest_ = DigestToken(options_.auth_token);
   const std::string where = "verbs " + FormatHostPort(options_.host, options_.port);
@@ -662,8 +701,8 @@ Status VerbsListener::Start() {
 
   ibv_pd* pd = fabric_->pd();
   RDKV_ASSIGN_OR_RETURN(comp_channel_, CompletionChannel::Create(fabric_->context()));
-  RDKV_ASSIGN_OR_RETURN(cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe),
-                                                     comp_channel_.get()));
+  RDKV_ASSIGN_OR_RETURN(
+      cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe), comp_channel_.get()));
   RDKV_ASSIGN_OR_RETURN(srq_, SharedReceiveQueue::Create(pd, static_cast<uint32_t>(srq_wr)));
   RegisterAsyncSink(srq_.get(), this);
   RegisterAsyncSink(cq_.get(), this);
@@ -672,7 +711,8 @@ Status VerbsListener::Start() {
   RDKV_RETURN_IF_ERROR(worker_wake_.Open());
   RDKV_RETURN_IF_ERROR(cm_wake_.Open());
 
-  if (rdma_listen(listen_id_.get(), static_cast<int>(std::min<uint32_t>(options_.max_connections, 1024))) != 0) {
+  if (rdma_listen(listen_id_.get(),
+                  static_cast<int>(std::min<uint32_t>(options_.max_connections, 1024))) != 0) {
     return CallError("rdma_listen " + FormatHostPort(options_.host, options_.port), errno,
                      StatusCode::kUnavailable);
   }
@@ -681,9 +721,10 @@ Status VerbsListener::Start() {
     workers_.emplace_back(&VerbsListener::WorkerMain, this);
   }
   cm_thread_ = std::thread(&VerbsListener::CmThreadMain, this);
-  LOG(INFO) << "verbs listener on " << FormatHostPort(options_.host, port_) << " (" << fabric_->Describe()
-            << ", " << options_.worker_threads << " worker(s), up to " << options_.max_connections
-            << " connections, " << options_.regions.size() << " region(s))";
+  LOG(INFO) << "verbs listener on " << FormatHostPort(options_.host, port_) << " ("
+            << fabric_->Describe() << ", " << options_.worker_threads << " worker(s), up to "
+            << options_.max_connections << " connections, " << options_.regions.size()
+            << " region(s))";
   return Status::Ok();
 }
 
@@ -778,7 +819,8 @@ Status VerbsListener::GrowSrq() {
   ibv_srq_attr attr{};
   attr.srq_limit = std::max<uint32_t>(1, (b + 1) * kServerRecvCredits / 8);
   if (int rc = ibv_modify_srq(srq_.get(), &attr, IBV_SRQ_LIMIT); rc != 0) {
-    VLOG(1) << CallError("ibv_modify_srq(IBV_SRQ_LIMIT)", rc).ToString() << " (no SRQ low-water alarm)";
+    VLOG(1) << CallError("ibv_modify_srq(IBV_SRQ_LIMIT)", rc).ToString()
+            << " (no SRQ low-water alarm)";
   }
   return Status::Ok();
 }
@@ -885,8 +927,8 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   out.private_data_len = static_cast<uint8_t>(blob.size());
   // The request event reports depths from our side's view: param.responder_resources is the
   // client's initiator depth (READs it may have outstanding towards us).
-  out.responder_resources = static_cast<uint8_t>(
-      std::min<int>(param.responder_resources, std::min(fabric_->device_attr().max_qp_rd_atom, 255)));
+  out.responder_resources = static_cast<uint8_t>(std::min<int>(
+      param.responder_resources, std::min(fabric_->device_attr().max_qp_rd_atom, 255)));
   out.initiator_depth = 0;  // the server never READs
   out.retry_count = kRetryCount;
   out.rnr_retry_count = kRnrRetry;
@@ -901,7 +943,8 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
           << session->qp_num_ << ", READ depth " << int{out.responder_resources} << ")";
 }
 
-void VerbsListener::Teardown(std::shared_ptr<ServerSessionImpl> s) {  // by value: erases its map entry
+void VerbsListener::Teardown(
+    std::shared_ptr<ServerSessionImpl> s) {  // by value: erases its map entry
   by_id_.erase(s->cm_id_.get());
   UnregisterAsyncSink(s->qp_.get());
   {
@@ -937,8 +980,9 @@ void VerbsListener::ReapSessions() {
     // completions nobody polls (paused workers) goes after 10 s regardless; its late
     // completions then find no session and are dropped.
     const auto dead_for = now - s->dead_since_;
-    const bool drained = s->chan_.sends_in_flight() == 0 && epoch >= s->dead_epoch_ + 2 &&
-                         (s->last_wqe_reached_.load() || dead_for >= std::chrono::milliseconds(200));
+    const bool drained =
+        s->chan_.sends_in_flight() == 0 && epoch >= s->dead_epoch_ + 2 &&
+        (s->last_wqe_reached_.load() || dead_for >= std::chrono::milliseconds(200));
     if (drained || dead_for >= std::chrono::seconds(10)) {
       done.push_back(s);
     }
@@ -982,9 +1026,12 @@ void VerbsListener::CmThreadMain() {
         return it == by_id_.end() ? nullptr : it->second.get();
       };
       switch (type) {
-        case RDMA_CM_EVENT_CONNECT_REQUEST: HandleConnectRequest(id, param, private_data); break;
+        case RDMA_CM_EVENT_CONNECT_REQUEST:
+          HandleConnectRequest(id, param, private_data);
+          break;
         case RDMA_CM_EVENT_ESTABLISHED:
-        case RDMA_CM_EVENT_TIMEWAIT_EXIT: break;
+        case RDMA_CM_EVENT_TIMEWAIT_EXIT:
+          break;
         case RDMA_CM_EVENT_DISCONNECTED:
         case RDMA_CM_EVENT_CONNECT_ERROR:
         case RDMA_CM_EVENT_UNREACHABLE:
@@ -1018,7 +1065,8 @@ void VerbsListener::CmThreadMain() {
 namespace rdkv::transport {
 
 Result<std::unique_ptr<Fabric>> CreateVerbsFabric(const FabricOptions& options) {
-  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<verbs::VerbsFabric> fabric, verbs::VerbsFabric::Open(options));
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<verbs::VerbsFabric> fabric,
+                        verbs::VerbsFabric::Open(options));
   return std::unique_ptr<Fabric>(std::move(fabric));
 }
 

@@ -39,17 +39,21 @@ int MillisUntil(Clock::time_point until, int cap_ms) {
 
 ReadStatus ReadStatusFromWc(ibv_wc_status status) {
   switch (status) {
-    case IBV_WC_SUCCESS: return ReadStatus::kOk;
+    case IBV_WC_SUCCESS:
+      return ReadStatus::kOk;
     case IBV_WC_REM_ACCESS_ERR:
     case IBV_WC_REM_INV_REQ_ERR:
-    case IBV_WC_REM_OP_ERR: return ReadStatus::kRemoteAccessError;
+    case IBV_WC_REM_OP_ERR:
+      return ReadStatus::kRemoteAccessError;
     case IBV_WC_WR_FLUSH_ERR:
     case IBV_WC_RETRY_EXC_ERR:
     case IBV_WC_RNR_RETRY_EXC_ERR:
     case IBV_WC_REM_ABORT_ERR:
     case IBV_WC_RESP_TIMEOUT_ERR:
-    case IBV_WC_FATAL_ERR: return ReadStatus::kConnectionLost;
-    default: return ReadStatus::kLocalError;  // LOC_PROT_ERR, LOC_LEN_ERR, LOC_QP_OP_ERR, ...
+    case IBV_WC_FATAL_ERR:
+      return ReadStatus::kConnectionLost;
+    default:
+      return ReadStatus::kLocalError;  // LOC_PROT_ERR, LOC_LEN_ERR, LOC_QP_OP_ERR, ...
   }
 }
 
@@ -110,8 +114,8 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
 bool MsgChannel::FlushLocked() {
   while (!pending_.empty() && CanSendData()) {
     Pending& p = pending_.front();
-    const uint32_t len = static_cast<uint32_t>(
-        std::min<size_t>(kMaxFragmentPayload, p.total - p.next));
+    const uint32_t len =
+        static_cast<uint32_t>(std::min<size_t>(kMaxFragmentPayload, p.total - p.next));
     if (!PostLocked(p.type, p.id, p.total, p.next, p.rest.data() + (p.next - p.base), len)) {
       return false;
     }
@@ -125,8 +129,7 @@ bool MsgChannel::FlushLocked() {
   return true;
 }
 
-Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payload,
-                        bool* fatal) {
+Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payload, bool* fatal) {
   *fatal = false;
   MutexLock lk(&mu_);
   if (closed_) return Status::ConnectionLost("connection closed");
@@ -224,7 +227,8 @@ Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
     // Outside every advertised region: what the NIC would refuse, refused here without
     // sending it (a NIC refusal would also kill the queue pair).
     for (ReadOp* op : ops) {
-      if (!InRegions(*op)) op->status.store(ReadStatus::kRemoteAccessError, std::memory_order_release);
+      if (!InRegions(*op))
+        op->status.store(ReadStatus::kRemoteAccessError, std::memory_order_release);
     }
   }
   return Status::Ok();
@@ -356,7 +360,9 @@ size_t ClientConnection::PollCq(size_t* reads) {
         write_status_.store(static_cast<int>(c.status), std::memory_order_release);
         if (c.status != IBV_WC_SUCCESS) Kill(ibv_wc_status_str(c.status));
         break;
-      default: Kill("completion with an unknown work request id"); break;
+      default:
+        Kill("completion with an unknown work request id");
+        break;
     }
   }
   if (nrepost > 0 && alive()) {
@@ -447,10 +453,13 @@ void ClientConnection::HandleReceive(uint32_t index, uint32_t byte_len) {
   }
   if (h.credits > 0 && !chan_.OnCredits(h.credits)) Kill("ibv_post_send failed");
   switch (h.type) {
-    case MsgType::kCredit: return;
+    case MsgType::kCredit:
+      return;
     case MsgType::kResponse:
-    case MsgType::kErrorResponse: return DeliverResponse(h, buf + kFragmentHeaderSize);
-    default: return ProtocolError("the server sent a request");
+    case MsgType::kErrorResponse:
+      return DeliverResponse(h, buf + kFragmentHeaderSize);
+    default:
+      return ProtocolError("the server sent a request");
   }
 }
 
@@ -491,7 +500,8 @@ void ClientConnection::DeliverResponse(const FragmentHeader& h, const uint8_t* p
   }
   if (h.type == MsgType::kResponse) {
     // Abandoned: the caller no longer reads buf, but the slot stays ours until the last byte.
-    if (state == kFilling && h.length > 0) std::memcpy(slot.buf.data() + h.offset, payload, h.length);
+    if (state == kFilling && h.length > 0)
+      std::memcpy(slot.buf.data() + h.offset, payload, h.length);
     slot.received += h.length;
   }
   if (slot.received == slot.total) {
@@ -628,8 +638,9 @@ Status ServerSessionImpl::Reply(uint64_t request_id, std::span<const uint8_t> re
     uint8_t err[sizeof(kText)];
     err[0] = static_cast<uint8_t>(StatusCode::kInvalidArgument);
     std::memcpy(err + 1, kText, sizeof(kText) - 1);
-    chan_.Send(MsgType::kErrorResponse, request_id, std::span<const uint8_t>(err, sizeof(err)),
-               &fatal)
+    chan_
+        .Send(MsgType::kErrorResponse, request_id, std::span<const uint8_t>(err, sizeof(err)),
+              &fatal)
         .IgnoreError();
     if (fatal) MarkDead();
     return Status::InvalidArgument("response exceeds the client's max_message_size");
@@ -788,7 +799,8 @@ void VerbsListener::WaitForCq(int timeout_ms) {
 size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
   int idle = 0;
   while (true) {
-    if (stop_flag_.load(std::memory_order_acquire) || paused_flag_.load(std::memory_order_acquire)) {
+    if (stop_flag_.load(std::memory_order_acquire) ||
+        paused_flag_.load(std::memory_order_acquire)) {
       return 0;
     }
     ibv_wc wc[kWorkerBatch];

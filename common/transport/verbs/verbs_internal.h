@@ -57,9 +57,10 @@ class CmEventSink {
   ~CmEventSink() = default;
 };
 
-// ---- Work request ids ----------------------------------------------------------------------------
-// READs use the ReadOp pointer itself (8-byte aligned, low bits 0); everything else carries a
-// kind in the low 3 bits and a buffer index above them.
+// ---- Work request ids
+// ---------------------------------------------------------------------------- READs use the ReadOp
+// pointer itself (8-byte aligned, low bits 0); everything else carries a kind in the low 3 bits and
+// a buffer index above them.
 enum WrKind : uint64_t { kWrRead = 0, kWrSend = 1, kWrRecv = 2, kWrWrite = 3 };
 static_assert(alignof(ReadOp) >= 8, "ReadOp pointers must leave the low 3 bits of wr_id free");
 inline uint64_t MakeWrId(WrKind kind, uint32_t index) { return (uint64_t{index} << 3) | kind; }
@@ -68,13 +69,13 @@ inline uint32_t WrIndexOf(uint64_t wr_id) { return static_cast<uint32_t>(wr_id >
 
 ReadStatus ReadStatusFromWc(ibv_wc_status status);
 
-// ---- The two-sided send side of one queue pair -----------------------------------------------------
-// Owns the credit accounting and the send buffers of one direction. Send() never waits: what
-// lacks a credit, a send buffer or a send-queue slot is queued (copied) and goes out from
-// Flush(), which the poller calls when credits arrive or sends complete. Fragments of one
-// message are sent contiguously and messages in Send() order; credit-only fragments may go
-// between them. One credit is kept back for credit-only fragments, so two peers can never both
-// sit at zero credits with credits owed (see docs/transport-verbs.md).
+// ---- The two-sided send side of one queue pair
+// ----------------------------------------------------- Owns the credit accounting and the send
+// buffers of one direction. Send() never waits: what lacks a credit, a send buffer or a send-queue
+// slot is queued (copied) and goes out from Flush(), which the poller calls when credits arrive or
+// sends complete. Fragments of one message are sent contiguously and messages in Send() order;
+// credit-only fragments may go between them. One credit is kept back for credit-only fragments, so
+// two peers can never both sit at zero credits with credits owed (see docs/transport-verbs.md).
 class MsgChannel {
  public:
   struct Setup {
@@ -107,8 +108,8 @@ class MsgChannel {
   };
   bool CanSendData() const REQUIRES(mu_) { return !free_slots_.empty() && credits_ >= 2; }
   bool FlushLocked() REQUIRES(mu_);
-  bool PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset,
-                  const uint8_t* data, uint32_t length) REQUIRES(mu_);
+  bool PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset, const uint8_t* data,
+                  uint32_t length) REQUIRES(mu_);
 
   Mutex mu_;
   ibv_qp* qp_ GUARDED_BY(mu_) = nullptr;
@@ -124,10 +125,9 @@ class MsgChannel {
 
 class VerbsFabric;
 
-// ---- Client connection ---------------------------------------------------------------------------
-class ClientConnection final : public VerbsConnection,
-                               public CmEventSink,
-                               public AsyncEventSink {
+// ---- Client connection
+// ---------------------------------------------------------------------------
+class ClientConnection final : public VerbsConnection, public CmEventSink, public AsyncEventSink {
  public:
   ClientConnection(VerbsFabric* fabric, const ConnectOptions& options);
   ~ClientConnection() override;
@@ -142,9 +142,8 @@ class ClientConnection final : public VerbsConnection,
   bool alive() const override { return alive_.load(std::memory_order_acquire); }
   std::string peer() const override { return "verbs " + peer_; }
 
-  Result<int> PostWriteForTest(std::span<const uint8_t> local, uint32_t lkey,
-                               uint64_t remote_addr, uint32_t rkey,
-                               std::chrono::milliseconds timeout) override;
+  Result<int> PostWriteForTest(std::span<const uint8_t> local, uint32_t lkey, uint64_t remote_addr,
+                               uint32_t rkey, std::chrono::milliseconds timeout) override;
   void SetLocalReadCheckForTest(bool enabled) override {
     local_read_check_.store(enabled, std::memory_order_relaxed);
   }
@@ -240,7 +239,8 @@ class ClientConnection final : public VerbsConnection,
   std::atomic<int> write_status_{-1};
 };
 
-// ---- Server -----------------------------------------------------------------------------------------
+// ---- Server
+// -----------------------------------------------------------------------------------------
 class VerbsListener;
 
 class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
@@ -380,7 +380,8 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::atomic<bool> srq_alarm_logged_{false};
 };
 
-// ---- Fabric -------------------------------------------------------------------------------------------
+// ---- Fabric
+// -------------------------------------------------------------------------------------------
 class VerbsFabric final : public Fabric {
  public:
   static Result<std::unique_ptr<VerbsFabric>> Open(const FabricOptions& options);

@@ -253,8 +253,8 @@ CmQueuePair& CmQueuePair::operator=(CmQueuePair&& o) noexcept {
 
 Result<CmQueuePair> CmQueuePair::Create(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* attr) {
   if (rdma_create_qp(id, pd, attr) != 0) {
-    return CallError("rdma_create_qp (send " + std::to_string(attr->cap.max_send_wr) +
-                         ", recv " + std::to_string(attr->cap.max_recv_wr) + ")",
+    return CallError("rdma_create_qp (send " + std::to_string(attr->cap.max_send_wr) + ", recv " +
+                         std::to_string(attr->cap.max_recv_wr) + ")",
                      errno);
   }
   CmQueuePair q;
