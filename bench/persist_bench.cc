@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
 #include "common/util/mutex.h"
@@ -364,10 +365,10 @@ double CpuSeconds() {
 
 void RecoveryPhase(const std::string& work) {
   const uint64_t n = FLAGS_recovery_items;
-  // Items of 32 B header + key + value in 64 B units, with slack; an index of 16 slots per
+  // Items of 32 B header + key + value in kUnit units, with slack; an index of 16 slots per
   // item: at millions of keys a 16-slot window overflows (kOutOfSpace) already at a quarter
   // of the slots in use (a Poisson tail), so the index is sized generously.
-  uint64_t item = ((32 + 16 + FLAGS_value_size + 63) / 64) * 64;
+  uint64_t item = rdkv::kv::UnitsFor(rdkv::kv::ItemBytes(16, FLAGS_value_size)) * rdkv::kv::kUnit;
   uint64_t memory = FLAGS_memory.empty() ? n * item * 5 / 4 + n * 128 + (64ull << 20)
                                          : *rdkv::ParseByteSize(FLAGS_memory);
   rdkv::server::StoreOptions so;

@@ -5,7 +5,8 @@
 //   transport_bench --transport=verbs --host=$RDKV_RXE_ADDR --size=64 --json=out.json
 //
 // Prints: READ latency at queue depth 1 (p50/p99/avg, microseconds) and READ rate at
-// --qd outstanding READs, as "key=value" lines and optionally JSON.
+// --qd outstanding READs, as "key=value" lines and optionally JSON; with --connects=N also the
+// connection setup rate (sequential Connect + close, the whole handshake).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
@@ -25,6 +26,9 @@ DEFINE_int32(iters, 20000, "READs for the latency run");
 DEFINE_int32(qd, 16, "Outstanding READs for the rate run");
 DEFINE_double(seconds, 3.0, "Duration of the rate run");
 DEFINE_string(json, "", "Also write the figures as JSON to this file");
+DEFINE_int32(connects, 0,
+             "Also time this many sequential Connect + close round trips (handshake cost) and "
+             "print connects_per_s and the median connect time");
 
 using namespace rdkv;
 using Clock = std::chrono::steady_clock;
@@ -137,6 +141,23 @@ int main(int argc, char** argv) {
   double secs = std::chrono::duration<double>(Clock::now() - r0).count();
   double rate = done / secs;
 
+  // Connection setup: Connect (the whole handshake, windows bound) and close, one at a time.
+  double connects_per_s = 0, connect_p50_ms = 0;
+  if (FLAGS_connects > 0) {
+    std::vector<double> ms;
+    auto c0 = Clock::now();
+    for (int i = 0; i < FLAGS_connects; ++i) {
+      auto t0 = Clock::now();
+      auto c = (*fabric)->Connect(co);
+      if (!c.ok()) die(c.status(), "connect (setup timing)");
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    connects_per_s = FLAGS_connects / std::chrono::duration<double>(Clock::now() - c0).count();
+    std::sort(ms.begin(), ms.end());
+    connect_p50_ms = ms[ms.size() / 2];
+    std::printf("rdkv transport_bench transport=%s connects=%d connects_per_s=%.1f p50_ms=%.2f\n",
+                FLAGS_transport.c_str(), FLAGS_connects, connects_per_s, connect_p50_ms);
+  }
   std::printf(
       "rdkv transport_bench transport=%s size=%d read_lat_qd1 p50_us=%.2f p99_us=%.2f avg_us=%.2f "
       "n=%zu\n",
@@ -147,7 +168,9 @@ int main(int argc, char** argv) {
     std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport
                               << "\",\"size\":" << FLAGS_size << ",\"p50_us\":" << pct(0.5)
                               << ",\"p99_us\":" << pct(0.99) << ",\"avg_us\":" << avg
-                              << ",\"qd\":" << qd << ",\"reads_per_s\":" << rate << "}\n";
+                              << ",\"qd\":" << qd << ",\"reads_per_s\":" << rate
+                              << ",\"connects_per_s\":" << connects_per_s
+                              << ",\"connect_p50_ms\":" << connect_p50_ms << "}\n";
   }
   return 0;
 }

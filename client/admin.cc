@@ -34,4 +34,31 @@ Result<MoveReport> Admin::MoveShards(std::span<const uint32_t> shards, uint32_t 
   return impl_->admin().MoveShards(shards, to_server, progress);
 }
 
+Result<ReplicaReport> Admin::Promote(uint32_t shard, uint32_t server,
+                                     const MoveProgressFn& progress) {
+  if (impl_ == nullptr) return NotOurs();
+  return impl_->admin().ChangeReplicas(client::ClusterAdmin::ReplicaChange::kPromote, shard, server,
+                                       progress);
+}
+
+Result<ReplicaReport> Admin::AddReplica(uint32_t shard, uint32_t server,
+                                        const MoveProgressFn& progress) {
+  if (impl_ == nullptr) return NotOurs();
+  return impl_->admin().ChangeReplicas(client::ClusterAdmin::ReplicaChange::kAdd, shard, server,
+                                       progress);
+}
+
+Result<ReplicaReport> Admin::AddReplicaToShards(std::span<const uint32_t> shards, uint32_t server,
+                                                const MoveProgressFn& progress) {
+  if (impl_ == nullptr) return NotOurs();
+  return impl_->admin().AddReplicas(shards, server, progress);
+}
+
+Result<ReplicaReport> Admin::RemoveReplica(uint32_t shard, uint32_t server,
+                                           const MoveProgressFn& progress) {
+  if (impl_ == nullptr) return NotOurs();
+  return impl_->admin().ChangeReplicas(client::ClusterAdmin::ReplicaChange::kRemove, shard, server,
+                                       progress);
+}
+
 }  // namespace rdkv

@@ -28,7 +28,8 @@ std::string DescribeKey(std::string_view key) {
 }
 
 Status Caller::Call(Link& link, const kv::Request& request, uint64_t* version, std::string* body,
-                    std::chrono::milliseconds timeout) {
+                    std::chrono::milliseconds timeout, bool* from_server) {
+  if (from_server != nullptr) *from_server = false;
   if (timeout == std::chrono::milliseconds::zero()) timeout = options_.op_timeout;
   auto session_or = links_->SessionOf(link);
   if (!session_or.ok()) return Fail(session_or.status());
@@ -61,6 +62,7 @@ Status Caller::Call(Link& link, const kv::Request& request, uint64_t* version, s
     return Fail(Status(decoded.status().code(), what() + ": " + decoded.status().message()));
   }
   const kv::Response& r = decoded.value();
+  if (from_server != nullptr) *from_server = true;
   if (!r.status.ok()) {
     std::string msg = r.status.message();
     if (msg.empty()) msg = what() + ": " + std::string(StatusCodeName(r.status.code()));
@@ -75,6 +77,16 @@ Status Caller::Call(Link& link, const kv::Request& request, uint64_t* version, s
     return answer ? out : Fail(out);
   }
   if (version != nullptr) *version = r.version;
+  if (write) {
+    // The server says where the new item is: cache it, so this client's next GET of the key is
+    // one READ (checked like any cached location). A malformed hint is ignored, not an error:
+    // the write itself succeeded.
+    Result<std::optional<kv::ItemLocation>> where = kv::DecodeItemLocation(r.body);
+    if (where.ok() && where->has_value()) {
+      const kv::ItemLocation& w = **where;
+      link.cache.Store(kv::KeyHash(request.key), CachedLocation{w.offset_units, w.units, w.choice});
+    }
+  }
   if (body != nullptr) body->assign(r.body.data(), r.body.size());
   return Status::Ok();
 }

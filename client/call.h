@@ -29,9 +29,11 @@ class Caller {
   // transport's error (kConnectionLost marks the session for reconnect), or Links::SessionOf's.
   // Every error is counted in ClientStats::errors except the answers kNotFound,
   // kAlreadyExists, kVersionMismatch, and kWrongOwner, which the caller follows.
-  // `timeout` zero: options.op_timeout.
+  // `timeout` zero: options.op_timeout. *from_server (when not null) tells whether the status
+  // is the server's answer (true) or the transport's / the link's (false).
   Status Call(Link& link, const kv::Request& request, uint64_t* version, std::string* body,
-              std::chrono::milliseconds timeout = std::chrono::milliseconds::zero());
+              std::chrono::milliseconds timeout = std::chrono::milliseconds::zero(),
+              bool* from_server = nullptr);
 
   // Counts `error` in ClientStats::errors and returns it.
   template <typename T>

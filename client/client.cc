@@ -42,9 +42,10 @@ Status ValidateOptions(const ClientOptions& o) {
   }
   if (o.max_get_attempts < 1) return Status::InvalidArgument("max_get_attempts must be at least 1");
   if (o.max_batch_reads < 1) return Status::InvalidArgument("max_batch_reads must be at least 1");
-  if (o.max_outstanding_reads < kMaxCandidates + 1) {
+  if (o.max_outstanding_reads < kMinBatchReads) {
     return Status::InvalidArgument("max_outstanding_reads must be at least " +
-                                   std::to_string(kMaxCandidates + 1));
+                                   std::to_string(kMinBatchReads) +
+                                   " (a GET's two index bucket READs and an ownership READ)");
   }
   return Status::Ok();
 }

@@ -8,8 +8,11 @@
 #include <chrono>
 #include <utility>
 
+#include "client/replica_admin.h"
+
 #include "client/shard_move.h"
 #include "common/kv/wire.h"
+#include "common/util/latency_json.h"
 
 namespace rdkv::client {
 
@@ -26,10 +29,13 @@ kv::Request Plain(kv::Op op) {
   return r;
 }
 
-// Adds every numeric field of `from` (nested objects too) into `total`.
+// Adds every numeric field of `from` (nested objects too) into `total`; "latency" merges
+// (MergeLatency).
 void SumInto(nlohmann::json* total, const nlohmann::json& from) {
   for (auto& [k, v] : from.items()) {
-    if (v.is_object()) {
+    if (k == "latency") {  // histograms: buckets add up, percentiles are recomputed
+      MergeLatency(&(*total)[k], v);
+    } else if (v.is_object()) {
       if (!total->contains(k)) (*total)[k] = nlohmann::json::object();
       SumInto(&(*total)[k], v);
     } else if (v.is_number_integer()) {
@@ -146,6 +152,12 @@ std::vector<ServerInfo> ClusterAdmin::Servers(bool with_stats) {
     info.id = link->id;
     info.address = link->address.ToString();
     info.shards = shards;
+    if (map != nullptr) {
+      for (uint32_t s = 0; s < map->shards; ++s) {
+        if (map->IsBackup(s, link->id)) info.backup_shards.push_back(s);
+        if (map->IsJoining(s, link->id)) info.joining_shards.push_back(s);
+      }
+    }
     std::string body;
     uint64_t epoch = 0;
     Status s = caller_->Call(*link, Plain(kv::Op::kClusterMap), &epoch, &body);
@@ -176,7 +188,11 @@ Result<MoveReport> ClusterAdmin::MoveShards(std::span<const uint32_t> shards, ui
                                 " is a standalone server: there is no cluster map to change");
   }
   LinkChannel channel(options_, links_, caller_);
-  Result<MoveReport> report = RunShardMove(channel, *map, shards, to_server, progress);
+  // A replicated cluster moves shards as replica changes: they keep serving throughout.
+  bool replicated = map->MaxReplicas() > 1;
+  Result<MoveReport> report = replicated
+                                  ? RunReplicaMove(channel, *map, shards, to_server, progress)
+                                  : RunShardMove(channel, *map, shards, to_server, progress);
   // Route by the newest map from now on (also after a failure: some servers may have it).
   Status refreshed = router_->Refresh(nullptr);
   if (!refreshed.ok()) {
@@ -184,6 +200,48 @@ Result<MoveReport> ClusterAdmin::MoveShards(std::span<const uint32_t> shards, ui
                  << refreshed.ToString();
   }
   return report;
+}
+
+Result<ReplicaReport> ClusterAdmin::AddReplicas(std::span<const uint32_t> shards, uint32_t server,
+                                                const MoveProgressFn& progress) {
+  return ChangeReplicaSets(
+      [&](AdminChannel& channel, const cluster::ClusterMap& map) -> Result<ReplicaReport> {
+        return RunAddReplicas(channel, map, shards, server, progress);
+      });
+}
+
+Result<ReplicaReport> ClusterAdmin::ChangeReplicaSets(
+    const std::function<Result<ReplicaReport>(AdminChannel&, const cluster::ClusterMap&)>& run) {
+  std::shared_ptr<const cluster::ClusterMap> map = router_->cluster() ? router_->map() : nullptr;
+  if (map == nullptr) {
+    return Status::NotSupported("the seed " + links_->seed().address.ToString() +
+                                " is a standalone server: it has no replicas");
+  }
+  LinkChannel channel(options_, links_, caller_);
+  Result<ReplicaReport> report = run(channel, *map);
+  Status refreshed = router_->Refresh(nullptr);
+  if (!refreshed.ok()) {
+    LOG(WARNING) << "rdkv client: refreshing the cluster map after a replica change: "
+                 << refreshed.ToString();
+  }
+  return report;
+}
+
+Result<ReplicaReport> ClusterAdmin::ChangeReplicas(ReplicaChange change, uint32_t shard,
+                                                   uint32_t server,
+                                                   const MoveProgressFn& progress) {
+  return ChangeReplicaSets(
+      [&](AdminChannel& channel, const cluster::ClusterMap& map) -> Result<ReplicaReport> {
+        switch (change) {
+          case ReplicaChange::kPromote:
+            return RunPromote(channel, map, shard, server, progress);
+          case ReplicaChange::kAdd:
+            return RunAddReplica(channel, map, shard, server, progress);
+          case ReplicaChange::kRemove:
+            return RunRemoveReplica(channel, map, shard, server, progress);
+        }
+        return Status::Internal("unknown replica change");
+      });
 }
 
 }  // namespace rdkv::client

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@
 #include "client/call.h"
 #include "client/links.h"
 #include "client/router.h"
+#include "client/shard_move.h"
 #include "rdkv/admin.h"
 #include "rdkv/client.h"
 
@@ -32,8 +34,20 @@ class ClusterAdmin {
   Result<std::string> Stats();
   Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
                                 const MoveProgressFn& progress);
+  enum class ReplicaChange { kPromote, kAdd, kRemove };
+  // Admin::AddReplicaToShards.
+  Result<ReplicaReport> AddReplicas(std::span<const uint32_t> shards, uint32_t server,
+                                    const MoveProgressFn& progress);
+  Result<ReplicaReport> ChangeReplicas(ReplicaChange change, uint32_t shard, uint32_t server,
+                                       const MoveProgressFn& progress);
 
  private:
+  // A replica-set change of the cluster map this client routes by: `run` with a channel to the
+  // servers, then the route refreshed (also after a failure: some servers may have the new
+  // map). kNotSupported for a standalone seed.
+  Result<ReplicaReport> ChangeReplicaSets(
+      const std::function<Result<ReplicaReport>(AdminChannel&, const cluster::ClusterMap&)>& run);
+
   const ClientOptions& options_;
   Links* const links_;
   Router* const router_;

@@ -11,14 +11,15 @@
 namespace rdkv::client {
 
 struct Counters {
-  std::atomic<uint64_t> gets{0}, get_reads{0}, get_retries{0}, cache_hits{0}, torn_reads{0},
-      writes{0}, errors{0}, cache_misses{0}, slow_reads{0}, reconnects{0};
+  std::atomic<uint64_t> gets{0}, get_reads{0}, get_round_trips{0}, get_retries{0}, cache_hits{0},
+      torn_reads{0}, writes{0}, errors{0}, cache_misses{0}, slow_reads{0}, reconnects{0};
 
   // The totals as the public struct.
   ClientStats Snapshot() const {
     ClientStats s;
     s.gets = gets.load(std::memory_order_relaxed);
     s.get_reads = get_reads.load(std::memory_order_relaxed);
+    s.get_round_trips = get_round_trips.load(std::memory_order_relaxed);
     s.get_retries = get_retries.load(std::memory_order_relaxed);
     s.cache_hits = cache_hits.load(std::memory_order_relaxed);
     s.torn_reads = torn_reads.load(std::memory_order_relaxed);

@@ -1,8 +1,11 @@
 #include "client/get_engine.h"
 
 #include <algorithm>
+#include <coroutine>
 #include <cstring>
+#include <exception>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -98,20 +101,17 @@ void AddRead(Session& session, ReadScratch& x, uint8_t* dest, uint64_t region_of
   x.tags.push_back(tag);
 }
 
-// Where an item of `units` at `offset_units` lies, or nullopt when it is outside the heap.
-std::optional<uint64_t> ItemOffset(const kv::RegionHeader& h, uint32_t offset_units,
-                                   uint32_t units) {
-  uint64_t start = uint64_t{offset_units} * kv::kUnit;
-  uint64_t len = uint64_t{units} * kv::kUnit;
-  if (units == 0 || start > h.heap_bytes || len > h.heap_bytes - start) return std::nullopt;
-  return h.heap_offset + start;
+// The slot word at `slot` of a bucket image (0..127 over a job's two images).
+uint64_t SlotWord(const uint8_t* images, size_t slot) {
+  uint64_t word;
+  std::memcpy(&word, images + slot * 8, 8);
+  return word;
 }
 
-// True when a slot of the window points at `loc` under `fingerprint`.
-bool WindowHolds(const uint8_t* window, uint16_t fingerprint, CachedLocation loc) {
-  for (size_t s = 0; s < kMaxCandidates; ++s) {
-    uint64_t word;
-    std::memcpy(&word, window + s * 8, 8);
+// True when a slot of the bucket image points at `loc` under `fingerprint`.
+bool BucketHolds(const uint8_t* bucket, uint16_t fingerprint, CachedLocation loc) {
+  for (size_t s = 0; s < kv::kSlotsPerBucket; ++s) {
+    uint64_t word = SlotWord(bucket, s);
     kv::SlotFields f = kv::UnpackSlot(word);
     if (word != 0 && f.fingerprint == fingerprint && f.offset_units == loc.offset_units &&
         f.units == loc.units) {
@@ -132,16 +132,178 @@ void Accept(KeyJob& job, std::string_view value, uint64_t version) {
   job.out->emplace(GetResult{std::string(value), version});
 }
 
-// Between index attempts of one batch: a yield first (a torn read usually clears within
+// Between index attempts of one run: a yield first (a torn read usually clears within
 // microseconds), then 10 us doubling to 2 ms.
-void Backoff(int round) {
-  if (round == 0) {
-    std::this_thread::yield();
-    return;
-  }
+Clock::duration BackoffDelay(int round) {
+  if (round == 0) return Clock::duration::zero();
   int shift = std::min(round - 1, 8);
-  std::this_thread::sleep_for(std::chrono::microseconds(std::min(10 << shift, 2000)));
+  return std::chrono::microseconds(std::min(10 << shift, 2000));
 }
+
+// Coroutine frames come from a per-thread cache of blocks (a few size classes), so that a GET
+// allocates nothing once its thread has run one: frames are created and destroyed on the
+// calling thread (DriveRuns never hands a run to another thread).
+class FrameCache {
+ public:
+  static constexpr size_t kGrain = 256;
+  static constexpr size_t kClasses = 16;  // frames up to 4 KiB are cached
+  static constexpr size_t kKeep = 32;     // blocks kept per class
+
+  ~FrameCache() {
+    for (auto& list : free_) {
+      for (void* p : list) ::operator delete(p);
+    }
+  }
+  void* Allocate(size_t n) {
+    const size_t c = (n + kGrain - 1) / kGrain;
+    if (c == 0 || c > kClasses) return ::operator new(n);
+    std::vector<void*>& list = free_[c - 1];
+    if (!list.empty()) {
+      void* p = list.back();
+      list.pop_back();
+      return p;
+    }
+    return ::operator new(c* kGrain);
+  }
+  void Free(void* p, size_t n) {
+    const size_t c = (n + kGrain - 1) / kGrain;
+    if (c == 0 || c > kClasses) {
+      ::operator delete(p);
+      return;
+    }
+    std::vector<void*>& list = free_[c - 1];
+    if (list.size() >= kKeep) {
+      ::operator delete(p);
+      return;
+    }
+    if (list.capacity() == 0) list.reserve(kKeep);
+    list.push_back(p);
+  }
+
+ private:
+  std::vector<void*> free_[kClasses];
+};
+
+FrameCache& Frames() {
+  thread_local FrameCache cache;
+  return cache;
+}
+
+}  // namespace
+
+// A lazily started coroutine that ends with a Status. `co_await task` runs it to its end (through
+// any number of suspensions at batches) and resumes the awaiting coroutine with its Status
+// (symmetric transfer: no stack growth). A top-level task is started by resuming handle().
+class [[nodiscard]] GetTask {
+ public:
+  struct promise_type;
+  using Handle = std::coroutine_handle<promise_type>;
+
+  struct promise_type {
+    Status result;
+    std::coroutine_handle<> continuation;
+
+    GetTask get_return_object() { return GetTask(Handle::from_promise(*this)); }
+    std::suspend_always initial_suspend() noexcept { return {}; }
+    struct FinalAwait {
+      bool await_ready() noexcept { return false; }
+      std::coroutine_handle<> await_suspend(Handle h) noexcept {
+        std::coroutine_handle<> next = h.promise().continuation;
+        return next ? next : std::noop_coroutine();
+      }
+      void await_resume() noexcept {}
+    };
+    FinalAwait final_suspend() noexcept { return {}; }
+    void return_value(Status s) { result = std::move(s); }
+    void unhandled_exception() { std::terminate(); }
+    static void* operator new(size_t n) { return Frames().Allocate(n); }
+    static void operator delete(void* p, size_t n) { Frames().Free(p, n); }
+  };
+
+  GetTask() = default;
+  explicit GetTask(Handle h) : h_(h) {}
+  GetTask(GetTask&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+  GetTask& operator=(GetTask&& o) noexcept {
+    if (this != &o) {
+      if (h_) h_.destroy();
+      h_ = std::exchange(o.h_, {});
+    }
+    return *this;
+  }
+  GetTask(const GetTask&) = delete;
+  GetTask& operator=(const GetTask&) = delete;
+  ~GetTask() {
+    if (h_) h_.destroy();
+  }
+
+  Handle handle() const { return h_; }
+  bool done() const { return !h_ || h_.done(); }
+  Status TakeResult() { return std::move(h_.promise().result); }
+
+  bool await_ready() const noexcept { return false; }
+  std::coroutine_handle<> await_suspend(std::coroutine_handle<> awaiting) noexcept {
+    h_.promise().continuation = awaiting;
+    return h_;
+  }
+  Status await_resume() { return std::move(h_.promise().result); }
+
+ private:
+  Handle h_;
+};
+
+// One owner's jobs of a Get or MultiGet, resolved by one coroutine (Resolve) that DriveRuns
+// resumes; it suspends with a batch in scratch->batch (kBatch) or a back-off (kSleeping).
+struct OwnerRun {
+  enum class State : uint8_t { kReady, kBatch, kSleeping, kDone };
+
+  Link* link = nullptr;
+  std::span<KeyJob> jobs;
+  std::shared_ptr<Session> session;
+  std::optional<ScratchLease> scratch;
+  GetTask task;
+  std::coroutine_handle<> resume;  // the innermost suspended coroutine of the run
+  State state = State::kReady;
+  Status batch_status;          // what the last batch's wait came to (CheckBatch)
+  Clock::time_point completed;  // when the last batch's wait returned
+  Clock::time_point wake;       // kSleeping: when to resume
+  bool posted = false;          // this round's batch went out with PostReads
+  Status post_status;           // what PostReads said
+  Status result;                // the run's outcome once kDone
+};
+
+namespace {
+
+// `co_await Batch{&run}` hands run.scratch->batch to DriveRuns and resumes with its Status (the
+// READs done, run.completed set).
+struct Batch {
+  OwnerRun* run;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) noexcept {
+    run->resume = h;
+    run->state = OwnerRun::State::kBatch;
+  }
+  Status await_resume() { return std::move(run->batch_status); }
+};
+
+// `co_await Sleep{&run, until}`: resumes no earlier than `until` (other runs go on meanwhile).
+struct Sleep {
+  OwnerRun* run;
+  Clock::time_point until;
+  bool await_ready() const noexcept { return false; }
+  void await_suspend(std::coroutine_handle<> h) noexcept {
+    run->resume = h;
+    run->wake = until;
+    run->state = OwnerRun::State::kSleeping;
+  }
+  void await_resume() noexcept {}
+};
+
+// RDKV_RETURN_IF_ERROR for coroutines.
+#define RDKV_CO_RETURN_IF_ERROR(expr)         \
+  do {                                        \
+    ::rdkv::Status rdkv_co_s = (expr);        \
+    if (!rdkv_co_s.ok()) co_return rdkv_co_s; \
+  } while (0)
 
 }  // namespace
 
@@ -223,16 +385,48 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs) {
       job.link = rt.owners[job.shard];
       groups[job.link].push_back(i);
     }
-    Link* redirected = nullptr;
+    // Every owner's jobs are resolved together: each round has every owner's batch in flight
+    // (up to kMaxOwnersInFlight owners at a time, each holding a scratch of the pool).
+    std::vector<std::vector<KeyJob>> subs(groups.size());
+    std::unique_ptr<OwnerRun[]> runs(new OwnerRun[groups.size()]);
+    std::vector<Link*> owners;
+    owners.reserve(groups.size());
+    size_t g = 0;
     for (auto& [link, idx] : groups) {
-      std::vector<KeyJob> sub;
-      sub.reserve(idx.size());
-      for (size_t i : idx) sub.push_back(jobs[i]);
-      Status s = ResolveOn(*link, sub);
+      subs[g].reserve(idx.size());
+      for (size_t i : idx) subs[g].push_back(jobs[i]);
+      owners.push_back(link);
+      ++g;
+    }
+    for (size_t first = 0; first < owners.size(); first += kMaxOwnersInFlight) {
+      const size_t last = std::min(owners.size(), first + kMaxOwnersInFlight);
+      for (size_t k = first; k < last; ++k) PrepareRun(runs[k], *owners[k], subs[k]);
+      DriveRuns(std::span<OwnerRun>(runs.get() + first, last - first));
+      for (size_t k = first; k < last; ++k) {  // the scratches go back before the next wave
+        runs[k].task = GetTask();
+        runs[k].scratch.reset();
+        runs[k].session.reset();
+      }
+    }
+    Link* redirected = nullptr;
+    g = 0;
+    for (auto& [link, idx] : groups) {
+      std::vector<KeyJob>& sub = subs[g];
+      const Status s = std::move(runs[g].result);
+      ++g;
+      // The owner cannot be reached (dead or cut off) in a cluster a failover coordinator
+      // manages: a failover is under way, so its jobs are re-routed with a refreshed map until
+      // op_timeout, like a redirect (without a coordinator they fail at once, naming it).
+      const bool unreachable =
+          rt.map->coordinated &&
+          (s.Is(StatusCode::kUnavailable) || s.Is(StatusCode::kConnectionLost) ||
+           s.Is(StatusCode::kProtocolError)) &&
+          Clock::now() + std::chrono::milliseconds(20) < deadline;
       for (size_t n = 0; n < idx.size(); ++n) {
         KeyJob& job = sub[n];
-        if (!job.done && !s.ok()) Finish(job, s);
-        if (job.wrong_owner && Clock::now() < deadline) {
+        const bool reroute = unreachable && !job.done && !s.ok();
+        if (!job.done && !s.ok() && !reroute) Finish(job, s);
+        if (reroute || (job.wrong_owner && Clock::now() < deadline)) {
           // Not done: re-routed with the refreshed map.
           redirected = link;
           job.out->reset();
@@ -250,47 +444,167 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs) {
 }
 
 Status GetEngine::ResolveOn(Link& link, std::span<KeyJob> jobs) {
-  RDKV_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, links_->SessionOf(link));
-  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<ReadScratch> raw, pool_->Acquire());
-  ScratchLease scratch(pool_, std::move(raw));
-  const kv::RegionHeader& h = session->header();
+  OwnerRun run;
+  PrepareRun(run, link, jobs);
+  DriveRuns(std::span<OwnerRun>(&run, 1));
+  return std::move(run.result);
+}
+
+void GetEngine::PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs) {
+  run.link = &link;
+  run.jobs = jobs;
+  run.state = OwnerRun::State::kDone;
+  for (KeyJob& job : jobs) job.link = &link;
+  Result<std::shared_ptr<Session>> session = links_->SessionOf(link);
+  if (!session.ok()) {
+    run.result = session.status();
+    return;
+  }
+  run.session = std::move(*session);
+  Result<std::unique_ptr<ReadScratch>> raw = pool_->Acquire();
+  if (!raw.ok()) {
+    run.result = raw.status();
+    return;
+  }
+  run.scratch.emplace(pool_, std::move(*raw));
+  const kv::RegionHeader& h = run.session->header();
   Clock::time_point start = Clock::now();
   for (KeyJob& job : jobs) {
-    job.link = &link;
     job.hash = kv::KeyHash(job.key);
-    job.window_offset = h.index_offset + kv::BucketOf(job.hash, h.bucket_count) * kv::kBucketBytes;
+    const kv::Buckets b = kv::BucketsOf(job.hash, kv::SecondHash(job.key), h.bucket_count);
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      job.bucket_offset[c] = h.index_offset + b.b[c] * kv::kBucketBytes;
+    }
     job.fingerprint = kv::FingerprintOf(job.hash);
     job.deadline = start + options_.op_timeout;
   }
   Add(counters_->gets, jobs.size());
-  if (link.cache.entries() > 0) RDKV_RETURN_IF_ERROR(CachePass(*session, scratch, jobs));
+  run.task = Resolve(run);
+  run.resume = run.task.handle();
+  run.state = OwnerRun::State::kReady;
+}
+
+GetTask GetEngine::Resolve(OwnerRun& run) {
+  if (run.link->cache.entries() > 0) {
+    GetTask cache = CachePass(run);
+    RDKV_CO_RETURN_IF_ERROR(co_await cache);
+  }
   for (int round = 0;; ++round) {
     bool any_retry = false;
     bool any_work = false;
-    for (size_t i = 0; i < jobs.size();) {
+    for (size_t i = 0; i < run.jobs.size();) {
       size_t end = i;
-      RDKV_RETURN_IF_ERROR(IndexChunk(*session, scratch, jobs, i, &end, &any_work, &any_retry));
+      GetTask chunk = IndexChunk(run, i, &end, &any_work, &any_retry);
+      RDKV_CO_RETURN_IF_ERROR(co_await chunk);
       i = end;
     }
     if (!any_work) break;
-    if (any_retry) Backoff(round);
+    if (any_retry) co_await Sleep{&run, Clock::now() + BackoffDelay(round)};
   }
-  return Status::Ok();
+  co_return Status::Ok();
 }
 
-// Posts scratch->batch and waits. OK when every READ completed OK; otherwise the error for the
-// call (the session is marked for reconnect).
-Status GetEngine::RunReads(Session& session, ScratchLease& scratch) {
-  Add(counters_->get_reads, scratch->batch.size());
-  Status s = session.conn().ReadAndWait(scratch->batch, Clock::now() + options_.op_timeout);
-  if (!s.ok()) {
+// The rounds: every run that can proceed runs to its next batch; every batch is posted, then
+// each is waited for (one round trip for all); runs backing off are resumed when due.
+void GetEngine::DriveRuns(std::span<OwnerRun> runs) {
+  using State = OwnerRun::State;
+  for (;;) {
+    for (OwnerRun& run : runs) {
+      if (run.state == State::kSleeping && run.wake <= Clock::now()) run.state = State::kReady;
+      if (run.state != State::kReady) continue;
+      run.resume.resume();  // until its next batch or back-off, or its end
+      if (run.task.done()) {
+        run.state = State::kDone;
+        run.result = run.task.TakeResult();
+      }
+    }
+    size_t batches = 0;
+    OwnerRun* only = nullptr;
+    bool sleeping = false;
+    Clock::time_point wake = Clock::time_point::max();
+    for (OwnerRun& run : runs) {
+      if (run.state == State::kBatch) {
+        ++batches;
+        only = &run;
+      } else if (run.state == State::kSleeping) {
+        sleeping = true;
+        wake = std::min(wake, run.wake);
+      }
+    }
+    if (batches == 0) {
+      if (!sleeping) return;  // every run ended
+      if (wake > Clock::now()) {
+        std::this_thread::sleep_until(wake);
+      } else {
+        std::this_thread::yield();
+      }
+      continue;
+    }
+    Add(counters_->get_round_trips);  // batches posted together, waited for together
+    if (batches == 1) {
+      // One owner: exactly the single-server batch.
+      ReadScratch& x = **only->scratch;
+      Add(counters_->get_reads, x.batch.size());
+      Status s = only->session->conn().ReadAndWait(x.batch, Clock::now() + options_.op_timeout);
+      only->completed = Clock::now();
+      only->batch_status = CheckBatch(*only, std::move(s));
+      only->state = State::kReady;
+      continue;
+    }
+    const Clock::time_point deadline = Clock::now() + options_.op_timeout;
+    for (OwnerRun& run : runs) {
+      if (run.state != State::kBatch) continue;
+      ReadScratch& x = **run.scratch;
+      Add(counters_->get_reads, x.batch.size());
+      run.post_status = run.session->conn().PostReads(x.batch);
+    }
+    // Waited for one after another; after each wait, the batches that completed meanwhile are
+    // stamped at once, so a slow owner does not make the others' READs look slow.
+    auto stamp_completed = [&](Clock::time_point now) {
+      for (OwnerRun& other : runs) {
+        if (other.state != State::kBatch || !other.post_status.ok()) continue;
+        other.session->conn().PollReads();  // verbs: reaps completions; tcp: a counter
+        const std::vector<transport::ReadOp*>& ops = (*other.scratch)->batch;
+        if (std::all_of(ops.begin(), ops.end(),
+                        [](const transport::ReadOp* op) { return op->done(); })) {
+          other.completed = now;
+          other.batch_status = CheckBatch(other, Status::Ok());
+          other.state = State::kReady;
+        }
+      }
+    };
+    for (OwnerRun& run : runs) {
+      if (run.state != State::kBatch) continue;
+      ReadScratch& x = **run.scratch;
+      transport::Connection& conn = run.session->conn();
+      Status s;
+      if (run.post_status.ok()) {
+        s = conn.WaitReads(x.batch, deadline);
+      } else if (run.post_status.Is(StatusCode::kBusy)) {
+        s = conn.ReadAndWait(x.batch, deadline);  // other threads hold the slots: post when free
+      } else {
+        s = std::move(run.post_status);  // nothing of it is in flight
+      }
+      const Clock::time_point now = Clock::now();
+      run.completed = now;
+      run.batch_status = CheckBatch(run, std::move(s));
+      run.state = State::kReady;
+      stamp_completed(now);
+    }
+  }
+}
+
+Status GetEngine::CheckBatch(OwnerRun& run, Status waited) {
+  Session& session = *run.session;
+  ScratchLease& scratch = *run.scratch;
+  if (!waited.ok()) {
     session.MarkBroken();
     if (!scratch->Idle()) session.Quarantine(scratch.Take());  // the transport still owns it
-    if (s.Is(StatusCode::kTimedOut)) {
+    if (waited.Is(StatusCode::kTimedOut)) {
       return Status::TimedOut("READ from " + session.conn().peer() + " did not complete within " +
                               std::to_string(options_.op_timeout.count()) + " ms");
     }
-    return Status(s.code(), "READ from " + session.conn().peer() + ": " + s.message());
+    return Status(waited.code(), "READ from " + session.conn().peer() + ": " + waited.message());
   }
   for (transport::ReadOp* op : scratch->batch) {
     transport::ReadStatus rs = op->status.load(std::memory_order_acquire);
@@ -354,7 +668,7 @@ void GetEngine::Retry(KeyJob& job, bool* any_retry) {
   *any_retry = true;
 }
 
-// No slot held the key when its window was read (or only other keys' items): NotFound if the
+// No slot held the key when its buckets were read (or only other keys' items): NotFound if the
 // lease allows, else re-routed or retried.
 void GetEngine::NotFound(const Session& session, KeyJob& job, Clock::time_point completed,
                          bool* any_retry) {
@@ -377,15 +691,43 @@ void GetEngine::EndAttempt(const Session& session, KeyJob& job, Clock::time_poin
   }
 }
 
-// One READ per job with a cached location, in batches (with cache_checks_slot, also the key's
-// window in the same batch, right after its item). Accepted jobs are done; the rest forget
-// the stale location and go through the index.
-Status GetEngine::CachePass(Session& session, ScratchLease& x, std::span<KeyJob> jobs) {
+// Judges an item READ through job's cached location (the cache path's checks; `linked`: the
+// slot check of cache_checks_slot passed, or it is off). Accepted and allowed by the lease:
+// the job is done (a cache hit). Accepted but not allowed: re-routed (kWrongOwner) or left
+// for the index pass with a fresh lease. Not accepted: a miss, the entry is forgotten, and
+// false is returned.
+bool GetEngine::JudgeCachedItem(const Session& session, KeyJob& job, const uint8_t* item,
+                                uint32_t length, bool linked, Clock::time_point completed) {
+  std::string_view value;
+  uint64_t version = 0;
+  bool torn = false;
+  Verdict v = ClassifyItem(item, length, job.key, &value, &version, &torn);
+  if (torn) Add(counters_->torn_reads);
+  if (v == Verdict::kAccept && linked) {
+    if (LeaseAllows(session, job, completed)) {
+      Add(counters_->cache_hits);
+      Accept(job, value, version);
+    }
+    return true;
+  }
+  Add(counters_->cache_misses);
+  job.link->cache.Erase(job.hash, job.cached);
+  return false;
+}
+
+// One READ per job with a cached location, in batches (with cache_checks_slot, also the index
+// bucket that held it in the same batch, right after its item). Accepted jobs are done; the rest
+// forget the stale location and go through the index.
+GetTask GetEngine::CachePass(OwnerRun& run) {
+  Session& session = *run.session;
+  ScratchLease& x = *run.scratch;
+  const std::span<KeyJob> jobs = run.jobs;
   const kv::RegionHeader& h = session.header();
   const bool check_slot = options_.cache_checks_slot;
   const bool cluster = router_->cluster();
   const size_t per_job = check_slot ? 2 : 1;
-  const size_t max_ops = std::min(x->op_capacity, batch_limit_);
+  // Room for the ownership READ that may ride along (batch_limit_ >= kMinBatchReads).
+  const size_t max_ops = std::min(x->op_capacity, batch_limit_) - (cluster ? 1 : 0);
   for (size_t i = 0; i < jobs.size();) {
     x->batch.clear();
     x->tags.clear();
@@ -396,15 +738,19 @@ Status GetEngine::CachePass(Session& session, ScratchLease& x, std::span<KeyJob>
       KeyJob& job = jobs[j];
       job.cached = job.link->cache.Lookup(job.hash);
       if (!job.cached.has_value()) continue;
+      if (job.cached->contended) {
+        job.contended = true;  // READ with its buckets by IndexChunk
+        continue;
+      }
       uint32_t len = uint32_t{job.cached->units} * kv::kUnit;
-      auto off = ItemOffset(h, job.cached->offset_units, job.cached->units);
+      auto off = kv::SlotItemOffset(h, {0, job.cached->units, job.cached->offset_units});
       if (!off.has_value() || len > x->item_capacity) {
         job.link->cache.Erase(job.hash, job.cached);
         job.cached.reset();
         continue;
       }
       if (x->batch.size() + per_job > max_ops || bytes + len > CacheItemLimit(*x) ||
-          (check_slot && windows == x->window_capacity)) {
+          (check_slot && windows == x->bucket_capacity)) {
         break;
       }
       const auto job_index = static_cast<uint32_t>(j);
@@ -412,9 +758,9 @@ Status GetEngine::CachePass(Session& session, ScratchLease& x, std::span<KeyJob>
               ReadTag{job_index, 0, static_cast<uint32_t>(bytes)}.Pack());
       bytes += len;
       if (check_slot) {
-        const size_t w = windows * kv::kWindowBytes;
-        AddRead(session, *x, x->windows + w, job.window_offset, kv::kWindowBytes,
-                ReadTag{job_index, 0, static_cast<uint32_t>(w)}.Pack());
+        const size_t w = windows * kv::kBucketBytes;
+        AddRead(session, *x, x->buckets + w, job.bucket_offset[job.cached->choice & 1u],
+                kv::kBucketBytes, ReadTag{job_index, 0, static_cast<uint32_t>(w)}.Pack());
         ++windows;
       }
     }
@@ -428,56 +774,51 @@ Status GetEngine::CachePass(Session& session, ScratchLease& x, std::span<KeyJob>
       if (probe) {
         AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
       }
-      RDKV_RETURN_IF_ERROR(RunReads(session, x));
-      Clock::time_point completed = Clock::now();
+      RDKV_CO_RETURN_IF_ERROR(co_await Batch{&run});
+      const Clock::time_point completed = run.completed;
       if (probe) session.UpdateLease(t0, own);
       bool in_time = !check_slot || completed - t0 <= options_.read_deadline;
       for (size_t k = 0; k < job_ops; k += per_job) {
         const ReadTag tag = ReadTag::Unpack(x->tags[k]);
         KeyJob& job = jobs[tag.job];
-        const uint8_t* item = x->items + tag.offset;
-        std::string_view value;
-        uint64_t version = 0;
-        bool torn = false;
-        Verdict v = ClassifyItem(item, x->batch[k]->length, job.key, &value, &version, &torn);
-        if (torn) Add(counters_->torn_reads);
-        bool linked = !check_slot ||
-                      (in_time && WindowHolds(x->windows + ReadTag::Unpack(x->tags[k + 1]).offset,
-                                              job.fingerprint, *job.cached));
-        if (v == Verdict::kAccept && linked) {
-          if (LeaseAllows(session, job, completed)) {
-            Add(counters_->cache_hits);
-            Accept(job, value, version);
-          }
-          // Not allowed: re-routed (kWrongOwner), or read again by the index pass with a
-          // fresh lease.
-        } else {
-          Add(counters_->cache_misses);
-          job.link->cache.Erase(job.hash, job.cached);
+        const bool linked =
+            !check_slot ||
+            (in_time && BucketHolds(x->buckets + ReadTag::Unpack(x->tags[k + 1]).offset,
+                                    job.fingerprint, *job.cached));
+        if (!JudgeCachedItem(session, job, x->items + tag.offset, x->batch[k]->length, linked,
+                             completed)) {
+          job.cached.reset();
+          job.contended = true;  // someone else rewrote it: expect it again
         }
       }
     }
     i = j;
   }
-  return Status::Ok();
+  co_return Status::Ok();
 }
 
-// One index attempt for up to batch_limit_ unresolved jobs from jobs[i...]: their windows in
-// one batch, then their candidates in as few batches as the scratch allows.
-Status GetEngine::IndexChunk(Session& session, ScratchLease& x, std::span<KeyJob> jobs, size_t i,
-                             size_t* end, bool* any_work, bool* any_retry) {
+// One index attempt for unresolved jobs from jobs[i...]: their candidate buckets (two READs
+// per job) in one batch of up to batch_limit_ READs, then their candidates in as few batches as
+// the scratch allows.
+GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_work,
+                              bool* any_retry) {
+  Session& session = *run.session;
+  ScratchLease& x = *run.scratch;
+  const std::span<KeyJob> jobs = run.jobs;
   const kv::RegionHeader& h = session.header();
-  size_t max_windows = std::min({x->window_capacity, x->op_capacity, batch_limit_});
   x->batch.clear();
   x->tags.clear();
   Clock::time_point t0 = Clock::now();
-  // Cluster: the ownership READ rides in the window batch when the lease is older than
+  // Cluster: the ownership READ rides in the bucket batch when the lease is older than
   // lease / 2 (t0, taken before posting, is its time; one batch per connection at a time
   // while the lease is still valid).
   const bool probe = router_->cluster() && session.ClaimLeaseRefresh(t0, lease_ / 2);
-  if (probe && max_windows > 1) --max_windows;
+  // batch_limit_ >= kMinBatchReads, so at least one job fits next to the ownership READ.
+  const size_t max_ops = std::min(x->op_capacity, batch_limit_) - (probe ? 1 : 0);
+  const size_t max_jobs = std::min(x->bucket_capacity, max_ops) / kv::kChoices;
+  size_t njobs = 0;
   size_t j = i;
-  for (; j < jobs.size() && x->batch.size() < max_windows; ++j) {
+  for (; j < jobs.size() && njobs < max_jobs; ++j) {
     KeyJob& job = jobs[j];
     if (job.done) continue;
     if (job.attempts > 0 && t0 > job.deadline) {
@@ -487,54 +828,93 @@ Status GetEngine::IndexChunk(Session& session, ScratchLease& x, std::span<KeyJob
                                    std::to_string(job.attempts) + " attempts)"));
       continue;
     }
-    const size_t w = x->batch.size() * kv::kWindowBytes;
-    AddRead(session, *x, x->windows + w, job.window_offset, kv::kWindowBytes,
-            ReadTag{static_cast<uint32_t>(j), 0, static_cast<uint32_t>(w)}.Pack());
+    job.images = static_cast<uint32_t>(njobs * kv::kChoices * kv::kBucketBytes);
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      const uint32_t w = job.images + static_cast<uint32_t>(c * kv::kBucketBytes);
+      AddRead(session, *x, x->buckets + w, job.bucket_offset[c], kv::kBucketBytes,
+              ReadTag{static_cast<uint32_t>(j), static_cast<uint8_t>(c), w}.Pack());
+    }
     job.t0 = t0;
     ++job.attempts;
+    ++njobs;
   }
   *end = j;
-  if (x->batch.empty()) return Status::Ok();
+  if (njobs == 0) co_return Status::Ok();
   *any_work = true;
-  const size_t nwindows = x->batch.size();
+  const size_t nreads = x->batch.size();
+  // Contended keys: their cached item rides in the same batch (docs/design.md "Where locations
+  // come from"), while the batch and the item buffer have room.
+  size_t item_bytes = 0;
+  for (size_t k = i; k < j; ++k) {
+    KeyJob& job = jobs[k];
+    if (job.done || job.t0 != t0 || !job.cached.has_value() || !job.contended) continue;
+    const uint32_t len = uint32_t{job.cached->units} * kv::kUnit;
+    auto off = kv::SlotItemOffset(h, {0, job.cached->units, job.cached->offset_units});
+    if (!off.has_value() || x->batch.size() + 1 > max_ops ||
+        item_bytes + len > CacheItemLimit(*x)) {
+      job.cached.reset();
+      continue;
+    }
+    AddRead(session, *x, x->items + item_bytes, *off, len,
+            ReadTag{static_cast<uint32_t>(k), 0, static_cast<uint32_t>(item_bytes)}.Pack());
+    item_bytes += len;
+  }
+  const size_t ncached = x->batch.size() - nreads;
   uint8_t* own = x->items + OwnershipOffset(*x);
   if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
-  RDKV_RETURN_IF_ERROR(RunReads(session, x));
-  const Clock::time_point windows_done = Clock::now();
+  RDKV_CO_RETURN_IF_ERROR(co_await Batch{&run});
+  const Clock::time_point buckets_done = run.completed;
   if (probe) session.UpdateLease(t0, own);
 
-  // Candidates: the slots whose fingerprint matches.
-  for (size_t k = 0; k < nwindows; ++k) {
-    const ReadTag tag = ReadTag::Unpack(x->tags[k]);
+  // The contended keys' cached items: accepted under the cache path's checks (with
+  // cache_checks_slot, a slot of the bucket READ beside it must still point at it, in time).
+  for (size_t n = nreads; n < nreads + ncached; ++n) {
+    const ReadTag tag = ReadTag::Unpack(x->tags[n]);
     KeyJob& job = jobs[tag.job];
-    const uint8_t* w = x->windows + tag.offset;
+    const bool linked =
+        !options_.cache_checks_slot ||
+        (buckets_done - t0 <= options_.read_deadline &&
+         BucketHolds(x->buckets + job.images + (job.cached->choice & 1u) * kv::kBucketBytes,
+                     job.fingerprint, *job.cached));
+    // Not accepted, or not allowed by the lease: the buckets below are judged as any index READ.
+    JudgeCachedItem(session, job, x->items + tag.offset, x->batch[n]->length, linked, buckets_done);
+    job.cached.reset();
+  }
+
+  // Candidates: the slots of either bucket whose fingerprint matches.
+  for (size_t k = 0; k < nreads; k += kv::kChoices) {
+    KeyJob& job = jobs[ReadTag::Unpack(x->tags[k]).job];
+    if (job.done) continue;  // its cached item was accepted above
+    const uint8_t* images = x->buckets + job.images;
     job.ncand = 0;
     job.retry = false;
     job.slow = false;
     for (size_t s = 0; s < kMaxCandidates; ++s) {
-      uint64_t word;
-      std::memcpy(&word, w + s * 8, 8);
-      if (word == 0) continue;
-      kv::SlotFields f = kv::UnpackSlot(word);
-      if (f.fingerprint == job.fingerprint) job.cand[job.ncand++] = f;
+      uint64_t word = SlotWord(images, s);
+      if (word != 0 && kv::UnpackSlot(word).fingerprint == job.fingerprint) ++job.ncand;
     }
     job.unresolved = job.ncand;
-    // No slot of the window held the key's fingerprint when it was read: absent then.
-    if (job.ncand == 0) NotFound(session, job, windows_done, any_retry);
+    // No slot of either bucket held the key's fingerprint when it was read: absent at some
+    // moment of the GET (docs/design.md, "index path, NotFound").
+    if (job.ncand == 0) NotFound(session, job, buckets_done, any_retry);
   }
 
   // Candidate items, streamed through the item buffer in job order.
-  const size_t max_ops = std::min(x->op_capacity, batch_limit_);
+  const size_t max_item_ops = std::min(x->op_capacity, batch_limit_);
   x->batch.clear();
   x->tags.clear();
   size_t bytes = 0;
   for (size_t k = i; k < j; ++k) {
     KeyJob& job = jobs[k];
     if (job.done || job.t0 != t0 || job.unresolved == 0) continue;
-    for (uint8_t c = 0; c < job.ncand; ++c) {
-      const kv::SlotFields& f = job.cand[c];
+    const uint8_t* images = x->buckets + job.images;
+    for (size_t c = 0; c < kMaxCandidates; ++c) {
+      uint64_t word = SlotWord(images, c);
+      if (word == 0) continue;
+      const kv::SlotFields f = kv::UnpackSlot(word);
+      if (f.fingerprint != job.fingerprint) continue;
       uint32_t len = uint32_t{f.units} * kv::kUnit;
-      auto off = ItemOffset(h, f.offset_units, f.units);
+      auto off = kv::SlotItemOffset(h, f);
       if (!off.has_value() || len > x->item_capacity) {
         // Not a readable item: the server broke the layout contract. Never trust it.
         job.problem = Problem::kBadSlot;
@@ -542,30 +922,38 @@ Status GetEngine::IndexChunk(Session& session, ScratchLease& x, std::span<KeyJob
         --job.unresolved;
         continue;
       }
-      if (x->batch.size() == max_ops || bytes + len > x->item_capacity) {
-        RDKV_RETURN_IF_ERROR(JudgeCandidates(session, x, jobs, any_retry));
+      if (x->batch.size() == max_item_ops || bytes + len > x->item_capacity) {
+        GetTask judge = JudgeCandidates(run, any_retry);
+        RDKV_CO_RETURN_IF_ERROR(co_await judge);
         x->batch.clear();
         x->tags.clear();
         bytes = 0;
         if (job.done) break;
       }
-      AddRead(session, *x, x->items + bytes, *off, len,
-              ReadTag{static_cast<uint32_t>(k), c, static_cast<uint32_t>(bytes)}.Pack());
+      AddRead(
+          session, *x, x->items + bytes, *off, len,
+          ReadTag{static_cast<uint32_t>(k), static_cast<uint8_t>(c), static_cast<uint32_t>(bytes)}
+              .Pack());
       bytes += len;
     }
     if (!job.done && job.unresolved == 0) {
       EndAttempt(session, job, Clock::now(), any_retry);  // all unreadable
     }
   }
-  if (!x->batch.empty()) RDKV_RETURN_IF_ERROR(JudgeCandidates(session, x, jobs, any_retry));
-  return Status::Ok();
+  if (!x->batch.empty()) {
+    GetTask judge = JudgeCandidates(run, any_retry);
+    RDKV_CO_RETURN_IF_ERROR(co_await judge);
+  }
+  co_return Status::Ok();
 }
 
 // READs the batched candidates and judges them, in slot order per job.
-Status GetEngine::JudgeCandidates(Session& session, ScratchLease& x, std::span<KeyJob> jobs,
-                                  bool* any_retry) {
-  RDKV_RETURN_IF_ERROR(RunReads(session, x));
-  Clock::time_point now = Clock::now();
+GetTask GetEngine::JudgeCandidates(OwnerRun& run, bool* any_retry) {
+  Session& session = *run.session;
+  ScratchLease& x = *run.scratch;
+  const std::span<KeyJob> jobs = run.jobs;
+  RDKV_CO_RETURN_IF_ERROR(co_await Batch{&run});
+  const Clock::time_point now = run.completed;
   for (size_t n = 0; n < x->batch.size(); ++n) {
     const ReadTag tag = ReadTag::Unpack(x->tags[n]);
     KeyJob& job = jobs[tag.job];
@@ -573,7 +961,7 @@ Status GetEngine::JudgeCandidates(Session& session, ScratchLease& x, std::span<K
     const uint8_t* item = x->items + tag.offset;
     --job.unresolved;
     if (now - job.t0 > options_.read_deadline) {
-      // Too slow: the block may have been reused since the window was read.
+      // Too slow: the block may have been reused since the buckets were read.
       if (!job.slow) {
         Add(counters_->slow_reads);
         ++job.slow_attempts;
@@ -592,8 +980,11 @@ Status GetEngine::JudgeCandidates(Session& session, ScratchLease& x, std::span<K
       }
       if (v == Verdict::kAccept) {
         if (LeaseAllows(session, job, now)) {
-          const kv::SlotFields& f = job.cand[tag.candidate];
-          job.link->cache.Store(job.hash, CachedLocation{f.offset_units, f.units});
+          const kv::SlotFields f = kv::UnpackSlot(SlotWord(x->buckets + job.images, tag.candidate));
+          job.link->cache.Store(
+              job.hash, CachedLocation{f.offset_units, f.units,
+                                       static_cast<uint8_t>(tag.candidate / kv::kSlotsPerBucket),
+                                       job.contended});
           Accept(job, value, version);
           continue;
         }
@@ -607,7 +998,7 @@ Status GetEngine::JudgeCandidates(Session& session, ScratchLease& x, std::span<K
     }
     if (job.unresolved == 0) EndAttempt(session, job, now, any_retry);
   }
-  return Status::Ok();
+  co_return Status::Ok();
 }
 
 }  // namespace rdkv::client

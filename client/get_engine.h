@@ -1,10 +1,14 @@
 // The GET engine: resolves keys with one-sided READs of the servers' regions, as
 // docs/design.md ("GET: resolution and why it is linearizable") describes. Per server, a
 // batch of keys goes through the location cache (one READ of the cached item, optionally with
-// the key's window), then through the index (the key's window, then every candidate item the
-// window's fingerprints point at), each candidate judged (ClassifyItem) and, in a cluster,
-// every result gated by the server's ownership lease. In a cluster keys are grouped by owner
-// and a redirected key is re-routed by the Router until op_timeout.
+// the index bucket that held it), then through the index (the key's two candidate buckets in
+// one batch, then every candidate item their fingerprints point at), each candidate judged
+// (ClassifyItem) and, in a cluster, every result gated by the server's ownership lease. In a
+// cluster keys are grouped by owner and a redirected key is re-routed by the Router until
+// op_timeout. Each owner's keys are one run (a coroutine of the calling thread), and the runs
+// advance in rounds: every owner's batch is posted before any is waited for, so a MultiGet
+// over several owners costs the round trips of the slowest, not their sum (docs/design.md,
+// "MultiGet: every owner's batch in flight together").
 //
 // The datapath (cache pass, index chunk, judging) neither allocates nor logs: READs go into a
 // registered scratch borrowed from the pool; only error messages and results allocate.
@@ -32,6 +36,9 @@
 
 namespace rdkv::client {
 
+class GetTask;    // a coroutine of one run (get_engine.cc)
+struct OwnerRun;  // one owner's jobs of a call, resolved by a GetTask (get_engine.cc)
+
 // Why an attempt was retried (the last reason is named in the final error).
 enum class Problem : uint8_t { kNone, kSlow, kTorn, kRetired, kBadSlot, kLease };
 const char* ProblemText(Problem p);
@@ -43,31 +50,40 @@ struct KeyJob {
   bool wrong_owner = false;  // cluster: the server does not serve the shard (re-route)
   std::string_view key;
   uint64_t hash = 0;
-  uint64_t window_offset = 0;  // region offset of the key's 128-byte window
+  uint64_t bucket_offset[kv::kChoices] = {};  // region offsets of the key's candidate buckets
   uint16_t fingerprint = 0;
   std::optional<Result<GetResult>>* out = nullptr;  // where the result goes (caller-owned)
   bool done = false;
   int attempts = 0;                                // index attempts (window READs) so far
   std::chrono::steady_clock::time_point deadline;  // op_timeout from the start of the call
   std::optional<CachedLocation> cached;
+  // Its cached location was (or went) stale: the index path READs that item with the buckets,
+  // and the location it finds is cached as contended (CachedLocation::contended).
+  bool contended = false;
   // The current index attempt.
   std::chrono::steady_clock::time_point t0;
-  uint8_t ncand = 0;                 // candidates found in the window
+  uint32_t images = 0;               // where its bucket images lie in the scratch's buckets
+  uint8_t ncand = 0;                 // candidates found in its buckets (at most 128)
   uint8_t unresolved = 0;            // candidates not yet read and judged
   bool retry = false;                // a candidate said "changed under us"
   bool slow = false;                 // the attempt exceeded read_deadline
   int slow_attempts = 0;             // attempts that exceeded read_deadline
   Problem problem = Problem::kNone;  // the last reason for a retry, for the final error
-  kv::SlotFields cand[kMaxCandidates];
 };
 
+// Owners a MultiGet has batches in flight on at once; more owners are resolved in further waves
+// of this many. Bounds the registered scratch one calling thread holds (one per owner in flight,
+// about 1.2 MiB each with 1 MiB values).
+inline constexpr size_t kMaxOwnersInFlight = 8;
+
 // What one READ of a batch is for, packed into the batch's 64-bit tag: the job (its index in
-// the call's span), the candidate slot, and the byte offset of its destination in the
-// scratch's item (or window) buffer.
+// the call's span), the candidate slot (0..127 over both buckets; for a bucket READ, which
+// bucket), and the byte offset of its destination in the scratch's item (or bucket) buffer.
 struct ReadTag {
   uint32_t job = 0;
   uint8_t candidate = 0;
-  uint32_t offset = 0;  // below 2^24 (items are at most 4 MiB: 16-bit units of 64 bytes)
+  uint32_t offset = 0;  // below 2^24 (items are at most 2 MiB: 16-bit units of 32 bytes;
+                        // bucket images are capped to fit: ScratchShapeFor)
 
   uint64_t Pack() const {
     return (uint64_t{job} << 32) | (uint64_t{candidate} << 24) | (offset & 0xffffffu);
@@ -95,12 +111,20 @@ class GetEngine {
 
  private:
   Status RunJobs(std::span<KeyJob> jobs);
-  Status RunReads(Session& session, ScratchLease& scratch);
-  Status CachePass(Session& session, ScratchLease& x, std::span<KeyJob> jobs);
-  Status IndexChunk(Session& session, ScratchLease& x, std::span<KeyJob> jobs, size_t i,
-                    size_t* end, bool* any_work, bool* any_retry);
-  Status JudgeCandidates(Session& session, ScratchLease& x, std::span<KeyJob> jobs,
-                         bool* any_retry);
+  // Sets up a run for `jobs` on `link`'s server (session, scratch, each job's buckets) and
+  // starts nothing; an error (no connection, no scratch) is the run's result at once.
+  void PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs);
+  // Drives every run to its end in rounds (docs/design.md, "MultiGet: every owner's batch in
+  // flight together"); each run's outcome is left in its `result`.
+  void DriveRuns(std::span<OwnerRun> runs);
+  // After a run's batch was waited for (`waited`: what the wait returned): OK when every READ
+  // completed OK; otherwise the error for the run (its session is marked for reconnect).
+  Status CheckBatch(OwnerRun& run, Status waited);
+  // The resolution of one run's jobs, and its steps; each suspends at every batch of READs.
+  GetTask Resolve(OwnerRun& run);
+  GetTask CachePass(OwnerRun& run);
+  GetTask IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_work, bool* any_retry);
+  GetTask JudgeCandidates(OwnerRun& run, bool* any_retry);
   void EndAttempt(const Session& session, KeyJob& job,
                   std::chrono::steady_clock::time_point completed, bool* any_retry);
   void NotFound(const Session& session, KeyJob& job,
@@ -112,6 +136,8 @@ class GetEngine {
   // lease).
   bool LeaseAllows(const Session& session, KeyJob& job,
                    std::chrono::steady_clock::time_point completed);
+  bool JudgeCachedItem(const Session& session, KeyJob& job, const uint8_t* item, uint32_t length,
+                       bool linked, std::chrono::steady_clock::time_point completed);
   size_t CacheItemLimit(const ReadScratch& x) const;
 
   const ClientOptions& options_;

@@ -1,9 +1,12 @@
 // The client's location cache: key hash -> where the key's item was last found (offset and
-// length in 64-byte units), so a repeated GET can take one READ instead of two.
+// length in kv::kUnit units, and which of its two candidate index buckets pointed at it), so a
+// repeated GET can take one READ instead of two round trips.
 //
 // A fixed-size direct-mapped array of atomic 64-bit words, allocated once: no locks, no
 // allocation after construction, bounded memory (8 bytes per entry). Each word packs
-//   bits 63..48 tag (16 bits of the key hash, never 0), 47..32 units, 31..0 offset units
+//   bits 63..50 tag (14 bits of the key hash, never 0), 49 contended, 48 bucket choice,
+//   47..32 units,
+//   31..0 offset units
 // so a lookup is one relaxed load. Two keys that share an entry evict each other; two keys
 // with the same entry and tag alias, which is harmless: a cached location is only a hint and
 // every item read through it is checked (key, checksum, state) before it is believed.
@@ -22,6 +25,11 @@ namespace rdkv::client {
 struct CachedLocation {
   uint32_t offset_units = 0;  // from the heap start
   uint16_t units = 0;         // item length
+  uint8_t choice = 0;         // which candidate bucket (0 or 1) held the slot
+  // The key's cached location went stale recently (another client rewrote it): its GETs READ
+  // the buckets in the same batch as the cached item (GetEngine::IndexChunk), so a stale
+  // location costs 2 round trips, not 3. Cleared when this client writes the key.
+  bool contended = false;
 };
 
 class LocationCache {

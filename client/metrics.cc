@@ -12,6 +12,8 @@ std::vector<MetricSample> ClientMetricSamples(const ClientStats& s) {
   return {
       {"rdkv_client_gets_total", "Keys looked up (a MultiGet of n keys counts n)", d(s.gets)},
       {"rdkv_client_get_reads_total", "One-sided READs posted by GETs", d(s.get_reads)},
+      {"rdkv_client_get_round_trips_total",
+       "Batches of one-sided READs GETs posted and waited for (round trips)", d(s.get_round_trips)},
       {"rdkv_client_get_retries_total",
        "GET attempts that failed a check or the deadline and were retried", d(s.get_retries)},
       {"rdkv_client_cache_hits_total", "GETs answered by one READ from the location cache",

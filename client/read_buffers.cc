@@ -14,7 +14,9 @@ size_t RoundUp(size_t v, size_t to) { return (v + to - 1) / to * to; }
 
 ScratchShape ScratchShapeFor(size_t batch_limit, uint64_t max_value_bytes) {
   ScratchShape shape;
-  shape.window_capacity = batch_limit;
+  // Bucket image offsets travel in 24 bits of a READ's tag.
+  shape.bucket_capacity =
+      std::min<size_t>(std::max<size_t>(batch_limit, kv::kChoices), (1u << 24) / kv::kBucketBytes);
   size_t max_item = kv::UnitsFor(kv::ItemBytes(kv::kMaxKeyBytes, max_value_bytes)) * kv::kUnit;
   shape.item_capacity = max_item + (64u << 10);
   shape.op_capacity = std::max<size_t>(batch_limit, kMaxCandidates + 1);
@@ -51,7 +53,7 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
     while (!sh.free.empty()) {
       std::unique_ptr<ReadScratch> s = std::move(sh.free.back());
       sh.free.pop_back();
-      if (s->window_capacity >= want.window_capacity && s->item_capacity >= want.item_capacity &&
+      if (s->bucket_capacity >= want.bucket_capacity && s->item_capacity >= want.item_capacity &&
           s->op_capacity >= want.op_capacity) {
         return s;
       }
@@ -63,7 +65,7 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
 
 void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
   ScratchShape want = shape();
-  if (s->window_capacity < want.window_capacity || s->item_capacity < want.item_capacity ||
+  if (s->bucket_capacity < want.bucket_capacity || s->item_capacity < want.item_capacity ||
       s->op_capacity < want.op_capacity) {
     return;  // stale shape
   }
@@ -74,14 +76,14 @@ void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
 
 Result<std::unique_ptr<ReadScratch>> ScratchPool::AllocateUnpooled(const ScratchShape& shape) {
   auto s = std::make_unique<ReadScratch>();
-  s->window_capacity = std::max<size_t>(shape.window_capacity, 1);
+  s->bucket_capacity = std::max<size_t>(shape.bucket_capacity, kv::kChoices);
   s->item_capacity = RoundUp(std::max<size_t>(shape.item_capacity, kv::kUnit), kv::kUnit);
-  s->op_capacity = std::max<size_t>(shape.op_capacity, 1);
-  size_t window_bytes = RoundUp(s->window_capacity * kv::kWindowBytes, kv::kUnit);
-  RDKV_ASSIGN_OR_RETURN(s->region, fabric_->AllocateRegion(window_bytes + s->item_capacity,
+  s->op_capacity = std::max<size_t>(shape.op_capacity, kMinBatchReads);
+  size_t bucket_bytes = RoundUp(s->bucket_capacity * kv::kBucketBytes, kv::kUnit);
+  RDKV_ASSIGN_OR_RETURN(s->region, fabric_->AllocateRegion(bucket_bytes + s->item_capacity,
                                                            transport::RegionAccess::kLocal));
-  s->windows = s->region->data();
-  s->items = s->region->data() + window_bytes;
+  s->buckets = s->region->data();
+  s->items = s->region->data() + bucket_bytes;
   s->ops = std::make_unique<transport::ReadOp[]>(s->op_capacity);
   for (size_t i = 0; i < s->op_capacity; ++i) {
     s->ops[i].status.store(transport::ReadStatus::kOk, std::memory_order_relaxed);  // idle

@@ -2,9 +2,10 @@
 // allocates nothing.
 //
 // A ReadScratch is what one thread needs for one GET or one MultiGet batch: a registered
-// block holding `window_capacity` index windows (128 B each) followed by `item_capacity`
-// bytes for items, and `op_capacity` ReadOps. It is borrowed from the ScratchPool for the
-// duration of one call (about one per concurrently calling thread) and given back after.
+// block holding `bucket_capacity` index bucket images (kv::kBucketBytes each; a key's index
+// READ fills two) followed by `item_capacity` bytes for items, and `op_capacity` ReadOps. It is
+// borrowed from the ScratchPool for the duration of one call (about one per concurrently calling
+// thread) and given back after.
 //
 // Thread-safety: ScratchPool is thread-safe. A ReadScratch is used by one thread at a time.
 #pragma once
@@ -25,9 +26,9 @@ namespace rdkv::client {
 
 struct ReadScratch {
   std::unique_ptr<transport::MemoryRegion> region;
-  uint8_t* windows = nullptr;  // window_capacity * kv::kWindowBytes
-  size_t window_capacity = 0;
-  uint8_t* items = nullptr;  // item_capacity bytes, 64-byte aligned
+  uint8_t* buckets = nullptr;  // bucket_capacity * kv::kBucketBytes
+  size_t bucket_capacity = 0;
+  uint8_t* items = nullptr;  // item_capacity bytes, kv::kUnit aligned
   size_t item_capacity = 0;
   std::unique_ptr<transport::ReadOp[]> ops;
   size_t op_capacity = 0;
@@ -40,17 +41,23 @@ struct ReadScratch {
 };
 
 struct ScratchShape {
-  size_t window_capacity = 1;
+  size_t bucket_capacity = kv::kChoices;
   size_t item_capacity = 0;
   size_t op_capacity = 1;
 };
 
-// Candidate slots in one key's index window.
-inline constexpr size_t kMaxCandidates = kv::kSlotsPerBucket * kv::kWindowBuckets;
+// Candidate slots of one key: both of its index buckets.
+inline constexpr size_t kMaxCandidates = kv::kCandidateSlots;
+static_assert(kMaxCandidates <= 255, "candidate numbers travel in 8 bits (ReadTag, KeyJob)");
 
-// READs one GET batch posts at most: max_batch_reads, never above max_outstanding_reads.
+// READs one batch needs room for at least: a key's two bucket READs and an ownership READ.
+inline constexpr size_t kMinBatchReads = kv::kChoices + 1;
+
+// READs one GET batch posts at most: max_batch_reads, never above max_outstanding_reads, but
+// at least kMinBatchReads (a key's bucket READs always go together; the client refuses a
+// max_outstanding_reads below kMinBatchReads).
 inline size_t BatchLimit(const ClientOptions& o) {
-  return std::max<uint32_t>(1, std::min(o.max_batch_reads, o.max_outstanding_reads));
+  return std::max<size_t>(kMinBatchReads, std::min(o.max_batch_reads, o.max_outstanding_reads));
 }
 
 // The scratch a GET batch of up to `batch_limit` READs needs from a server whose values are at

@@ -76,14 +76,25 @@ uint64_t Session::lease_epoch() const {
   return lease_epoch_;
 }
 
+namespace {
+// "layout version N (...), this client reads M": the refusal of a region of another layout.
+std::string LayoutMismatch(uint32_t version) {
+  const char* what = version == 1   ? " (a server from before index v2)"
+                     : version == 2 ? " (a server from before compact items: 64-byte units)"
+                     : version < kv::kLayoutVersion ? " (an older server)"
+                                                    : " (a newer server)";
+  return "layout version " + std::to_string(version) + what + ", this client reads " +
+         std::to_string(kv::kLayoutVersion);
+}
+}  // namespace
+
 Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDescriptor& region) {
   auto bad = [](const std::string& why) {
     return Status::ProtocolError("server region header: " + why);
   };
   if (h.magic != kv::kRegionMagic) return bad("bad magic (not an rdkv region)");
   if (h.layout_version != kv::kLayoutVersion) {
-    return bad("layout version " + std::to_string(h.layout_version) + ", this client reads " +
-               std::to_string(kv::kLayoutVersion));
+    return bad(LayoutMismatch(h.layout_version));
   }
   if (h.header_checksum != kv::HeaderChecksum(h)) return bad("checksum mismatch");
   if (h.header_bytes < sizeof(kv::RegionHeader) || h.header_bytes > kv::kHeaderBytes) {
@@ -95,9 +106,9 @@ Status ValidateRegionHeader(const kv::RegionHeader& h, const transport::RegionDe
   }
   if (h.region_bytes < kv::kHeaderBytes) return bad("region size is smaller than the header");
   if (h.index_offset < kv::kHeaderBytes || h.index_offset % kv::kBucketBytes != 0 ||
-      h.index_offset >= h.region_bytes || h.bucket_count == 0 ||
-      h.bucket_count + 1 > (h.region_bytes - h.index_offset) / kv::kBucketBytes ||
-      h.index_offset + (h.bucket_count + 1) * kv::kBucketBytes > h.heap_offset) {
+      h.index_offset >= h.region_bytes || h.bucket_count < 2 ||
+      h.bucket_count > (h.region_bytes - h.index_offset) / kv::kBucketBytes ||
+      h.index_offset + h.bucket_count * kv::kBucketBytes > h.heap_offset) {
     return bad("index geometry is invalid");
   }
   if (h.heap_offset % kv::kUnit != 0 || h.heap_offset > h.region_bytes ||
@@ -121,6 +132,13 @@ Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fa
   co.host = address.host;
   co.port = address.port;
   co.auth_token = options.auth_token;
+  if (!options.admin_token.empty()) {
+    co.auth_token = options.admin_token;
+    co.role = transport::SessionRole::kAdmin;
+  }
+  co.tls.ca_file = options.tls.ca_file;
+  co.tls.cert_file = options.tls.cert_file;
+  co.tls.key_file = options.tls.key_file;
   co.connect_timeout = options.connect_timeout;
   co.max_outstanding_reads = options.max_outstanding_reads;
   co.max_message_size = max_message_size;
@@ -146,9 +164,7 @@ Result<std::shared_ptr<Session>> OpenSession(transport::Fabric* fabric,
     }
     const transport::RegionDescriptor region = regions[0];
     if (region.layout_version != kv::kLayoutVersion) {
-      return Status::ProtocolError("region has layout version " +
-                                   std::to_string(region.layout_version) + ", this client reads " +
-                                   std::to_string(kv::kLayoutVersion));
+      return Status::ProtocolError("region has " + LayoutMismatch(region.layout_version));
     }
     if (region.length < kv::kHeaderBytes) {
       return Status::ProtocolError("region is smaller than its header");

@@ -54,6 +54,13 @@ bool SameMap(const cluster::ClusterMap& a, const cluster::ClusterMap& b) {
       return false;
     }
   }
+  for (uint32_t s = 0; s < a.shards; ++s) {
+    if (a.ReplicasOf(s) != b.ReplicasOf(s)) return false;
+    const std::vector<uint32_t> none;
+    const auto& ja = s < a.joining.size() ? a.joining[s] : none;
+    const auto& jb = s < b.joining.size() ? b.joining[s] : none;
+    if (ja != jb) return false;
+  }
   return true;
 }
 

@@ -1,6 +1,9 @@
 #include "client/writer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <random>
+#include <thread>
 #include <utility>
 
 #include "common/kv/layout.h"
@@ -9,6 +12,34 @@
 namespace rdkv::client {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+uint64_t NewClientId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{rd()} << 32) ^ rd();
+  return id;
+}
+
+// Whether a write's failure leaves its outcome unknown in a way a retry with the same request
+// id resolves: the connection broke under it, or a replicated primary could not get it
+// acknowledged (its kUnavailable answer).
+bool RetryWithSameId(const Status& s, bool from_server) {
+  return s.Is(StatusCode::kConnectionLost) || (from_server && s.Is(StatusCode::kUnavailable));
+}
+
+constexpr std::chrono::milliseconds kRetryPause{20};
+// A retry needs at least this much of op_timeout left; otherwise the last error stands (a
+// retry with 1 ms left would only turn it into kTimedOut).
+constexpr std::chrono::milliseconds kMinRetryBudget{100};
+}  // namespace
+
+Writer::Writer(const ClientOptions& options, Links* links, Router* router, Caller* caller)
+    : options_(options),
+      links_(links),
+      router_(router),
+      caller_(caller),
+      client_id_(NewClientId()) {}
 
 Result<uint64_t> Writer::Write(kv::Op op, std::string_view key, std::string_view value,
                                uint64_t expected) {
@@ -19,21 +50,49 @@ Result<uint64_t> Writer::Write(kv::Op op, std::string_view key, std::string_view
   req.key = key;
   req.value = value;
   req.expected_version = expected;
+  req.client_id = client_id_;
+  req.request_seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
   uint64_t version = 0;
+  const Clock::time_point deadline = Clock::now() + options_.op_timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+  };
   if (!router_->cluster()) {
-    RDKV_RETURN_IF_ERROR(caller_->Call(links_->seed(), req, &version, nullptr));
-    return version;
+    for (;;) {
+      bool from_server = false;
+      Status s = caller_->Call(links_->seed(), req, &version, nullptr, left(), &from_server);
+      if (s.ok()) return version;
+      if (!RetryWithSameId(s, from_server) ||
+          Clock::now() + kRetryPause + kMinRetryBudget >= deadline) {
+        return s;
+      }
+      std::this_thread::sleep_for(kRetryPause);
+    }
   }
   // Cluster: to the key's owner; a redirect retries with a refreshed map until op_timeout.
-  const Clock::time_point deadline = Clock::now() + options_.op_timeout;
   const uint64_t hash = kv::KeyHash(key);
   Status result;
   router_->RunRouted([&](const Routing& rt) -> Link* {
     Link* link = rt.owners[kv::ShardOf(hash, rt.map->shards)];
-    result = caller_->Call(*link, req, &version, nullptr);
-    if (!result.Is(StatusCode::kWrongOwner)) return nullptr;
-    if (Clock::now() >= deadline) {
-      result = caller_->Fail(std::move(result));  // a redirect no longer followed is an error
+    bool from_server = false;
+    result = caller_->Call(*link, req, &version, nullptr, left(), &from_server);
+    // The owner cannot be reached (it died or is cut off), or what answers at its address is
+    // no rdkv server. In a cluster a failover coordinator manages (docs/design.md "Failover")
+    // one is under way: ask the map again and retry, with the same id, until op_timeout.
+    // Without a coordinator nothing will change: fail at once, naming the server.
+    const bool unreachable =
+        !from_server && rt.map->coordinated &&
+        (result.Is(StatusCode::kUnavailable) || result.Is(StatusCode::kProtocolError));
+    if (!result.Is(StatusCode::kWrongOwner) && !RetryWithSameId(result, from_server) &&
+        !unreachable) {
+      return nullptr;
+    }
+    if (Clock::now() +
+            (result.Is(StatusCode::kWrongOwner) ? std::chrono::milliseconds(0) : kMinRetryBudget) >=
+        deadline) {
+      // A redirect no longer followed is an error (the others were counted by Call).
+      if (result.Is(StatusCode::kWrongOwner)) result = caller_->Fail(std::move(result));
       return nullptr;
     }
     return link;

@@ -21,6 +21,7 @@ endfunction()
 
 set(THREADS_PREFER_PTHREAD_FLAG ON)
 find_package(Threads REQUIRED)
+find_package(OpenSSL REQUIRED)  # libcrypto: the session handshake (common/transport/auth.cc)
 if(RDKV_WITH_VERBS)
   rdkv_require_pkg(IBVERBS libibverbs libibverbs-dev)
   rdkv_require_pkg(RDMACM librdmacm librdmacm-dev)

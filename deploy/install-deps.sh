@@ -10,6 +10,7 @@ build_pkgs=(
   libibverbs-dev librdmacm-dev ibverbs-providers ibverbs-utils rdmacm-utils perftest
   librocksdb-dev libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libxxhash-dev nlohmann-json3-dev libreadline-dev prometheus-cpp-dev
+  libcurl4-openssl-dev libssl-dev openssl etcd-server etcd-client
   clang libclang-rt-14-dev
   iproute2 procps psmisc python3 systemd
 )

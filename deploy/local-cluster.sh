@@ -4,6 +4,8 @@
 #   deploy/local-cluster.sh start  [N] [DIR]   start N servers (default 3), wait until all answer
 #   deploy/local-cluster.sh status [DIR]       pid, port and health of each; exit 1 if any is down
 #   deploy/local-cluster.sh stop   [DIR]       SIGTERM, then SIGKILL after a timeout; idempotent
+#   deploy/local-cluster.sh kill ID [DIR]      SIGKILL server ID (a crash, for failover tests)
+#   deploy/local-cluster.sh restart ID [DIR]   start server ID again with its flags (after kill)
 #
 # DIR (the state dir) defaults to $RDKV_CLUSTER_DIR, else /tmp/rdkv-cluster. It holds:
 #   cluster.env            what `start` chose (N, host, base port, binaries); read by stop/status
@@ -11,6 +13,8 @@
 #   server-<id>/kvserver.log   the server's log (glog, to stderr); appended across restarts
 #   server-<id>/pid, port      pid file, and the port the server reports once it serves
 #   server-<id>/data       its --data_dir (kept by `stop`; delete DIR to start from empty)
+#   server-<id>/args       its command line (NUL-separated), for `restart`
+#   coord-<i>/kvcoord.log, pid   the failover coordinators (RDKV_COORDINATORS)
 #
 # Environment (all optional):
 #   RDKV_BIN           dir holding kvserver and kvcli (or a build dir with server/ and tools/);
@@ -21,11 +25,29 @@
 #                      (default: the N ports right after the servers', RDKV_BASE_PORT + N + i;
 #                      "off": no /metrics)
 #   RDKV_SHARDS        shards in the generated map (default 64)
+#   RDKV_REPLICATION   replicas per shard, R (default 1): shard s on server s % N, then the
+#                      next R-1 servers as its backups (docs/design.md "Replication")
+#   RDKV_ETCD          where the cluster map lives: "" (default: a map file, --cluster_map),
+#                      "local" (start etcd on this machine, state in DIR/etcd, client port
+#                      RDKV_ETCD_PORT, default RDKV_BASE_PORT + 2N; stopped by `stop`), or the
+#                      endpoints of a running etcd (host:port[,...]). The map is imported with
+#                      `kvcli cluster import-map` and the servers run with --etcd
+#   RDKV_CLUSTER_NAME  the cluster's name in etcd (default local)
+#   RDKV_COORDINATORS  failover coordinators (kvcoord) to start with an etcd cluster (default 0:
+#                      none, replica sets change only by hand). With 1 or more, a failed or
+#                      restarted server is replaced automatically and the map's
+#                      replication_factor restored (docs/design.md "Failover")
+#   RDKV_ETCD_LEASE_TTL  the servers' and coordinators' etcd lease TTL in seconds (default: the
+#                      programs' own, 2): how long a dead server goes undetected at most
 #   RDKV_TRANSPORT     auto | tcp | verbs (default tcp)
 #   RDKV_DEVICE        RDMA device for verbs (e.g. rxe0; default: kvserver picks)
 #   RDKV_MEMORY        region size per server (default 128MiB)
 #   RDKV_DURABILITY    sync | async | none (default none)
-#   RDKV_AUTH_TOKEN    token clients must present (default: none)
+#   RDKV_AUTH_TOKEN    data secret clients must prove (default: none). Written to
+#                      DIR/auth_token (mode 0600) and passed as --auth_token_file, never on a
+#                      command line (docs/security.md)
+#   RDKV_ADMIN_TOKEN   admin secret for moves, snapshots, map installs (default: none: admin
+#                      requests only from loopback). Written to DIR/admin_token likewise
 #   RDKV_EXTRA_FLAGS   more kvserver flags, word-split (e.g. "--worker_threads=1")
 #   RDKV_START_TIMEOUT seconds to wait for every server to answer (default 30)
 #   RDKV_STOP_TIMEOUT  seconds between SIGTERM and SIGKILL (default 10)
@@ -55,15 +77,16 @@ DIR=${RDKV_CLUSTER_DIR:-/tmp/rdkv-cluster}
 for a in "$@"; do
   case $a in
     -h | --help) usage 0 ;;
-    [0-9] | [0-9][0-9] | [0-9][0-9][0-9]) N=$a ;;
+    [0-9] | [0-9][0-9] | [0-9][0-9][0-9]) N=$a ;;  # kill/restart: the server id
     -*) die "unknown option '$a'" ;;
     *) DIR=$a ;;
   esac
 done
 case $cmd in
   start | stop | status) ;;
+  kill | restart) [[ -n $N ]] || die "$cmd needs a server id" ;;
   -h | --help | help) usage 0 ;;
-  *) die "unknown command '$cmd' (start|stop|status)" ;;
+  *) die "unknown command '$cmd' (start|stop|status|kill|restart)" ;;
 esac
 DIR=${DIR%/}
 
@@ -126,7 +149,7 @@ load_state() {
 
 ping_server() {  # ping_server HOST:PORT -> kvcli exit status (only when kvcli exists)
   local extra=()
-  [[ -n ${AUTH_TOKEN:-} ]] && extra+=("--auth_token=$AUTH_TOKEN")
+  [[ -n ${AUTH_TOKEN_FILE:-} ]] && extra+=("--auth_token_file=$AUTH_TOKEN_FILE")
   # The servers' transport, not kvcli's auto choice (which picks verbs whenever a device is up).
   [[ ${TRANSPORT:-auto} != auto ]] && extra+=("--transport=$TRANSPORT")
   timeout 10 "$KVCLI" --server="$1" "${extra[@]}" ping >/dev/null 2>&1
@@ -143,6 +166,11 @@ do_start() {
   local memory=${RDKV_MEMORY:-128MiB}
   local durability=${RDKV_DURABILITY:-none}
   local timeout_s=${RDKV_START_TIMEOUT:-30}
+  local replication=${RDKV_REPLICATION:-1}
+  local etcd=${RDKV_ETCD:-}
+  local cluster_name=${RDKV_CLUSTER_NAME:-local}
+  [[ $replication =~ ^[0-9]+$ ]] && ((replication >= 1 && replication <= 5 && replication <= N)) ||
+    die "RDKV_REPLICATION=$replication must be 1..min(5, N=$N)"
   [[ $base =~ ^[0-9]+$ ]] && ((base >= 1 && base + N - 1 <= 65535)) ||
     die "RDKV_BASE_PORT=$base: ports $base..$((base + N - 1)) must lie in 1..65535"
   local metrics_base=${RDKV_METRICS_BASE_PORT:-$((base + N))}
@@ -202,7 +230,16 @@ do_start() {
   DIR=$(cd "$DIR" && pwd)
   NSERVERS=$N
   TRANSPORT=$transport
-  AUTH_TOKEN=${RDKV_AUTH_TOKEN:-}
+  # Secrets go to files (mode 0600), never onto a command line where ps shows them.
+  AUTH_TOKEN_FILE="" ADMIN_TOKEN_FILE=""
+  write_secret() {  # write_secret NAME VALUE -> prints the file's path
+    (umask 077 && printf '%s' "$2" >"$DIR/$1")
+    echo "$DIR/$1"
+  }
+  if [[ -n ${RDKV_AUTH_TOKEN:-} ]]; then AUTH_TOKEN_FILE=$(write_secret auth_token "$RDKV_AUTH_TOKEN"); fi
+  if [[ -n ${RDKV_ADMIN_TOKEN:-} ]]; then
+    ADMIN_TOKEN_FILE=$(write_secret admin_token "$RDKV_ADMIN_TOKEN")
+  fi
   local map=$DIR/cluster-map.json
   {
     printf '{\n  "epoch": 1,\n  "shards": %d,\n  "servers": [\n' "$shards"
@@ -213,22 +250,95 @@ do_start() {
     for ((i = 0; i < shards; i++)); do
       printf '%s%d' "$([[ $i -gt 0 ]] && echo ', ')" $((i % N))
     done
-    printf ']\n}\n'
+    printf ']'
+    if ((replication > 1)); then
+      printf ',\n  "replication_factor": %d' "$replication"
+      printf ',\n  "replicas": ['
+      local k
+      for ((i = 0; i < shards; i++)); do
+        printf '%s[' "$([[ $i -gt 0 ]] && echo ', ')"
+        for ((k = 0; k < replication; k++)); do
+          printf '%s%d' "$([[ $k -gt 0 ]] && echo ,)" $(((i + k) % N))
+        done
+        printf ']'
+      done
+      printf ']'
+    fi
+    printf '\n}\n'
   } >"$map.tmp"
   mv "$map.tmp" "$map"
 
+  # etcd: start one here when asked, then import the map (kept when etcd already has one).
+  ETCD_ENDPOINTS="" ETCD_PID_FILE=""
+  if [[ -n $etcd ]]; then
+    [[ -n $KVCLI ]] || die "RDKV_ETCD needs kvcli next to kvserver (it imports the map)"
+    has_flag etcd || die "RDKV_ETCD is set but $KVSERVER has no --etcd (too old)"
+    if [[ $etcd == local ]]; then
+      command -v etcd >/dev/null || die "etcd is not installed (deploy/install-deps.sh installs it)"
+      local cport=${RDKV_ETCD_PORT:-$((base + 2 * N))} pport
+      pport=$((cport + 1))
+      for port in $cport $pport; do
+        [[ -z $(who_listens "$port") ]] || die "etcd port $port is in use (set RDKV_ETCD_PORT)"
+      done
+      mkdir -p "$DIR/etcd"
+      ETCD_PID_FILE=$DIR/etcd/pid
+      setsid etcd --name local --data-dir "$DIR/etcd/data" \
+        --listen-client-urls "http://127.0.0.1:$cport" --advertise-client-urls "http://127.0.0.1:$cport" \
+        --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+        --initial-cluster "local=http://127.0.0.1:$pport" --heartbeat-interval 50 --election-timeout 250 \
+        </dev/null >>"$DIR/etcd/etcd.log" 2>&1 &
+      echo $! >"$ETCD_PID_FILE"
+      ETCD_ENDPOINTS=127.0.0.1:$cport
+      local t=0
+      until ETCDCTL_API=3 etcdctl --endpoints="$ETCD_ENDPOINTS" endpoint health >/dev/null 2>&1; do
+        t=$((t + 1))
+        ((t < 100)) || { tail -n 15 "$DIR/etcd/etcd.log" >&2; die "etcd did not start (log: $DIR/etcd/etcd.log)"; }
+        sleep 0.1
+      done
+      say "etcd serving on $ETCD_ENDPOINTS (state in $DIR/etcd)"
+    else
+      ETCD_ENDPOINTS=$etcd
+    fi
+    local out
+    if out=$("$KVCLI" --etcd="$ETCD_ENDPOINTS" --cluster_name="$cluster_name" cluster import-map "$map" 2>&1); then
+      say "$out"
+    elif [[ $out == *"already holds"* ]]; then
+      say "etcd already holds the map of cluster '$cluster_name'; the servers use that one"
+    else
+      die "importing the map into etcd: $out"
+    fi
+  fi
+
   (
-    umask 077  # it may hold the auth token
+    umask 077
     echo "# written by $PROG start; read by stop and status"
     printf '%s=%q\n' NSERVERS "$N" HOST "$host" BASE_PORT "$base" TRANSPORT "$transport" \
-      KVSERVER "$KVSERVER" KVCLI "$KVCLI" AUTH_TOKEN "${RDKV_AUTH_TOKEN:-}"
+      KVSERVER "$KVSERVER" KVCLI "$KVCLI" AUTH_TOKEN_FILE "$AUTH_TOKEN_FILE" \
+      ADMIN_TOKEN_FILE "$ADMIN_TOKEN_FILE" ETCD_ENDPOINTS "$ETCD_ENDPOINTS" \
+      ETCD_PID_FILE "$ETCD_PID_FILE" CLUSTER_NAME "$cluster_name" NCOORD "${RDKV_COORDINATORS:-0}"
   ) >"$DIR/cluster.env"
 
   local skipped=()
   local common=(--host="$host" --transport="$transport" --memory="$memory")
   [[ -n ${RDKV_DEVICE:-} ]] && common+=(--device="$RDKV_DEVICE")
-  [[ -n ${RDKV_AUTH_TOKEN:-} ]] && common+=(--auth_token="$RDKV_AUTH_TOKEN")
-  if has_flag cluster_map; then common+=(--cluster_map="$map"); else skipped+=(--cluster_map); fi
+  if [[ -n $AUTH_TOKEN_FILE ]]; then
+    has_flag auth_token_file || die "RDKV_AUTH_TOKEN is set but $KVSERVER has no --auth_token_file (too old)"
+    common+=(--auth_token_file="$AUTH_TOKEN_FILE")
+  fi
+  if [[ -n $ADMIN_TOKEN_FILE ]]; then
+    has_flag admin_token_file || die "RDKV_ADMIN_TOKEN is set but $KVSERVER has no --admin_token_file (too old)"
+    common+=(--admin_token_file="$ADMIN_TOKEN_FILE")
+  fi
+  if [[ -n $ETCD_ENDPOINTS ]]; then
+    common+=(--etcd="$ETCD_ENDPOINTS" --cluster_name="$cluster_name")
+    [[ -n ${RDKV_ETCD_LEASE_TTL:-} ]] && common+=(--etcd_lease_ttl_s="$RDKV_ETCD_LEASE_TTL")
+  elif has_flag cluster_map; then
+    common+=(--cluster_map="$map")
+  else
+    skipped+=(--cluster_map)
+  fi
+  # Replicated writes wait for their backups on the worker threads: more of them.
+  ((replication > 1)) && has_flag worker_threads && common+=(--worker_threads=8)
   if has_flag durability; then
     common+=(--durability="$durability")
   else
@@ -254,6 +364,7 @@ do_start() {
     ((has_id)) && args+=(--server_id="$i")
     ((has_data)) && args+=(--data_dir="$sd/data")
     args+=("${extra[@]}")
+    printf '%s\0' "${args[@]}" >"$sd/args"
     echo "=== $(date '+%F %T') $PROG start: $KVSERVER ${args[*]}" >>"$sd/kvserver.log"
     # setsid: the servers outlive this script and do not get the terminal's Ctrl-C.
     setsid "$KVSERVER" "${args[@]}" </dev/null >>"$sd/kvserver.log" 2>&1 &
@@ -271,6 +382,7 @@ do_start() {
         echo "$PROG: error: server $i (pid ${pids[i]}, port $((base + i))) exited during start; last lines of $sd/kvserver.log:" >&2
         tail -n 15 "$sd/kvserver.log" | sed 's/^/    /' >&2
         stop_all 5 >/dev/null
+        stop_etcd >/dev/null
         exit 1
       fi
       if [[ -s $sd/port ]]; then
@@ -289,11 +401,13 @@ do_start() {
       echo "$PROG: error: server $i ($addr) did not answer within ${timeout_s}s; last lines of $sd/kvserver.log:" >&2
       tail -n 15 "$sd/kvserver.log" | sed 's/^/    /' >&2
       stop_all 5 >/dev/null
+      stop_etcd >/dev/null
       exit 1
     fi
   done
   [[ -n $KVCLI ]] || warn "kvcli not found next to kvserver: readiness checked with a TCP connect, not a ping"
-  say "all $N servers answer; cluster map: $map"
+  start_coordinators
+  say "all $N servers answer; cluster map: $map (R=$replication${ETCD_ENDPOINTS:+, in etcd $ETCD_ENDPOINTS as cluster '$cluster_name'})"
   echo "seed: $host:$base"
   if [[ $metrics_base != off ]]; then
     for ((i = 0; i < N; i++)); do
@@ -303,8 +417,90 @@ do_start() {
   if [[ -n $KVCLI ]]; then
     local t=""
     [[ $transport != auto ]] && t=" --transport=$transport"
+    if [[ -n $AUTH_TOKEN_FILE ]]; then t+=" --auth_token_file=$AUTH_TOKEN_FILE"; fi
     echo "try:  $KVCLI --server=$host:$base$t put hello world && $KVCLI --server=$host:$base$t get hello"
+    if [[ -n $ADMIN_TOKEN_FILE ]]; then
+      echo "admin commands (move, snapshot): add --admin_token_file=$ADMIN_TOKEN_FILE"
+    fi
   fi
+}
+
+# start_coordinators: RDKV_COORDINATORS kvcoord processes for an etcd cluster.
+start_coordinators() {
+  local n=${RDKV_COORDINATORS:-0} i
+  [[ $n =~ ^[0-9]+$ ]] || die "RDKV_COORDINATORS=$n must be a number"
+  ((n > 0)) || return 0
+  [[ -n ${ETCD_ENDPOINTS:-} ]] || die "RDKV_COORDINATORS needs RDKV_ETCD (the coordinators work through etcd)"
+  local kvcoord
+  kvcoord=$(find_bin kvcoord coordinator) || die "kvcoord not found next to kvserver (build the kvcoord target)"
+  local args=(--etcd="$ETCD_ENDPOINTS" --cluster_name="$cluster_name" --transport="$TRANSPORT")
+  [[ $TRANSPORT == tcp ]] || args+=(--probe_ms=0)
+  [[ -n ${RDKV_ETCD_LEASE_TTL:-} ]] && args+=(--lease_ttl_s="$RDKV_ETCD_LEASE_TTL")
+  [[ -n $AUTH_TOKEN_FILE ]] && args+=(--auth_token_file="$AUTH_TOKEN_FILE")
+  [[ -n $ADMIN_TOKEN_FILE ]] && args+=(--admin_token_file="$ADMIN_TOKEN_FILE")
+  for ((i = 0; i < n; i++)); do
+    local cd=$DIR/coord-$i
+    mkdir -p "$cd"
+    echo "=== $(date '+%F %T') $PROG start: $kvcoord ${args[*]} --name=coord-$i" >>"$cd/kvcoord.log"
+    setsid "$kvcoord" "${args[@]}" --name="coord-$i" </dev/null >>"$cd/kvcoord.log" 2>&1 &
+    echo $! >"$cd/pid"
+  done
+  say "$n failover coordinator(s) (kvcoord) started; logs in $DIR/coord-*/kvcoord.log"
+}
+
+# stop_coordinators: first of all, so that stopping the servers is not taken for failures.
+stop_coordinators() {
+  local f pid
+  for f in "$DIR"/coord-*/pid; do
+    [[ -f $f ]] || continue
+    pid=$(cat "$f")
+    if [[ $pid =~ ^[0-9]+$ ]] && [[ $(tr '\0' ' ' 2>/dev/null </proc/"$pid"/cmdline) == *kvcoord* ]]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      local t=0
+      while kill -0 "$pid" 2>/dev/null && ((t < 50)); do sleep 0.1; t=$((t + 1)); done
+      kill -KILL "$pid" 2>/dev/null || true
+      say "coordinator $(basename "$(dirname "$f")") (pid $pid): stopped"
+    fi
+    rm -f "$f"
+  done
+}
+
+do_kill() {
+  load_state || die "no cluster recorded in $DIR"
+  ((N < NSERVERS)) || die "server $N is not in this cluster (0..$((NSERVERS - 1)))"
+  local pid
+  pid=$(cat "$DIR/server-$N/pid" 2>/dev/null || true)
+  pid_alive "$pid" || die "server $N is not running"
+  kill -KILL "$pid"
+  local t=0
+  while pid_alive "$pid" && ((t < 100)); do sleep 0.05; t=$((t + 1)); done
+  echo "=== $(date '+%F %T') $PROG kill: SIGKILL to pid $pid" >>"$DIR/server-$N/kvserver.log"
+  say "server $N (pid $pid): killed (SIGKILL)"
+}
+
+do_restart() {
+  load_state || die "no cluster recorded in $DIR"
+  ((N < NSERVERS)) || die "server $N is not in this cluster (0..$((NSERVERS - 1)))"
+  local sd=$DIR/server-$N pid
+  pid=$(cat "$sd/pid" 2>/dev/null || true)
+  pid_alive "$pid" && die "server $N is still running (pid $pid)"
+  [[ -f $sd/args ]] || die "no recorded command line in $sd/args (started by an older $PROG?)"
+  local args=()
+  mapfile -d '' args <"$sd/args"
+  rm -f "$sd/port"
+  echo "=== $(date '+%F %T') $PROG restart: $KVSERVER ${args[*]}" >>"$sd/kvserver.log"
+  setsid "$KVSERVER" "${args[@]}" </dev/null >>"$sd/kvserver.log" 2>&1 &
+  echo $! >"$sd/pid"
+  local t=0
+  until [[ -s $sd/port ]]; do
+    t=$((t + 1))
+    if ((t > 300)) || ! child_alive "$(cat "$sd/pid")"; then
+      tail -n 15 "$sd/kvserver.log" | sed 's/^/    /' >&2
+      die "server $N did not start again"
+    fi
+    sleep 0.1
+  done
+  say "server $N restarted (pid $(cat "$sd/pid"))"
 }
 
 # --- stop ------------------------------------------------------------------------------------
@@ -340,13 +536,32 @@ stop_all() {
   done
 }
 
+# stop_etcd: stops the etcd this script started for the cluster (RDKV_ETCD=local), if any.
+stop_etcd() {
+  if [[ -n ${ETCD_PID_FILE:-} && -f $ETCD_PID_FILE ]]; then
+    local epid
+    epid=$(cat "$ETCD_PID_FILE")
+    if [[ $epid =~ ^[0-9]+$ ]] && kill -0 "$epid" 2>/dev/null &&
+      [[ $(tr '\0' ' ' <"/proc/$epid/cmdline" 2>/dev/null) == *etcd* ]]; then
+      kill -TERM "$epid" 2>/dev/null || true
+      local t=0
+      while kill -0 "$epid" 2>/dev/null && ((t < 50)); do sleep 0.1; t=$((t + 1)); done
+      kill -KILL "$epid" 2>/dev/null || true
+      say "etcd (pid $epid): stopped"
+    fi
+    rm -f "$ETCD_PID_FILE"
+  fi
+}
+
 do_stop() {
   if ! load_state; then
     say "no cluster recorded in $DIR; nothing to stop"
     return 0
   fi
   local grace=${RDKV_STOP_TIMEOUT:-10}
+  stop_coordinators
   stop_all "$grace"
+  stop_etcd
   say "cluster in $DIR stopped (data dirs and logs kept)"
 }
 
@@ -381,4 +596,6 @@ case $cmd in
   start) do_start ;;
   stop) do_stop ;;
   status) do_status ;;
+  kill) do_kill ;;
+  restart) do_restart ;;
 esac

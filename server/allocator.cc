@@ -3,25 +3,27 @@
 #include <bit>
 #include <string>
 
+#include "common/kv/layout.h"
+
 namespace rdkv::server {
 
 Allocator::Allocator(uint64_t heap_units, std::chrono::milliseconds grace)
     : heap_units_(heap_units), grace_(grace), free_(kClasses) {}
 
 uint32_t Allocator::ClassOf(uint32_t units) {
-  if (units <= 16) return units == 0 ? 0 : units - 1;
-  // units in (2^k, 2^(k+1)] with k >= 4: 8 sub-classes of width 2^(k-3).
+  if (units <= kExact) return units == 0 ? 0 : units - 1;
+  // units in (2^k, 2^(k+1)] with k >= 5: 16 sub-classes of width 2^(k-4).
   uint32_t v = units - 1;
   uint32_t k = 31 - static_cast<uint32_t>(std::countl_zero(v));  // 2^k <= v < 2^(k+1)
-  uint32_t sub = (v >> (k - 3)) & 7;
-  return 16 + (k - 4) * 8 + sub;
+  uint32_t sub = (v >> (k - 4)) & 15;
+  return kExact + (k - 5) * 16 + sub;
 }
 
 uint32_t Allocator::ClassUnits(uint32_t cls) {
-  if (cls < 16) return cls + 1;
-  uint32_t k = (cls - 16) / 8 + 4;
-  uint32_t sub = (cls - 16) % 8;
-  return (1u << k) + (sub + 1) * (1u << (k - 3));
+  if (cls < kExact) return cls + 1;
+  uint32_t k = (cls - kExact) / 16 + 5;
+  uint32_t sub = (cls - kExact) % 16;
+  return (1u << k) + (sub + 1) * (1u << (k - 4));
 }
 
 void Allocator::ReclaimLocked(Clock::time_point now) {
@@ -35,7 +37,7 @@ void Allocator::ReclaimLocked(Clock::time_point now) {
 }
 
 Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) {
-  if (units == 0 || units > 0xffff) {
+  if (units == 0 || units > kv::kMaxItemUnits) {
     return Status::InvalidArgument("item of " + std::to_string(units) +
                                    " units is outside the allocator's range");
   }
@@ -51,16 +53,17 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
     return b;
   }
   // A somewhat larger block wastes at most ~50% and beats failing.
-  for (uint32_t c = cls + 1; c < kClasses && c <= cls + 4; ++c) {
+  for (uint32_t c = cls + 1; c < kClasses && c <= cls + 8; ++c) {
     if (!free_[c].empty()) return TakeLocked(c);
   }
   if (retry_after != nullptr) {
     *retry_after =
         limbo_.empty() ? Clock::duration::zero() : limbo_.front().reusable_at - Clock::now();
   }
-  return Status::OutOfSpace("no free block of " + std::to_string(uint64_t{size} * 64) +
-                            " bytes: the region's heap is full (" + std::to_string(used_ * 64) +
-                            " bytes in use, " + std::to_string(limbo_units_ * 64) +
+  return Status::OutOfSpace("no free block of " + std::to_string(uint64_t{size} * kv::kUnit) +
+                            " bytes: the region's heap is full (" +
+                            std::to_string(used_ * kv::kUnit) + " bytes in use, " +
+                            std::to_string(limbo_units_ * kv::kUnit) +
                             " bytes waiting out the reuse grace period)");
 }
 

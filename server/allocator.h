@@ -1,8 +1,8 @@
 // The item heap's allocator: segregated free lists by size class, a bump pointer, and limbo.
 //
-// Blocks are measured in 64-byte units and addressed by their offset (in units) from the heap
-// start. A block freed after it was published (reachable by READs) goes to limbo and is reused
-// only `grace` later; a block that was never published can be released at once.
+// Blocks are measured in kv::kUnit (32-byte) units and addressed by their offset (in units)
+// from the heap start. A block freed after it was published (reachable by READs) goes to limbo
+// and is reused only `grace` later; a block that was never published can be released at once.
 //
 // Thread-safety: all methods are thread-safe (one internal mutex; the write path holds it for
 // a few list operations).
@@ -37,8 +37,9 @@ class Allocator {
 
   Allocator(uint64_t heap_units, std::chrono::milliseconds grace);
 
-  // Size class helpers (public for tests): classes are exact up to 16 units, then 8 per
-  // doubling (each about 12.5% larger than the previous).
+  // Size class helpers (public for tests): classes are exact up to 32 units (1 KiB), then 16
+  // per doubling (each about 6.25% larger than the previous, so a 1 KB record wastes at most
+  // ~6% of its block).
   static uint32_t ClassOf(uint32_t units);
   static uint32_t ClassUnits(uint32_t cls);
 
@@ -58,7 +59,8 @@ class Allocator {
   void ReclaimLocked(Clock::time_point now) REQUIRES(mu_);
   // Takes a block off class `c`'s (non-empty) free list.
   Block TakeLocked(uint32_t c) REQUIRES(mu_);
-  static constexpr uint32_t kClasses = 16 + 8 * 13;  // enough for 2^16 units
+  static constexpr uint32_t kExact = 32;
+  static constexpr uint32_t kClasses = kExact + 16 * 11;  // enough for 2^16 units
 
   const uint64_t heap_units_;
   const Clock::duration grace_;

@@ -9,12 +9,14 @@
 // Thread-safety: all methods are thread-safe. Writes hold an OwnerGuard across their ownership
 // check and apply, so Install() never races with a write to a shard it is taking away.
 //
-// Lock order: install_mu_, then turnstile_, then mu_ (an Install holds install_mu_ throughout
-// and takes the turnstile and mu_ inside it; a write takes the turnstile and lets it go before
-// it takes mu_).
+// Lock order: install_mu_, then turnstile_, then mu_, then snapshot_mu_ (an Install holds
+// install_mu_ throughout and takes the turnstile and mu_ inside it; a write takes the turnstile
+// and lets it go before it takes mu_; snapshot_mu_ guards only a pointer copy).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -68,13 +70,56 @@ class ClusterState {
   // (and *epoch set). Call holding an OwnerGuard.
   Status CheckOwner(std::string_view key, uint64_t* epoch) const REQUIRES_SHARED(mu_);
 
-  std::shared_ptr<const cluster::ClusterMap> map() const EXCLUDES(mu_);
+  // The map, for a caller that holds an OwnerGuard (a write reading the shard's replicas).
+  std::shared_ptr<const cluster::ClusterMap> map_held() const REQUIRES_SHARED(mu_) { return map_; }
+  // A backup's check of a forwarded write (REPLICATE) for `shard` from server `sender` under
+  // the sender's map `epoch` (docs/design.md "Replication"): OK when, in this server's map,
+  // `sender` is the shard's primary and this server an in-sync or joining backup of it, at any
+  // epoch (a map change for another shard must not stall this one). Otherwise kBusy when
+  // `epoch` is newer than this server's (it has not installed that map yet: the primary
+  // retries), else kWrongOwner (the sender is no longer the primary: fenced). Reads the map
+  // without waiting for an install in progress (a primary's install may be waiting for writes
+  // that wait for this answer).
+  Status CheckReplica(uint32_t shard, uint64_t epoch, uint32_t sender) const EXCLUDES(snapshot_mu_);
+
+  // The current map. Never waits for an install in progress.
+  std::shared_ptr<const cluster::ClusterMap> map() const EXCLUDES(snapshot_mu_);
   // Adopts a newer map: kInvalidArgument when its epoch is not higher, its shard count differs
   // or it lacks this server. Saves it durably first (when a saved-map path was given; kIoError,
   // with nothing changed, when that fails), then changes ownership. Blocks for one lease when
   // shards are lost.
   Status Install(cluster::ClusterMap map) EXCLUDES(install_mu_, turnstile_, mu_);
   uint32_t server_id() const { return server_id_; }
+
+  // --- the control plane's hooks (server/control_plane.h; docs/design.md "Control plane") ---
+  // Called by Install before this server takes shards whose primary in the current map is
+  // another server: returns once `old_primary` can no longer serve them under `epoch` (it has
+  // released them, or it is gone). An error stops the install before anything changes.
+  using GainGate = std::function<Status(uint32_t old_primary, uint64_t epoch)>;
+  // Called by Install once the shards this server loses are released (bits clear, one lease
+  // waited): before it waits on the gate for the shards it gains.
+  using ReleasedHook = std::function<void(uint64_t epoch)>;
+  // Set before the first Install; not thread-safe with Install.
+  void set_control_hooks(GainGate gate, ReleasedHook released) {
+    gain_gate_ = std::move(gate);
+    released_hook_ = std::move(released);
+  }
+  // Called by Install after the gate and before this server sets the bits of the shards it
+  // takes over as a promoted backup (previous primary another server), with the new map: the
+  // Service resends the writes it recently applied as a backup of them to the new backups
+  // (docs/design.md "Replication", promotion). Set before the first Install.
+  using ResyncHook =
+      std::function<void(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards)>;
+  void set_resync_hook(ResyncHook hook) { resync_hook_ = std::move(hook); }
+  // Self-fencing: clears every ownership bit at once (without waiting for writes in flight) and
+  // refuses writes (kUnavailable naming `why`) until Unfence. Installs meanwhile change the map
+  // but set no bit. Idempotent.
+  void Fence(const std::string& why) EXCLUDES(fence_mu_);
+  // Sets the bits of the shards the current map gives this server again.
+  void Unfence() EXCLUDES(install_mu_, turnstile_, mu_);
+  bool fenced() const { return fenced_.load(std::memory_order_acquire); }
+  // Times this server fenced itself (a Fence while not fenced), for /metrics.
+  uint64_t fences() const { return fences_.load(std::memory_order_relaxed); }
 
  private:
   // mu_ exclusively for its scope, through the turnstile: writes arriving meanwhile wait
@@ -96,7 +141,8 @@ class ClusterState {
   ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
                std::chrono::milliseconds lease, std::string saved_map_path)
       : store_(store),
-        map_(std::move(map)),
+        map_(map),
+        map_snapshot_(std::move(map)),
         server_id_(id),
         lease_(lease),
         saved_map_path_(std::move(saved_map_path)) {}
@@ -106,11 +152,25 @@ class ClusterState {
   Mutex install_mu_ ACQUIRED_BEFORE(turnstile_);  // one Install at a time
   // Held by an install while it waits for mu_ exclusively; writes pass through it.
   mutable Mutex turnstile_ ACQUIRED_BEFORE(mu_);
-  mutable SharedMutex mu_;  // exclusive while ownership changes
+  mutable SharedMutex mu_ ACQUIRED_BEFORE(snapshot_mu_,
+                                          fence_mu_);  // exclusive while ownership changes
   std::shared_ptr<const cluster::ClusterMap> map_ GUARDED_BY(mu_);
+  // The same map, for readers that must not queue behind an install (CheckReplica).
+  mutable Mutex snapshot_mu_;
+  std::shared_ptr<const cluster::ClusterMap> map_snapshot_ GUARDED_BY(snapshot_mu_);
   const uint32_t server_id_;
   const std::chrono::milliseconds lease_;
   const std::string saved_map_path_;  // empty: maps are not saved
+  GainGate gain_gate_;
+  ResyncHook resync_hook_;
+  ReleasedHook released_hook_;
+  std::atomic<bool> fenced_{false};
+  std::atomic<uint64_t> fences_{0};
+  // Orders Fence with the bits an install or Unfence sets (after mu_ in the lock order).
+  mutable Mutex fence_mu_;
+  std::string fence_reason_ GUARDED_BY(fence_mu_);
+  // When an ownership bit was last cleared (an install's loss or a fence).
+  std::chrono::steady_clock::time_point last_clear_ GUARDED_BY(fence_mu_){};
 };
 
 }  // namespace rdkv::server

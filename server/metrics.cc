@@ -1,12 +1,10 @@
 #include "server/metrics.h"
 
-#include <prometheus/collectable.h>
-#include <prometheus/metric_family.h>
-
 #include <cctype>
-#include <limits>
 #include <string>
 #include <string_view>
+
+#include "common/metrics/metrics_http.h"
 
 namespace rdkv::server {
 namespace {
@@ -33,61 +31,7 @@ std::string ResultLabel(StatusCode code) {
 // The op label: kv::kOpTable's name; slot 0 counts requests that did not decode.
 std::string OpLabel(size_t op) { return op == 0 ? "invalid" : std::string(kv::kOpTable[op].name); }
 
-class Families {
- public:
-  void Gauge(std::string name, std::string help, double value) {
-    Add(std::move(name), std::move(help), MetricType::Gauge).push_back(GaugeMetric(value));
-  }
-  void Counter(std::string name, std::string help, double value) {
-    Add(std::move(name), std::move(help), MetricType::Counter).push_back(CounterMetric(value));
-  }
-  // The returned vector is valid until the next Add.
-  std::vector<ClientMetric>& Add(std::string name, std::string help, MetricType type,
-                                 std::vector<ClientMetric> metrics = {}) {
-    families_.push_back(MetricFamily{std::move(name), std::move(help), type, std::move(metrics)});
-    return families_.back().metric;
-  }
-
-  static ClientMetric GaugeMetric(double v) {
-    ClientMetric m;
-    m.gauge.value = v;
-    return m;
-  }
-  static ClientMetric CounterMetric(double v) {
-    ClientMetric m;
-    m.counter.value = v;
-    return m;
-  }
-  static ClientMetric HistogramMetric(const HistogramSnapshot& h) {
-    ClientMetric m;
-    uint64_t cumulative = 0;
-    for (size_t i = 0; i < h.upper_bounds.size(); ++i) {
-      cumulative += h.counts[i];
-      m.histogram.bucket.push_back({cumulative, h.upper_bounds[i]});
-    }
-    cumulative += h.counts.back();
-    m.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
-    // The buckets, read one by one, may be ahead of the count: keep the +Inf bucket == count.
-    m.histogram.sample_count = cumulative;
-    m.histogram.sample_sum = h.sum;
-    return m;
-  }
-
-  std::vector<MetricFamily> Take() { return std::move(families_); }
-
- private:
-  std::vector<MetricFamily> families_;
-};
-
-class Collector final : public prometheus::Collectable {
- public:
-  explicit Collector(std::function<ServerStats()> read_stats)
-      : read_stats_(std::move(read_stats)) {}
-  std::vector<MetricFamily> Collect() const override { return ServerMetricFamilies(read_stats_()); }
-
- private:
-  const std::function<ServerStats()> read_stats_;
-};
+using metrics::Families;
 
 }  // namespace
 
@@ -143,8 +87,18 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
   f.Counter("rdkv_connections_accepted_total", "Client connections accepted",
             static_cast<double>(s.transport.connections_accepted));
   f.Counter("rdkv_connections_refused_total",
-            "Client connections refused (bad token, too many, bad handshake)",
+            "Client connections refused (bad secret, too many, bad or unfinished handshake)",
             static_cast<double>(s.transport.connections_refused));
+  // Admission (docs/security.md); tcp only (0 on verbs).
+  f.Counter("rdkv_handshakes_evicted_total",
+            "Unfinished handshakes closed to admit newer connections (a flood of silent sockets)",
+            static_cast<double>(s.transport.handshakes_evicted));
+  f.Counter("rdkv_handshakes_timed_out_total", "Sockets that did not finish the handshake in time",
+            static_cast<double>(s.transport.handshakes_timed_out));
+  f.Counter("rdkv_sessions_idle_closed_total", "Sessions closed by --idle_timeout_s",
+            static_cast<double>(s.transport.idle_closed));
+  f.Counter("rdkv_slow_readers_cut_total", "Sessions cut off for not reading their responses",
+            static_cast<double>(s.transport.slow_readers_cut));
   f.Counter("rdkv_nic_reads_served_total",
             "One-sided READs served by the tcp software NIC (0 on verbs: the NIC serves them)",
             static_cast<double>(s.transport.reads_served));
@@ -159,6 +113,113 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
   f.Gauge("rdkv_shards", "Shards of the cluster map (1 standalone)", static_cast<double>(s.shards));
   f.Gauge("rdkv_shards_owned", "Shards this server owns (1 standalone)",
           static_cast<double>(s.owned_shards));
+  if (s.clustered) {
+    // Replication (docs/design.md "Replication", "Control plane").
+    f.Gauge("rdkv_shards_backup", "Shards this server is an in-sync backup of",
+            static_cast<double>(s.backup_shards));
+    f.Gauge("rdkv_shards_joining", "Shards this server is catching up on (not yet in sync)",
+            static_cast<double>(s.joining_shards));
+    f.Gauge("rdkv_fenced",
+            "1 while this server has fenced itself (cannot renew its etcd lease): it serves "
+            "no shard",
+            s.fenced ? 1.0 : 0.0);
+    f.Counter("rdkv_fences_total", "Times this server fenced itself (lost its etcd lease)",
+              static_cast<double>(s.fences));
+    f.Counter("rdkv_promotions_total",
+              "Shards this server took over as primary from an in-sync backup role (a failover "
+              "or a planned promote)",
+              static_cast<double>(s.promoted_shards));
+    f.Counter("rdkv_replication_forwarded_writes_total",
+              "Writes this server forwarded to its backups as a primary",
+              static_cast<double>(s.replicated_writes));
+    f.Counter("rdkv_replication_applied_total",
+              "Forwarded writes (and catch-up copies) this server applied as a backup",
+              static_cast<double>(s.replicas_applied));
+    f.Counter("rdkv_replication_forward_errors_total",
+              "Forwards an in-sync backup did not confirm (the write failed)",
+              static_cast<double>(s.forward_errors));
+    f.Counter("rdkv_replication_joining_errors_total",
+              "Forwards a joining backup did not confirm (the write went on)",
+              static_cast<double>(s.joining_errors));
+    f.Counter("rdkv_replication_epoch_retries_total",
+              "Forwards retried because a backup had not installed the primary's map yet",
+              static_cast<double>(s.epoch_retries));
+    f.Counter("rdkv_replication_version_retries_total",
+              "Writes forwarded again above a newer version a backup held",
+              static_cast<double>(s.version_retries));
+    f.Counter("rdkv_retried_writes_answered_total",
+              "Retried writes answered from the retry table (applied once)",
+              static_cast<double>(s.retries_answered));
+    f.Gauge("rdkv_retry_ids_kept", "Request ids whose answers the retry table keeps",
+            static_cast<double>(s.retry_ids_kept));
+    // Batching.
+    f.Counter("rdkv_replication_batches_sent_total",
+              "REPLICATE requests sent to backups as a primary (a batch or a single write)",
+              static_cast<double>(s.batches_sent));
+    f.Counter("rdkv_replication_batched_writes_total",
+              "Writes those REPLICATE requests carried (per backup)",
+              static_cast<double>(s.batched_writes));
+    f.Counter("rdkv_replication_batches_applied_total",
+              "REPLICATE batches this server applied as a backup",
+              static_cast<double>(s.batches_applied));
+    // Lag per backup (as a primary).
+    std::vector<ClientMetric> pending, lag, connected;
+    for (const ServerStats::Backup& b : s.backups) {
+      const std::vector<prometheus::ClientMetric::Label> label = {{"backup", std::to_string(b.id)}};
+      pending.push_back(Families::GaugeMetric(static_cast<double>(b.pending)));
+      pending.back().label = label;
+      lag.push_back(Families::GaugeMetric(b.lag_seconds));
+      lag.back().label = label;
+      connected.push_back(Families::GaugeMetric(b.connected ? 1 : 0));
+      connected.back().label = label;
+    }
+    f.Add("rdkv_replication_pending_forwards",
+          "Writes forwarded (queued or sent) to this backup and not answered yet, by backup "
+          "server id",
+          MetricType::Gauge, std::move(pending));
+    f.Add("rdkv_replication_lag_seconds",
+          "How long the oldest write not yet answered by this backup has waited (0: none "
+          "waits; a write fails after --replication_timeout_ms), by backup server id",
+          MetricType::Gauge, std::move(lag));
+    f.Add("rdkv_replication_backup_connected",
+          "1 while this primary has a connection to the backup, by backup server id",
+          MetricType::Gauge, std::move(connected));
+    // Repair of writes a backup missed.
+    f.Gauge("rdkv_replication_repairs_pending",
+            "Failed replicated writes awaiting repair (the repair table; writes are refused "
+            "at 65536)",
+            static_cast<double>(s.repairs_pending));
+    f.Counter("rdkv_replication_repairs_noted_total",
+              "Replicated writes that failed after a forward and were kept for repair",
+              static_cast<double>(s.repairs_noted));
+    f.Counter("rdkv_replication_repairs_done_total",
+              "Kept writes repaired (every in-sync replica has them)",
+              static_cast<double>(s.repairs_done));
+    f.Counter("rdkv_replication_repairs_dropped_total",
+              "Kept writes dropped, superseded by a newer primary's write",
+              static_cast<double>(s.repairs_dropped));
+    f.Counter("rdkv_replication_repair_failures_total",
+              "Repair attempts that failed again (a backup still does not answer)",
+              static_cast<double>(s.repair_failures));
+    // Catch-up copies.
+    f.Counter("rdkv_catchup_items_applied_total",
+              "REPLICATE writes taken for shards this server is joining (the catch-up copy's "
+              "items and the writes forwarded meanwhile)",
+              static_cast<double>(s.catchup_applied));
+    f.Counter("rdkv_shard_scan_items_total",
+              "Items this server sent in SHARD_SCAN answers (the source of catch-up copies and "
+              "shard moves)",
+              static_cast<double>(s.scan_items));
+    std::vector<ClientMetric> progress;
+    for (const auto& [shard, at] : s.scan_progress) {
+      progress.push_back(Families::GaugeMetric(at));
+      progress.back().label = {{"shard", std::to_string(shard)}};
+    }
+    f.Add("rdkv_shard_scan_progress_ratio",
+          "How far the latest SHARD_SCAN of each shard (a copy out of this server) got through "
+          "the index, 0..1 (1: done), by shard",
+          MetricType::Gauge, std::move(progress));
+  }
   // Persistence (only when the server persists).
   if (s.persist) {
     const persistence::PersisterStats& p = *s.persist;
@@ -192,7 +253,8 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
 
 std::shared_ptr<prometheus::Collectable> MakeMetricsCollector(
     std::function<ServerStats()> read_stats) {
-  return std::make_shared<Collector>(std::move(read_stats));
+  return metrics::MakeCollector(
+      [read_stats = std::move(read_stats)] { return ServerMetricFamilies(read_stats()); });
 }
 
 }  // namespace rdkv::server

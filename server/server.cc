@@ -2,8 +2,6 @@
 
 #include <glog/logging.h>
 
-#include <prometheus/collectable.h>
-#include <prometheus/exposer.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -12,6 +10,8 @@
 
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
+#include "common/metrics/metrics_http.h"
+#include "server/control_plane.h"
 #include "server/metrics.h"
 #include "server/saved_map.h"
 #include "server/service.h"
@@ -51,13 +51,41 @@ class ServerImpl final : public Server {
         service_(store_.get(), kv::WireLimits{kv::kMaxKeyBytes, options.max_value_bytes},
                  persister_.get()) {
     service_.set_cluster(cluster_.get());
+    if (cluster_) {
+      // Every cluster server can become a primary of a replicated shard (a map install or a
+      // promotion), so each has a replicator; it connects to backups on first use.
+      replication::ReplicatorOptions ro;
+      if (!options.admin_token.empty()) {
+        ro.auth_token = options.admin_token;
+        ro.role = transport::SessionRole::kAdmin;
+      } else {
+        ro.auth_token = options.auth_token;
+        ro.role = transport::SessionRole::kData;  // admin from loopback peers only
+      }
+      ro.max_message_size = MessageLimit(options);
+      if (!options.tls.ca_file.empty()) {
+        ro.tls.ca_file = options.tls.ca_file;
+        ro.tls.cert_file = options.tls.cert_file;  // our client certificate (mutual TLS)
+        ro.tls.key_file = options.tls.key_file;
+      }
+      ro.forward_timeout = options.replication_timeout;
+      replicator_ = std::make_unique<replication::Replicator>(fabric_.get(), ro);
+      service_.set_replicator(replicator_.get());
+      cluster_->set_resync_hook(
+          [this](const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
+            promoted_shards_.fetch_add(shards.size(), std::memory_order_relaxed);
+            service_.ResyncPromoted(next, shards);
+          });
+    }
   }
 
   ~ServerImpl() override {
+    // First: a worker may be blocked in an install waiting on the control plane.
+    if (control_) control_->Stop();
     // Deferred (sync-mode) replies go out while their clients are still connected; then stop
     // serving before the persister and the region go.
     if (persister_) persister_->Flush().IgnoreError();
-    exposer_.reset();
+    metrics_http_.reset();
     listener_.reset();
     persister_.reset();
   }
@@ -65,17 +93,27 @@ class ServerImpl final : public Server {
   // Serves /metrics (ServerOptions::metrics_port); every scrape reads stats().
   Status ServeMetrics() {
     if (!options_.metrics_port) return Status::Ok();
-    const std::string bind = options_.metrics_host + ":" + std::to_string(*options_.metrics_port);
-    try {
-      exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/1);
-    } catch (const std::exception& e) {
-      return Status::Unavailable("cannot serve /metrics on " + bind + ": " + e.what());
-    }
-    collector_ = MakeMetricsCollector([this] { return stats(); });
-    exposer_->RegisterCollectable(collector_);
-    std::vector<int> ports = exposer_->GetListeningPorts();
-    metrics_port_ = ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
-    LOG(INFO) << "metrics: http://" << options_.metrics_host << ":" << metrics_port_ << "/metrics";
+    RDKV_ASSIGN_OR_RETURN(metrics_http_, metrics::MetricsHttp::Start(
+                                             options_.metrics_host, *options_.metrics_port,
+                                             MakeMetricsCollector([this] { return stats(); })));
+    LOG(INFO) << "metrics: http://" << options_.metrics_host << ":" << metrics_http_->port()
+              << "/metrics";
+    return Status::Ok();
+  }
+
+  Status StartControlPlane(int64_t map_revision) {
+    ControlPlaneOptions co;
+    co.etcd.endpoints = options_.etcd_endpoints;
+    co.etcd.ca_file = options_.etcd_ca_file;
+    co.etcd.cert_file = options_.etcd_cert_file;
+    co.etcd.key_file = options_.etcd_key_file;
+    co.cluster_name = options_.etcd_cluster_name;
+    co.server_id = options_.server_id;
+    co.lease_ttl_seconds = options_.etcd_lease_ttl_seconds;
+    co.ownership_lease = options_.ownership_lease;
+    co.durable = options_.persist.durability == persistence::Durability::kSync;
+    RDKV_ASSIGN_OR_RETURN(control_, ControlPlane::Start(co, cluster_.get(), map_revision));
+    service_.set_control_plane(control_.get());
     return Status::Ok();
   }
 
@@ -84,6 +122,11 @@ class ServerImpl final : public Server {
     lo.host = options_.host;
     lo.port = options_.port;
     lo.auth_token = options_.auth_token;
+    lo.admin_token = options_.admin_token;
+    lo.tls = options_.tls;
+    lo.max_connections = options_.max_connections;
+    lo.idle_timeout = options_.idle_timeout;
+    lo.handshake_timeout = options_.handshake_timeout;
     lo.regions = {region_->Describe(kv::kLayoutVersion)};
     lo.worker_threads = options_.worker_threads;
     lo.max_message_size = MessageLimit(options_);
@@ -99,7 +142,9 @@ class ServerImpl final : public Server {
   }
 
   uint16_t port() const override { return listener_->port(); }
-  uint16_t metrics_port() const override { return metrics_port_; }
+  uint16_t metrics_port() const override {
+    return metrics_http_ != nullptr ? metrics_http_->port() : 0;
+  }
 
   ServerStats stats() const override {
     ServerStats s;
@@ -134,6 +179,39 @@ class ServerImpl final : public Server {
       s.map_epoch = m->epoch;
       s.shards = m->shards;
       s.owned_shards = m->ShardsOf(cluster_->server_id()).size();
+      for (uint32_t sh = 0; sh < m->shards; ++sh) {
+        s.backup_shards += m->IsBackup(sh, cluster_->server_id());
+        s.joining_shards += m->IsJoining(sh, cluster_->server_id());
+      }
+      s.fenced = cluster_->fenced();
+      s.fences = cluster_->fences();
+      s.promoted_shards = promoted_shards_.load(std::memory_order_relaxed);
+      s.replicated_writes = c.replicated_writes.load();
+      s.replicas_applied = c.replicas_applied.load();
+      s.retries_answered = c.retries_answered.load();
+      s.batches_applied = c.replicate_batches.load();
+      s.repairs_pending = service_.repairs_pending();
+      s.repairs_noted = c.repairs_noted.load();
+      s.repairs_done = c.repairs_done.load();
+      s.repairs_dropped = c.repairs_dropped.load();
+      s.repair_failures = c.repair_failures.load();
+      s.retry_ids_kept = service_.retry_ids_kept();
+      s.catchup_applied = c.catchup_applied.load();
+      s.scan_items = c.scan_items.load();
+      for (const auto& [shard, at] : service_.ScanProgress())
+        s.scan_progress.emplace_back(shard, at);
+      if (replicator_) {
+        replication::ReplicatorStats rs = replicator_->stats();
+        s.forward_errors = rs.forward_errors;
+        s.joining_errors = rs.joining_errors;
+        s.epoch_retries = rs.epoch_retries;
+        s.version_retries = rs.version_retries;
+        s.batches_sent = rs.batches;
+        s.batched_writes = rs.batched_writes;
+        for (const replication::Replicator::PeerState& p : replicator_->Peers()) {
+          s.backups.push_back({p.id, p.connected, p.pending, p.oldest_pending_s});
+        }
+      }
     }
     s.requests = service_.request_metrics();
     return s;
@@ -141,6 +219,21 @@ class ServerImpl final : public Server {
 
   std::string StatsJson() const override { return service_.StatsJson(); }
   void PauseWorkers(bool paused) override { listener_->PauseWorkers(paused); }
+
+  Result<uint64_t> RotateSecrets(const std::string& auth_token,
+                                 const std::string& admin_token) override {
+    RDKV_ASSIGN_OR_RETURN(const uint64_t revoked,
+                          listener_->RotateSecrets(auth_token, admin_token));
+    if (replicator_ != nullptr) {
+      // As at the start: the admin secret when there is one, else the data secret.
+      if (!admin_token.empty()) {
+        replicator_->SetCredential(admin_token, transport::SessionRole::kAdmin);
+      } else {
+        replicator_->SetCredential(auth_token, transport::SessionRole::kData);
+      }
+    }
+    return revoked;
+  }
 
  private:
   const ServerOptions options_;
@@ -150,18 +243,53 @@ class ServerImpl final : public Server {
   std::unique_ptr<persistence::Persister> persister_;  // null with durability=none
   std::unique_ptr<ClusterState> cluster_;              // null when standalone
   persistence::RecoveryStats recovered_;
+  // Shards this server became the primary of from an in-sync backup role (the resync hook;
+  // destroyed after everything that installs maps).
+  std::atomic<uint64_t> promoted_shards_{0};
+  // Before service_ and listener_: destroyed after them (workers may be forwarding).
+  std::unique_ptr<ControlPlane> control_;                // null without etcd
+  std::unique_ptr<replication::Replicator> replicator_;  // null when standalone
   Service service_;
   std::unique_ptr<transport::Listener> listener_;
-  std::shared_ptr<prometheus::Collectable> collector_;
-  std::unique_ptr<prometheus::Exposer> exposer_;  // null unless metrics_port is set
-  uint16_t metrics_port_ = 0;
+  std::unique_ptr<metrics::MetricsHttp> metrics_http_;  // null unless metrics_port is set
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
+  ServerOptions options = options_in;
   if (options.worker_threads < 1 || options.worker_threads > 256) {
     return Status::InvalidArgument("worker threads must be 1..256");
+  }
+  // etcd: the map comes from there (and so does every later one, through the watch).
+  std::optional<EtcdMap> etcd_map;
+  if (!options.etcd_endpoints.empty()) {
+    if (options.cluster_map) {
+      return Status::InvalidArgument(
+          "give either --etcd (the map lives in etcd) or --cluster_map (a file), not both");
+    }
+    etcd::EtcdOptions eo;
+    eo.endpoints = options.etcd_endpoints;
+    eo.ca_file = options.etcd_ca_file;
+    eo.cert_file = options.etcd_cert_file;
+    eo.key_file = options.etcd_key_file;
+    RDKV_ASSIGN_OR_RETURN(std::unique_ptr<etcd::EtcdClient> client, etcd::EtcdClient::Create(eo));
+    RDKV_ASSIGN_OR_RETURN(EtcdMap loaded, LoadMap(*client, options.etcd_cluster_name));
+    const std::string& dir = options.persist.data_dir;
+    if (std::error_code ec; !dir.empty() && fs::exists(SavedMapPath(dir), ec)) {
+      Result<cluster::ClusterMap> saved = cluster::LoadClusterMap(SavedMapPath(dir));
+      if (saved.ok() && saved->epoch > loaded.map.epoch) {
+        return Status::InvalidArgument(
+            "this server saved cluster map epoch " + std::to_string(saved->epoch) +
+            " but etcd holds only epoch " + std::to_string(loaded.map.epoch) +
+            ": etcd has lost changes (restored from an old backup?); refusing to start");
+      }
+    }
+    LOG(INFO) << "cluster map: epoch " << loaded.map.epoch << " from etcd ("
+              << MapKey(options.etcd_cluster_name) << ")";
+    options.cluster_map = loaded.map;
+    options.cluster_map_file = "etcd " + MapKey(options.etcd_cluster_name);
+    etcd_map = std::move(loaded);
   }
   // The map (before the region is allocated and registered: a bad saved map fails fast): the
   // given one, or the one this server saved after a later install.
@@ -227,6 +355,8 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
   auto server =
       std::make_unique<ServerImpl>(std::move(fabric), std::move(region), std::move(store),
                                    std::move(persister), std::move(cluster), recovered, options);
+  // Registered in etcd (and watching the map) before it serves anything.
+  if (etcd_map) RDKV_RETURN_IF_ERROR(server->StartControlPlane(etcd_map->revision));
   RDKV_RETURN_IF_ERROR(server->Listen());
   RDKV_RETURN_IF_ERROR(server->ServeMetrics());
   return std::unique_ptr<Server>(std::move(server));

@@ -9,8 +9,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/layout.h"
 #include "common/kv/limits.h"
 #include "common/transport/transport.h"
 #include "rdkv/status.h"
@@ -23,10 +26,18 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 7400;  // 0: pick a free port (see Server::port())
   transport::TransportKind transport = transport::TransportKind::kTcp;
-  std::string device;  // verbs device name; empty = first active
-  std::string auth_token;
+  std::string device;       // verbs device name; empty = first active
+  std::string auth_token;   // the data secret (docs/security.md); empty: open data access
+  std::string admin_token;  // the admin secret; empty: admin ops from loopback only
+  // TLS on the tcp transport (docs/security.md "TLS (tcp)"): cert_file+key_file turn it on for
+  // the listener; ca_file verifies the servers this one connects to (replication), which then
+  // use TLS and present cert_file as their client certificate. verbs: must be empty.
+  transport::TlsOptions tls;
+  uint32_t max_connections = 256;
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(300)};  // 0: never
+  std::chrono::milliseconds handshake_timeout{2000};
   uint64_t memory_bytes = 256ull << 20;                  // the registered region
-  double index_fraction = 1.0 / 16;                      // share of the region for the hash index
+  double index_fraction = kv::kDefaultIndexFraction;     // share of the region for the hash index
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // at most kv::kMaxValueBytes
   int worker_threads = 2;
   std::chrono::milliseconds grace{90};  // freed memory is reused no earlier than this
@@ -40,11 +51,22 @@ struct ServerOptions {
   // acknowledged, and at start a saved map with a higher epoch than `cluster_map` is used
   // instead (server/saved_map.h), so a restart never takes back shards moved away.
   std::optional<cluster::ClusterMap> cluster_map;
+  // etcd as the control plane (docs/design.md "Control plane"): the map comes from etcd (at
+  // /rdkv/<etcd_cluster_name>/map; cluster_map must be unset), the server registers there under
+  // a lease of etcd_lease_ttl_seconds and fences itself when it cannot renew it. Empty: no etcd.
+  std::vector<std::string> etcd_endpoints;
+  // TLS for https:// etcd endpoints (etcd::EtcdOptions' ca_file, cert_file, key_file).
+  std::string etcd_ca_file, etcd_cert_file, etcd_key_file;
+  std::string etcd_cluster_name = "rdkv";
+  int64_t etcd_lease_ttl_seconds = 2;
   std::string cluster_map_file;  // where `cluster_map` came from, for messages (may be empty)
   uint32_t server_id = 0;
   // A server that loses a shard waits this long before acknowledging the map change; clients
   // trust an ownership READ for at most this long.
   std::chrono::milliseconds ownership_lease{100};
+  // Replication (docs/design.md "Replication"): how long a primary waits for a backup to apply
+  // a forwarded write before it answers the write kUnavailable.
+  std::chrono::milliseconds replication_timeout{2000};
   // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
   // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
   // Unset: no HTTP server.
@@ -72,6 +94,35 @@ struct ServerStats {
   std::optional<persistence::PersisterStats> persist;  // none with durability=none
   bool clustered = false;
   uint64_t map_epoch = 0, shards = 1, owned_shards = 1;
+  // Replication (docs/design.md "Replication"): shards this server backs (in sync, joining),
+  // writes it forwarded as a primary and applied as a backup, forwards that failed (in-sync:
+  // the write failed; joining: only counted), retries, and whether it has fenced itself.
+  uint64_t backup_shards = 0, joining_shards = 0;
+  uint64_t replicated_writes = 0, replicas_applied = 0, retries_answered = 0;
+  uint64_t forward_errors = 0, joining_errors = 0, epoch_retries = 0, version_retries = 0;
+  bool fenced = false;
+  // Failover as this server saw it: times it fenced itself; shards it took over as primary
+  // from an in-sync backup role (a failover or a planned promote).
+  uint64_t fences = 0, promoted_shards = 0;
+  // Batching: REPLICATE requests sent as a primary and the writes they carried; batches
+  // applied as a backup.
+  uint64_t batches_sent = 0, batched_writes = 0, batches_applied = 0;
+  // Repair of failed replicated writes: kept now, and since the start kept, repaired,
+  // dropped (superseded), failed again. Request ids the retry table keeps.
+  uint64_t repairs_pending = 0, repairs_noted = 0, repairs_done = 0, repairs_dropped = 0,
+           repair_failures = 0, retry_ids_kept = 0;
+  // Lag per backup this primary forwards to (replication::Replicator::PeerState).
+  struct Backup {
+    uint32_t id = 0;
+    bool connected = false;
+    uint64_t pending = 0;    // writes queued or in flight to it, unanswered
+    double lag_seconds = 0;  // how long the oldest of them has waited
+  };
+  std::vector<Backup> backups;
+  // Catch-up: writes taken as a joining backup; items sent in SHARD_SCAN answers; how far the
+  // latest scan of each shard got (0..1, by shard).
+  uint64_t catchup_applied = 0, scan_items = 0;
+  std::vector<std::pair<uint32_t, double>> scan_progress;
   RequestMetricsSnapshot requests;
 };
 
@@ -92,6 +143,13 @@ class Server {
   virtual std::string StatsJson() const = 0;
   // Test hook: worker threads stop running requests; one-sided READs go on.
   virtual void PauseWorkers(bool paused) = 0;
+  // Replaces the data and admin secrets (kvserver's SIGHUP re-reads its secret files): new
+  // handshakes need the new ones, sessions that proved a replaced secret are closed
+  // (Listener::RotateSecrets), and connections this server opens to other servers from now
+  // on present the new admin secret (or the data secret without one). Returns how many
+  // sessions were revoked. Thread-safe.
+  virtual Result<uint64_t> RotateSecrets(const std::string& auth_token,
+                                         const std::string& admin_token) = 0;
 };
 
 }  // namespace rdkv::server

@@ -8,15 +8,27 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/util/latency_json.h"
+
 namespace rdkv::server {
 
 bool Service::Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
                      transport::ReplyHandle* reply) {
-  return HandleImpl(request, response, [reply]() -> Deliver {
-    return [h = std::move(*reply)](std::span<const uint8_t> r) {
-      h.session->Reply(h.request_id, r).IgnoreError();  // client gone: nothing to do
-    };
-  });
+  const transport::SessionRole role = reply->session->role();
+  // The transport's worker threads: how many there are (HandleWrite keeps one free).
+  thread_local const Service* counted_for = nullptr;
+  if (counted_for != this) {
+    counted_for = this;
+    workers_seen_.fetch_add(1, std::memory_order_relaxed);
+  }
+  return HandleImpl(
+      request, response,
+      [reply]() -> Deliver {
+        return [h = std::move(*reply)](std::span<const uint8_t> r) {
+          h.session->Reply(h.request_id, r).IgnoreError();  // client gone: nothing to do
+        };
+      },
+      role, /*on_worker=*/true);
 }
 
 namespace {
@@ -47,9 +59,10 @@ void HandleAndWait(std::vector<uint8_t>* response, const HandleFn& handle) {
 
 }  // namespace
 
-void Service::Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response) {
+void Service::Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                     transport::SessionRole role) {
   HandleAndWait(response, [&](const std::function<Deliver()>& defer) {
-    return HandleImpl(request, response, defer);
+    return HandleImpl(request, response, defer, role);
   });
 }
 
@@ -60,8 +73,11 @@ void Service::HandleDecoded(const kv::Request& request, std::vector<uint8_t>* re
 }
 
 bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>* response,
-                         const std::function<Deliver()>& defer) {
-  const Exchange ex{response, &defer};
+                         const std::function<Deliver()>& defer, transport::SessionRole role,
+                         bool on_worker) {
+  Exchange ex{response, &defer};
+  ex.role = role;
+  ex.on_worker = on_worker;
   Result<kv::Request> decoded = kv::DecodeRequest(request, limits_);
   if (!decoded.ok()) {
     const Status& s = decoded.status();
@@ -77,6 +93,13 @@ bool Service::HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>*
 
 bool Service::Dispatch(const kv::Request& r, Exchange ex) {
   ex.op = static_cast<uint8_t>(r.op);
+  if (kv::FindOp(ex.op) != nullptr && kv::IsAdmin(r.op) &&
+      ex.role != transport::SessionRole::kAdmin) {
+    return AnswerNow(ex, Status::PermissionDenied(
+                             "admin op " + std::string(kv::OpName(r.op)) +
+                             " needs the admin credential (--admin_token_file), or a loopback "
+                             "client when the server has no admin secret"));
+  }
   // Every op by name and no default: -Wswitch names an op added to kv::Op without a handler.
   switch (r.op) {
     case kv::Op::kPut:
@@ -99,6 +122,8 @@ bool Service::Dispatch(const kv::Request& r, Exchange ex) {
       return HandleShardScan(r, ex);
     case kv::Op::kDropShard:
       return HandleDropShard(r, ex);
+    case kv::Op::kReplicate:
+      return HandleReplicate(r, ex);
   }
   // A number that is no op (the decoder refuses those; HandleDecoded does not).
   return AnswerNow(ex,
@@ -120,6 +145,7 @@ bool Service::HasHandler(kv::Op op) {
     case kv::Op::kInstallMap:
     case kv::Op::kShardScan:
     case kv::Op::kDropShard:
+    case kv::Op::kReplicate:
       return true;
   }
   return false;
@@ -197,12 +223,66 @@ std::string Service::StatsJson() const {
                  {"out_of_space", load(counters_.out_of_space)},
                  {"io", load(counters_.io_errors)},
                  {"wrong_owner", load(counters_.wrong_owner)}};
+  // Latency by op (common/util/latency_json.h): the histograms /metrics exports, read here;
+  // ops not seen since the start are left out.
+  {
+    const RequestMetricsSnapshot rm = request_metrics_.Snapshot();
+    nlohmann::json latency = nlohmann::json::object();
+    for (size_t op = 1; op < kRequestOpSlots; ++op) {
+      uint64_t n = 0;
+      for (uint64_t c : rm.latency[op].counts) n += c;
+      if (n > 0) AddLatencyOp(&latency, kv::kOpTable[op].name, rm.latency[op]);
+    }
+    j["latency"] = std::move(latency);
+  }
   if (cluster_ != nullptr) {
     std::shared_ptr<const cluster::ClusterMap> m = cluster_->map();
-    j["cluster"] = {{"server_id", cluster_->server_id()},
+    const uint32_t me = cluster_->server_id();
+    size_t backup_shards = 0, joining_shards = 0;
+    for (uint32_t s = 0; s < m->shards; ++s) {
+      backup_shards += m->IsBackup(s, me);
+      joining_shards += m->IsJoining(s, me);
+    }
+    j["cluster"] = {{"server_id", me},
                     {"map_epoch", m->epoch},
                     {"shards", m->shards},
-                    {"owned_shards", m->ShardsOf(cluster_->server_id()).size()}};
+                    {"owned_shards", m->ShardsOf(me).size()},
+                    {"backup_shards", backup_shards},
+                    {"joining_shards", joining_shards}};
+    j["replication"] = {{"replicated_writes", load(counters_.replicated_writes)},
+                        {"replicas_applied", load(counters_.replicas_applied)},
+                        {"retries_answered", load(counters_.retries_answered)},
+                        {"retry_ids_kept", retry_table_.size()},
+                        {"batches_applied", load(counters_.replicate_batches)},
+                        {"repairs_pending", repairs_pending_.load(std::memory_order_relaxed)},
+                        {"repairs_noted", load(counters_.repairs_noted)},
+                        {"repairs_done", load(counters_.repairs_done)},
+                        {"repairs_dropped", load(counters_.repairs_dropped)},
+                        {"repair_failures", load(counters_.repair_failures)},
+                        {"catchup_applied", load(counters_.catchup_applied)},
+                        {"scan_items", load(counters_.scan_items)}};
+    nlohmann::json scans = nlohmann::json::object();
+    for (const auto& [shard, at] : ScanProgress()) scans[std::to_string(shard)] = at;
+    j["replication"]["scan_progress"] = std::move(scans);
+    if (replicator_ != nullptr) {
+      replication::ReplicatorStats rs = replicator_->stats();
+      j["replication"]["forwards"] = rs.forwards;
+      j["replication"]["forward_errors"] = rs.forward_errors;
+      j["replication"]["joining_errors"] = rs.joining_errors;
+      j["replication"]["epoch_retries"] = rs.epoch_retries;
+      j["replication"]["version_retries"] = rs.version_retries;
+      j["replication"]["batches_sent"] = rs.batches;
+      j["replication"]["batched_writes"] = rs.batched_writes;
+      nlohmann::json backups = nlohmann::json::object();
+      for (const replication::Replicator::PeerState& p : replicator_->Peers()) {
+        nlohmann::json one = {{"connected", p.connected},
+                              {"pending", p.pending},
+                              {"oldest_pending_s", p.oldest_pending_s}};
+        if (p.last_failure_s_ago >= 0) one["last_failure_s_ago"] = p.last_failure_s_ago;
+        backups[std::to_string(p.id)] = std::move(one);
+      }
+      j["replication"]["backups"] = std::move(backups);
+    }
   }
   if (persister_ != nullptr) {
     persistence::PersisterStats p = persister_->stats();

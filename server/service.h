@@ -7,8 +7,12 @@
 //   Dispatch  (service.cc)        one switch over the ops, every op by name, no default: an op
 //                                 with no handler is answered kNotSupported, never applied
 //   writes    (service_write.cc)  Admit (backpressure; refused while the disk fails), the
-//                                 ownership check, count, apply to the store, enqueue for
-//                                 RocksDB, answer now or once durable
+//                                 ownership check, count, the repair of an earlier failed
+//                                 write of the key, the retry check (request ids), replicate
+//                                 to the backups (replicated shards, on the replicator's
+//                                 writer pool), apply to the store, enqueue for RocksDB,
+//                                 answer now or once durable; REPLICATE (single or batch), a
+//                                 backup's side
 //   queries   (service.cc)        STATS, PING, CLUSTER_MAP
 //   admin     (service_admin.cc)  SNAPSHOT, INSTALL_MAP, SHARD_SCAN, DROP_SHARD (IMPORT is a
 //                                 write whose ownership check and apply are its own)
@@ -24,19 +28,25 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
 #include "common/util/mutex.h"
 #include "server/cluster_state.h"
+#include "server/control_plane.h"
 #include "server/persistence/persister.h"
+#include "server/replication/replicator.h"
 #include "server/request_metrics.h"
+#include "server/retry_table.h"
 #include "server/store.h"
 
 namespace rdkv::server {
@@ -46,6 +56,20 @@ struct OpCounters {
   std::atomic<uint64_t> snapshots{0};
   std::atomic<uint64_t> wrong_owner{0}, map_changes{0}, imports{0};
   std::atomic<uint64_t> errors{0}, protocol_errors{0}, out_of_space{0}, io_errors{0};
+  // Replication: writes this primary forwarded, forwarded writes this backup applied, retried
+  // writes answered from the retry table.
+  std::atomic<uint64_t> replicated_writes{0}, replicas_applied{0}, retries_answered{0};
+  // Repair of failed replicated writes (docs/design.md "Replication", repair): writes that
+  // failed after a forward and were kept for repair, the ones repaired (every in-sync replica
+  // has them, this primary too), the ones superseded by a newer primary's write (dropped),
+  // and repair attempts that failed again.
+  std::atomic<uint64_t> repairs_noted{0}, repairs_done{0}, repairs_dropped{0}, repair_failures{0};
+  // REPLICATE batches this backup applied.
+  std::atomic<uint64_t> replicate_batches{0};
+  // Catch-up: REPLICATE writes taken (answered OK) for a shard this server is joining (the
+  // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN
+  // answers (the source side of catch-up copies and shard moves).
+  std::atomic<uint64_t> catchup_applied{0}, scan_items{0};
 };
 
 class Service {
@@ -53,16 +77,24 @@ class Service {
   // `persister` may be null (durability=none); it must outlive the Service's last Handle.
   Service(Store* store, kv::WireLimits limits, persistence::Persister* persister = nullptr)
       : store_(store), limits_(limits), persister_(persister) {}
+  // Waits for the writes running on the replicator's writer pool and stops the repair pass.
+  ~Service();
+  Service(const Service&) = delete;
+  Service& operator=(const Service&) = delete;
 
   // Handles one request. Returns true when `*response` (overwritten) holds the answer, to be
   // sent now. Returns false when the answer is deferred (a sync-mode write waiting for its
   // WAL sync, a snapshot): the Service has then taken `*reply` and answers through it, once,
   // from another thread. Appends nothing to logs on the fast path; a malformed request is
   // logged (rate-limited) and answered with kProtocolError.
+  // Admin ops (kv::IsAdmin) are refused kPermissionDenied unless reply->session->role() is
+  // transport::SessionRole::kAdmin (docs/security.md).
   bool Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
               transport::ReplyHandle* reply);
-  // Blocking form (tests, benchmarks): waits for a deferred answer.
-  void Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response);
+  // Blocking form (tests, benchmarks): waits for a deferred answer. In-process callers are
+  // trusted (kAdmin) unless they pass the role of the session they stand for.
+  void Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+              transport::SessionRole role = transport::SessionRole::kAdmin);
   // Blocking, for a request that is already decoded: what Handle does after decoding. Tests
   // use it for requests no decoder lets through (an op number with no handler).
   void HandleDecoded(const kv::Request& request, std::vector<uint8_t>* response);
@@ -74,6 +106,35 @@ class Service {
   // Cluster mode: ownership checks on writes, map requests, shard moves. Null = standalone.
   // Set before the first Handle; `cluster` must outlive the Service.
   void set_cluster(ClusterState* cluster) { cluster_ = cluster; }
+  // Replication: forwards the writes of replicated shards to their backups. Null: writes of a
+  // replicated shard fail kInternal. Set once, after set_cluster and before the first Handle;
+  // must outlive the Service. Starts the repair pass (a thread) when `replicator` is not null.
+  // A replicated shard's write waits for its backups on the transport worker that took it only
+  // while another worker stays free; otherwise it runs on the replicator's writer pool.
+  void set_replicator(replication::Replicator* replicator);
+  // Writes kept for repair now (failed after a forward; docs/design.md "Replication").
+  size_t repairs_pending() const { return repairs_pending_.load(std::memory_order_relaxed); }
+  // Request ids whose answers the retry table keeps now.
+  size_t retry_ids_kept() const { return retry_table_.size(); }
+  // How far the latest SHARD_SCAN of each shard scanned since the start got through the index
+  // (0..1; 1: the scan finished): a copy's progress on its source, by shard.
+  std::map<uint32_t, double> ScanProgress() const EXCLUDES(copies_mu_);
+  // At most this many keys (and kMaxRepairBytes of keys and values) await repair: beyond it a
+  // replicated write is refused (kUnavailable) before it is forwarded.
+  static constexpr size_t kMaxRepairKeys = 1 << 16;
+  static constexpr size_t kMaxRepairBytes = 64 << 20;
+  // How often the repair pass retries the writes that await repair.
+  static constexpr std::chrono::milliseconds kRepairInterval{100};
+  // etcd clusters: INSTALL_MAP commits the map to etcd first. Null: no etcd.
+  void set_control_plane(ControlPlane* control) { control_ = control; }
+  // A promoted backup's resync (ClusterState's resync hook): forwards the current state of
+  // every key of `shards` it applied as a backup in the last kResyncWindow to the backups of
+  // `next`, so that they hold whatever it may serve (a write it applied whose forward failed
+  // elsewhere). Failures are logged; the shard is served anyway.
+  void ResyncPromoted(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards)
+      EXCLUDES(recent_mu_);
+  static constexpr std::chrono::seconds kResyncWindow{60};
+  static constexpr size_t kResyncMaxKeys = 1 << 18;
 
   const OpCounters& counters() const { return counters_; }
   // Every answered request by op and result, with its latency (the Prometheus exporter's).
@@ -98,10 +159,13 @@ class Service {
     const std::function<Deliver()>* defer;
     uint8_t op = 0;
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+    transport::SessionRole role = transport::SessionRole::kAdmin;  // of the requesting session
+    bool on_worker = false;  // on a transport worker thread (Handle with a ReplyHandle)
   };
 
   bool HandleImpl(std::span<const uint8_t> request, std::vector<uint8_t>* response,
-                  const std::function<Deliver()>& defer);
+                  const std::function<Deliver()>& defer, transport::SessionRole role,
+                  bool on_worker = false);
   // The decoded request's handler.
   bool Dispatch(const kv::Request& r, Exchange ex);
 
@@ -116,13 +180,72 @@ class Service {
   void CountWrite(kv::Op op);
 
   // --- writes (service_write.cc): PUT, INSERT, CAS, DELETE, IMPORT ---
+  // A replicated shard's write runs here while another transport worker stays free, else on
+  // the writer pool (OffloadWrite); others run here.
   bool HandleWrite(const kv::Request& r, Exchange ex);
+  bool HandleWriteNow(const kv::Request& r, Exchange ex);
+  // Copies the request and runs HandleWriteNow on the replicator's writer pool; returns false
+  // (the answer comes from there).
+  bool OffloadWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);
+  static bool IsReplicated(const cluster::ClusterMap& map, uint32_t shard);
   // Applies a write to the store; *version is the new version, or the current one for
-  // kVersionMismatch / kAlreadyExists. kInternal for an op that is no write.
-  Status ApplyToStore(const kv::Request& r, uint64_t* version);
+  // kVersionMismatch / kAlreadyExists; *where the new item's location when one was stored
+  // (left alone otherwise). kInternal for an op that is no write.
+  Status ApplyToStore(const kv::Request& r, uint64_t* version,
+                      std::optional<kv::ItemLocation>* where);
+  // A replicated shard's write on its primary: precondition, version, every in-sync backup,
+  // then the store (docs/design.md "Replication"). The caller holds the key's stripe and an
+  // OwnerGuard.
+  Status ApplyReplicated(const kv::Request& r, const cluster::ClusterMap& map, uint32_t shard,
+                         uint64_t* version, std::optional<kv::ItemLocation>* where);
+  // A backup's side: applies a forwarded write (or a batch of them) after CheckReplica.
+  bool HandleReplicate(const kv::Request& r, Exchange ex);
+  bool HandleReplicateBatch(const kv::Request& r, Exchange ex);
+  // One forwarded write on a backup whose role CheckReplica confirmed; the caller holds the
+  // key's replica stripe. Returns its answer: OK (*version: its version), kVersionMismatch
+  // (*version: the newer version held here) or the store's error; *changed when the store
+  // changed (the caller persists it).
+  Status ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool joining,
+                      uint64_t* version, bool* changed);
+
+  // --- repair of failed replicated writes (service_write.cc) ---
+  // A forwarded write whose outcome is unknown (some backups may have applied it): kept so
+  // that every in-sync replica ends up with it (RepairKey).
+  struct PendingRepair {
+    uint32_t shard = 0;
+    uint64_t map_epoch = 0;  // when it failed
+    std::string value;
+    uint64_t version = 0;
+    bool is_delete = false;
+    uint64_t client_id = 0, request_seq = 0;
+  };
+  // Keeps `m` (of `shard`) for repair, replacing an older entry of its key.
+  void NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) EXCLUDES(repair_mu_);
+  // Brings `key`'s pending write (if any) to every replica of `shard` in `map`: forwards it
+  // again with its version (or, when a backup holds a newer version under the same epoch,
+  // above it), then applies it here, records its request id and forgets it. A write
+  // superseded by another primary's newer version (the epoch changed) is dropped. Errors:
+  // kUnavailable while a backup still fails (the entry stays). The caller holds the key's
+  // stripe and an OwnerGuard, and this server is the shard's primary.
+  Status RepairKey(std::string_view key, const cluster::ClusterMap& map, uint32_t shard)
+      EXCLUDES(repair_mu_);
+  void ForgetRepair(std::string_view key) EXCLUDES(repair_mu_);
+  // The repair pass: every kRepairInterval while writes await repair, RepairKey on each.
+  void RepairLoop() EXCLUDES(repair_mu_);
+  // A joining backup's deletes of `shard` (key -> version), so that a copied item older than
+  // a delete does not bring the key back; forgotten once the shard is in sync here.
+  void RememberDelete(uint32_t shard, std::string_view key, uint64_t version)
+      EXCLUDES(tombstones_mu_);
+  bool DeletedSince(uint32_t shard, std::string_view key, uint64_t version)
+      EXCLUDES(tombstones_mu_);
+  void ForgetDeletes(uint32_t shard) EXCLUDES(tombstones_mu_);
   // Hands an applied write to the persister and answers now, or once it is durable (sync
-  // mode, IMPORT). The caller holds the key's stripe.
-  bool Persist(const kv::Request& r, uint64_t version, Exchange ex);
+  // mode, IMPORT). The answer's body is the item's location, when known. The caller holds the
+  // key's stripe.
+  bool Persist(const kv::Request& r, uint64_t version, const std::optional<kv::ItemLocation>& where,
+               Exchange ex);
+  // A successful write's answer body: its item location (kv::EncodeItemLocation), or empty.
+  static std::string WriteAnswerBody(const std::optional<kv::ItemLocation>& where);
 
   // --- queries and admin (service.cc, service_admin.cc) ---
   bool HandleStats(const kv::Request& r, Exchange ex);
@@ -151,15 +274,59 @@ class Service {
   kv::WireLimits limits_;
   persistence::Persister* persister_;
   ClusterState* cluster_ = nullptr;
+  replication::Replicator* replicator_ = nullptr;
+  ControlPlane* control_ = nullptr;
+  RetryTable retry_table_;
   OpCounters counters_;
   RequestMetrics request_metrics_;
   static constexpr size_t kKeyStripes = 1024;
   // Serialize writers of one key across the store and the persister; guard no member.
   std::array<Mutex, kKeyStripes> key_stripes_;
+  // The same for forwarded writes applied as a backup (HandleReplicate): apart from
+  // key_stripes_, so that no server waits for another while holding a stripe the other needs.
+  std::array<Mutex, kKeyStripes> replica_stripes_;
 
-  Mutex copies_mu_;
+  // Keys applied as a backup (HandleReplicate), by shard, with when and the version (a delete's
+  // version for a key deleted), oldest first; at most kResyncMaxKeys, kResyncWindow old.
+  struct RecentApply {
+    uint32_t shard;
+    std::string key;
+    uint64_t version;
+    std::chrono::steady_clock::time_point at;
+  };
+  void RememberApplied(uint32_t shard, std::string_view key, uint64_t version) EXCLUDES(recent_mu_);
+  Mutex recent_mu_;
+  std::deque<RecentApply> recent_ GUARDED_BY(recent_mu_);
+
+  Mutex tombstones_mu_;
+  std::map<uint32_t, std::unordered_map<std::string, uint64_t>> tombstones_
+      GUARDED_BY(tombstones_mu_);
+  std::atomic<bool> has_tombstones_{false};
+
+  Mutex repair_mu_;
+  CondVar repair_cv_;
+  std::unordered_map<std::string, PendingRepair> repairs_ GUARDED_BY(repair_mu_);
+  size_t repair_bytes_ GUARDED_BY(repair_mu_) = 0;
+  bool repair_stop_ GUARDED_BY(repair_mu_) = false;
+  std::atomic<size_t> repairs_pending_{0};  // repairs_.size(), read without the lock
+  std::thread repair_thread_;
+
+  // Transport worker threads seen (Handle with a ReplyHandle), and how many of them run a
+  // replicated write now: at most workers_seen_ - 1, so one is always free for REPLICATE; the
+  // rest go to the writer pool.
+  std::atomic<int> workers_seen_{0};
+  std::atomic<int> inline_writes_{0};
+
+  // Writes handed to the writer pool and not finished yet (~Service waits for them).
+  Mutex offload_mu_;
+  CondVar offload_cv_;
+  size_t offloaded_ GUARDED_BY(offload_mu_) = 0;
+
+  mutable Mutex copies_mu_;
   // When each shard last saw a copy into this server.
   std::map<uint32_t, std::chrono::steady_clock::time_point> copy_seen_ GUARDED_BY(copies_mu_);
+  // ScanProgress: the position of each shard's latest scan (fraction of the index).
+  std::map<uint32_t, double> scan_progress_ GUARDED_BY(copies_mu_);
 };
 
 }  // namespace rdkv::server

@@ -1,6 +1,8 @@
 // The Service's admin requests and the map fetch: SNAPSHOT, CLUSTER_MAP, INSTALL_MAP,
 // SHARD_SCAN, DROP_SHARD (IMPORT is a write: service_write.cc). Each decodes its message with
 // common/kv/admin_wire.h; none is on the datapath.
+#include <algorithm>
+
 #include "common/kv/admin_wire.h"
 #include "server/service.h"
 
@@ -57,8 +59,40 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
   if (Status s = RequireCluster("install_map"); !s.ok()) return AnswerNow(ex, s);
   Result<cluster::ClusterMap> next = cluster::ParseClusterMap(m->map_json);
   if (!next.ok()) return AnswerNow(ex, next.status());
+  // A joining backup becomes in sync here only if it missed no forwarded write since its copy
+  // began (this server is the shard's primary and knows).
+  if (replicator_ != nullptr) {
+    std::shared_ptr<const cluster::ClusterMap> cur = cluster_->map();
+    const uint32_t me = cluster_->server_id();
+    for (uint32_t s = 0; s < next->shards && s < cur->shards; ++s) {
+      if (cur->OwnerOf(s) != me) continue;
+      for (uint32_t id : s < next->backups.size() ? next->backups[s] : std::vector<uint32_t>{}) {
+        if (!cur->IsJoining(s, id)) continue;
+        if (uint64_t missed = replicator_->JoiningFailures(s, id); missed > 0) {
+          return AnswerNow(
+              ex,
+              Status::Unavailable("server " + std::to_string(id) +
+                                  " cannot become an in-sync replica of shard " +
+                                  std::to_string(s) + ": it missed " + std::to_string(missed) +
+                                  " forwarded write(s) while catching up; remove it (kvcli cluster "
+                                  "remove-replica) and add it again"));
+        }
+      }
+    }
+  }
+  // An etcd cluster's map changes in etcd first (a transaction on the map's revision); the
+  // other servers get it from their watch, and this one installs it now.
+  if (control_ != nullptr) {
+    if (Status s = control_->CommitMap(*next); !s.ok()) return AnswerNow(ex, s);
+  }
+  const uint64_t epoch = next->epoch;
   // Answered after the leases of the shards this server loses (ClusterState::Install).
-  if (Status s = cluster_->Install(std::move(next).value()); !s.ok()) return AnswerNow(ex, s);
+  Status installed = cluster_->Install(std::move(next).value());
+  if (!installed.ok()) {
+    // The watch may have installed it a moment before: that is the same map.
+    if (control_ == nullptr || cluster_->map()->epoch < epoch) return AnswerNow(ex, installed);
+  }
+  if (control_ != nullptr) control_->Installed(epoch);
   counters_.map_changes.fetch_add(1, std::memory_order_relaxed);
   return AnswerNow(ex, Status::Ok(), cluster_->map()->epoch);
 }
@@ -68,10 +102,24 @@ bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
   if (!m.ok()) return AnswerNow(ex, m.status());
   if (Status s = RequireCluster("shard_scan"); !s.ok()) return AnswerNow(ex, s);
   if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
+  // A copy begins: forwards a joining backup missed before it are covered by this copy.
+  if (m->cursor == 0 && replicator_ != nullptr) replicator_->ResetJoiningFailures(m->shard);
   kv::ScanAnswerBuilder answer(limits_.max_value_bytes);
+  uint64_t items = 0;
   const uint64_t next = store_->ScanShard(m->shard, m->cursor, [&](const ScanItem& item) {
-    return answer.Add(kv::ScanEntry{item.key, item.value, item.version});
+    if (!answer.Add(kv::ScanEntry{item.key, item.value, item.version})) return false;
+    ++items;
+    return true;
   });
+  counters_.scan_items.fetch_add(items, std::memory_order_relaxed);
+  {
+    const uint64_t slots = uint64_t{store_->header().bucket_count} * kv::kSlotsPerBucket;
+    const double at = next == kScanComplete || slots == 0
+                          ? 1.0
+                          : static_cast<double>(std::min(next, slots)) / static_cast<double>(slots);
+    MutexLock lock(&copies_mu_);
+    scan_progress_[m->shard] = at;
+  }
   return AnswerNow(ex, Status::Ok(), next, answer.body());
 }
 
@@ -91,6 +139,11 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
   // whole drop: an install that gives this server the shard waits for it.
   if (persister_ != nullptr) RDKV_RETURN_IF_ERROR(persister_->Admit());
   ClusterState::OwnerGuard owner_guard(cluster_);
+  if (std::shared_ptr<const cluster::ClusterMap> m = cluster_->map_held();
+      m->IsBackup(shard, cluster_->server_id()) || m->IsJoining(shard, cluster_->server_id())) {
+    return Status::InvalidArgument("shard " + std::to_string(shard) +
+                                   " has a replica on this server; remove the replica first");
+  }
   if (store_->Owns(shard)) {
     return Status::InvalidArgument("shard " + std::to_string(shard) +
                                    " is still owned by this server; move it first");
@@ -148,6 +201,11 @@ Status Service::NoteCopy(uint32_t shard, bool begin) {
   }
   copy_seen_[shard] = now;
   return Status::Ok();
+}
+
+std::map<uint32_t, double> Service::ScanProgress() const {
+  MutexLock lock(&copies_mu_);
+  return scan_progress_;
 }
 
 }  // namespace rdkv::server

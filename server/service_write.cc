@@ -1,6 +1,13 @@
-// The Service's writes: PUT, INSERT, CAS, DELETE of applications and IMPORT of the shard mover.
-// Steps: admit, check ownership, count, apply to the store, persist, answer (now, or once
-// durable).
+// The Service's writes: PUT, INSERT, CAS, DELETE of applications, IMPORT of the shard mover and
+// REPLICATE of a primary. Steps: admit, check ownership, count, the retry check, replicate
+// (a replicated shard: precondition, version, every in-sync backup, docs/design.md
+// "Replication"), apply to the store, persist, answer (now, or once durable).
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
 #include "common/kv/admin_wire.h"
 #include "server/service.h"
 
@@ -14,7 +21,82 @@ Mutex* Service::KeyStripe(std::string_view key) {
   return &key_stripes_[kv::KeyHash(key) % kKeyStripes];
 }
 
+bool Service::IsReplicated(const cluster::ClusterMap& map, uint32_t shard) {
+  return (shard < map.backups.size() && !map.backups[shard].empty()) ||
+         (shard < map.joining.size() && !map.joining[shard].empty());
+}
+
 bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
+  // A replicated shard's write waits for its backups. On this transport worker only while
+  // another worker stays free for REPLICATE (two servers backing each other must never wait
+  // for each other's workers), else on the writer pool. The map read here only picks the
+  // thread; the write checks it again.
+  if (replicator_ != nullptr && cluster_ != nullptr && r.op != kv::Op::kImport &&
+      IsReplicated(*cluster_->map(), store_->ShardOfKey(r.key))) {
+    if (!ex.on_worker) return OffloadWrite(r, ex);
+    const int workers = workers_seen_.load(std::memory_order_relaxed);
+    if (inline_writes_.fetch_add(1, std::memory_order_acq_rel) + 1 >= workers) {
+      inline_writes_.fetch_sub(1, std::memory_order_acq_rel);
+      return OffloadWrite(r, ex);
+    }
+    const bool answered = HandleWriteNow(r, ex);
+    inline_writes_.fetch_sub(1, std::memory_order_acq_rel);
+    return answered;
+  }
+  return HandleWriteNow(r, ex);
+}
+
+bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
+  // The request's bytes live only during the transport's handler call: copy them.
+  struct Owned {
+    kv::Request request;
+    std::string key, value;
+  };
+  auto owned = std::make_shared<Owned>();
+  owned->key.assign(r.key);
+  owned->value.assign(r.value);
+  owned->request = r;
+  owned->request.key = owned->key;
+  owned->request.value = owned->value;
+  {
+    MutexLock lock(&offload_mu_);
+    ++offloaded_;
+  }
+  replicator_->Submit([this, owned, op = ex.op, received = ex.received, role = ex.role,
+                       deliver = (*ex.defer)()]() mutable {
+    std::vector<uint8_t> response;
+    const std::function<Deliver()> defer = [&deliver]() { return std::move(deliver); };
+    Exchange mine{&response, &defer, op, received, role};
+    if (HandleWriteNow(owned->request, mine)) deliver(response);  // else it took `deliver`
+    MutexLock lock(&offload_mu_);
+    if (--offloaded_ == 0) offload_cv_.SignalAll();
+  });
+  return false;
+}
+
+Service::~Service() {
+  {
+    MutexLock lock(&offload_mu_);
+    while (offloaded_ > 0) offload_cv_.Wait(&offload_mu_);
+  }
+  {
+    MutexLock lock(&repair_mu_);
+    repair_stop_ = true;
+  }
+  repair_cv_.SignalAll();
+  if (repair_thread_.joinable()) repair_thread_.join();
+}
+
+void Service::set_replicator(replication::Replicator* replicator) {
+  replicator_ = replicator;
+  if (replicator_ == nullptr) return;
+  replicator_->set_max_value_bytes(limits_.max_value_bytes);
+  if (cluster_ != nullptr && !repair_thread_.joinable()) {
+    repair_thread_ = std::thread([this] { RepairLoop(); });
+  }
+}
+
+bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   if (r.op == kv::Op::kImport) {
     Result<kv::ImportRequest> import = kv::DecodeImport(r);
     if (!import.ok()) return AnswerNow(ex, import.status());
@@ -53,17 +135,293 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
   }
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
-  if (persister_ == nullptr) {
-    uint64_t version = 0;
-    Status applied = ApplyToStore(r, &version);
-    return AnswerNow(ex, applied, version);
-  }
-  // Writers of one key serialize across apply + enqueue: RocksDB gets its versions in order.
+  // Writers of one key serialize across the retry check, the replication, the apply and the
+  // enqueue: backups and RocksDB get each key's writes in version order.
   MutexLock key_lock(KeyStripe(r.key));
+  std::shared_ptr<const cluster::ClusterMap> map;
+  uint32_t shard = 0;
+  if (cluster_ != nullptr && r.op != kv::Op::kImport) {
+    map = cluster_->map_held();
+    shard = store_->ShardOfKey(r.key);
+    // An earlier write of this key failed after its forward: every replica gets it (or a newer
+    // version) before this write is checked against the key (it may be this write's retry).
+    if (repairs_pending_.load(std::memory_order_relaxed) > 0 && replicator_ != nullptr) {
+      if (Status repaired = RepairKey(r.key, *map, shard); !repaired.ok()) {
+        return AnswerNow(ex, repaired);
+      }
+    }
+    if (!IsReplicated(*map, shard)) map.reset();  // not replicated: the plain path
+  }
+  if (r.client_id != 0) {
+    // A retry of a write this server (or, before a promotion, its primary) already applied.
+    if (std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq)) {
+      counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
+      return AnswerNow(ex, Status(first->code, ""), first->version);
+    }
+  }
   uint64_t version = 0;
-  Status applied = ApplyToStore(r, &version);
+  std::optional<kv::ItemLocation> where;
+  Status applied = map != nullptr ? ApplyReplicated(r, *map, shard, &version, &where)
+                                  : ApplyToStore(r, &version, &where);
   if (!applied.ok()) return AnswerNow(ex, applied, version);
-  return Persist(r, version, ex);
+  retry_table_.Record(r.client_id, r.request_seq, {StatusCode::kOk, version});
+  if (persister_ == nullptr) return AnswerNow(ex, Status::Ok(), version, WriteAnswerBody(where));
+  return Persist(r, version, where, ex);
+}
+
+Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap& map,
+                                uint32_t shard, uint64_t* version,
+                                std::optional<kv::ItemLocation>* where) {
+  // 1. The precondition, against the store (this thread holds the key's stripe).
+  uint64_t current = 0;
+  Status found = store_->Lookup(r.key, &current);
+  if (!found.ok() && !found.Is(StatusCode::kNotFound)) return found;
+  const bool present = found.ok();
+  switch (r.op) {
+    case kv::Op::kInsert:
+      if (present) {
+        *version = current;
+        return Status::AlreadyExists("key exists (version " + std::to_string(current) + ")");
+      }
+      break;
+    case kv::Op::kCas:
+      if (!present) return Status::NotFound("key not found");
+      if (current != r.expected_version) {
+        *version = current;
+        return Status::VersionMismatch("current version is " + std::to_string(current) + ", not " +
+                                       std::to_string(r.expected_version));
+      }
+      break;
+    case kv::Op::kDelete:
+      if (!present) return Status::NotFound("key not found");
+      break;
+    default:
+      break;
+  }
+  if (r.op != kv::Op::kDelete && r.value.size() > limits_.max_value_bytes) {
+    return Status::InvalidArgument(
+        "value of " + std::to_string(r.value.size()) +
+        " bytes is larger than --max_value_size=" + std::to_string(limits_.max_value_bytes));
+  }
+  // 2 and 3. A version, and every in-sync backup applies the write before this server does.
+  if (replicator_ == nullptr) {
+    return Status::Internal("shard " + std::to_string(shard) +
+                            " is replicated but this server has no replicator");
+  }
+  if (repairs_pending_.load(std::memory_order_relaxed) >= kMaxRepairKeys) {
+    return Status::Unavailable("shard " + std::to_string(shard) + ": " +
+                               std::to_string(kMaxRepairKeys) +
+                               " earlier writes of this server failed at a backup and await "
+                               "repair; writes are refused until its backups answer again");
+  }
+  kv::ReplicateRequest m;
+  m.key = r.key;
+  m.value = r.value;
+  m.map_epoch = map.epoch;
+  m.is_delete = r.op == kv::Op::kDelete;
+  m.sender_id = cluster_->server_id();
+  m.client_id = r.client_id;
+  m.request_seq = r.request_seq;
+  counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
+  uint64_t v = 0;
+  for (int attempt = 0;; ++attempt) {
+    v = store_->NextVersion();
+    m.version = v;
+    uint64_t newer = 0;
+    Status forwarded = replicator_->Forward(map, shard, m, &newer);
+    if (forwarded.ok()) break;
+    // A backup holds a newer version of the key than this server ever gave it (a write of an
+    // earlier primary that this server never received): go above it and forward again.
+    if (newer == 0) {
+      // Some backups may have applied it: every replica gets it before the key's next write.
+      NoteFailedWrite(m, shard);
+      return forwarded;
+    }
+    if (attempt == 3) {
+      NoteFailedWrite(m, shard);
+      return Status::Unavailable("shard " + std::to_string(shard) +
+                                 ": the write was not acknowledged (backups kept holding newer "
+                                 "versions; it may be applied on some replicas): " +
+                                 forwarded.message());
+    }
+    store_->EnsureVersionAbove(newer);
+  }
+  // 4. Published here: from now on one-sided GETs see it.
+  bool changed = false;
+  kv::ItemLocation stored;
+  Status s = m.is_delete ? store_->DeleteVersioned(r.key, v, &changed)
+                         : store_->ApplyVersioned(r.key, r.value, v, &changed, nullptr, &stored);
+  if (!s.ok()) {
+    // The backups have it and this server could not store it (out of space): the replicas
+    // disagree until the key's next write. Say so loudly; the client sees the error.
+    LOG(ERROR) << "shard " << shard
+               << ": a write the backups applied failed here: " << s.ToString();
+    NoteFailedWrite(m, shard);  // the repair applies it here once there is room
+    return Status::Unavailable("shard " + std::to_string(shard) +
+                               ": the write was applied by the backups but not by the primary (" +
+                               s.ToString() + "); its outcome is unknown");
+  }
+  *version = v;
+  if (changed && !m.is_delete) *where = stored;
+  return Status::Ok();
+}
+
+bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
+  if (kv::IsReplicateBatch(r)) return HandleReplicateBatch(r, ex);
+  Result<kv::ReplicateRequest> m = kv::DecodeReplicate(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (Status s = RequireCluster("replicate"); !s.ok()) return AnswerNow(ex, s);
+  const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
+  // No OwnerGuard: an install here may be waiting for this server's own writes, which may be
+  // waiting for a primary that waits for this answer.
+  const uint32_t shard = store_->ShardOfKey(m->key);
+  Status role = cluster_->CheckReplica(shard, m->map_epoch, m->sender_id);
+  if (!role.ok()) return AnswerNow(ex, role);
+  if (!admitted.ok()) return AnswerNow(ex, admitted);
+  counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
+  const bool joining = cluster_->map()->IsJoining(shard, cluster_->server_id());
+  // Its own stripes, not the primary writes' (KeyStripe): a primary write holds its key's
+  // stripe while it waits for its backups, and a backup's stripe of another key hashed alike,
+  // held by a write of its own waiting for this server, would close a cycle between servers.
+  MutexLock key_lock(&replica_stripes_[kv::KeyHash(m->key) % kKeyStripes]);
+  uint64_t version = 0;
+  bool changed = false;
+  Status s = ApplyReplica(*m, shard, joining, &version, &changed);
+  if (!s.ok()) return AnswerNow(ex, s, version);
+  if (persister_ == nullptr || !changed) return AnswerNow(ex, Status::Ok(), m->version);
+  // Answered once durable in sync mode, like the primary's own write.
+  const bool deferred = persister_->durability() == Durability::kSync;
+  persistence::Persister::Completion done;
+  if (deferred) {
+    done = [answer = AnswerLater(ex), v = m->version](const Status& st) { answer(st, v, {}); };
+  }
+  if (m->is_delete) {
+    persister_->EnqueueDelete(m->key, std::move(done));
+  } else {
+    persister_->EnqueuePut(m->key, m->version, m->value, std::move(done));
+  }
+  if (deferred) return false;
+  return AnswerNow(ex, Status::Ok(), m->version);
+}
+
+Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool joining,
+                             uint64_t* version, bool* changed) {
+  *changed = false;
+  *version = 0;
+  Status s;
+  uint64_t current = 0;
+  if (m.is_delete) {
+    s = store_->DeleteVersioned(m.key, m.version, changed, &current);
+    // Catching up: a copied item older than this delete must not bring the key back.
+    if (s.ok() && joining) RememberDelete(shard, m.key, m.version);
+  } else if (joining && DeletedSince(shard, m.key, m.version)) {
+    s = Status::Ok();  // deleted after the copied version: nothing to apply
+  } else {
+    s = store_->ApplyVersioned(m.key, m.value, m.version, changed, &current);
+  }
+  if (s.ok() && !*changed && current > m.version) {
+    // A version this primary never saw (an earlier primary's write that failed at it): the
+    // primary takes a version above it and forwards again.
+    *version = current;
+    return Status::VersionMismatch("the key has the newer version " + std::to_string(current) +
+                                   " here");
+  }
+  if (!joining && has_tombstones_.load(std::memory_order_relaxed)) ForgetDeletes(shard);
+  if (s.ok() && *changed) RememberApplied(shard, m.key, m.version);
+  if (!s.ok()) return s;
+  retry_table_.Record(m.client_id, m.request_seq, {StatusCode::kOk, m.version});
+  if (joining) counters_.catchup_applied.fetch_add(1, std::memory_order_relaxed);
+  *version = m.version;
+  return Status::Ok();
+}
+
+bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
+  Result<kv::ReplicateBatch> batch = kv::DecodeReplicateBatch(r, limits_);
+  if (!batch.ok()) return AnswerNow(ex, batch.status());
+  if (Status s = RequireCluster("replicate"); !s.ok()) return AnswerNow(ex, s);
+  // As HandleReplicate, entry by entry in the batch's order (the primary's version order).
+  const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
+  if (!admitted.ok()) return AnswerNow(ex, admitted);
+  counters_.replicate_batches.fetch_add(1, std::memory_order_relaxed);
+  const size_t n = batch->entries.size();
+  // In sync mode the answer waits for every entry's persistence: the last completion (or this
+  // thread, when it finishes last) answers.
+  struct Pending {
+    Mutex mu;
+    std::vector<kv::ReplicateBatchResult> results GUARDED_BY(mu);
+    size_t waiting GUARDED_BY(mu) = 1;  // this thread's hold
+    std::function<void(const Status&, uint64_t, std::string_view)> answer;
+  };
+  auto encode = [](const std::vector<kv::ReplicateBatchResult>& results) {
+    std::string body;
+    body.reserve(results.size() * kv::kReplicateBatchResultBytes);
+    for (const kv::ReplicateBatchResult& res : results) {
+      kv::AppendReplicateBatchResult(res.code, res.version, &body);
+    }
+    return body;
+  };
+  std::vector<kv::ReplicateBatchResult> results(n);
+  std::shared_ptr<Pending> pending;
+  const bool sync = persister_ != nullptr && persister_->durability() == Durability::kSync;
+  const std::shared_ptr<const cluster::ClusterMap> my_map = cluster_->map();
+  for (size_t i = 0; i < n; ++i) {
+    const kv::ReplicateRequest& m = batch->entries[i];
+    const uint32_t shard = store_->ShardOfKey(m.key);
+    Status role = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id);
+    if (!role.ok()) {
+      results[i] = {role.code(), 0};
+      continue;
+    }
+    counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
+    const bool joining = my_map->IsJoining(shard, cluster_->server_id());
+    MutexLock key_lock(&replica_stripes_[kv::KeyHash(m.key) % kKeyStripes]);
+    uint64_t version = 0;
+    bool changed = false;
+    Status s = ApplyReplica(m, shard, joining, &version, &changed);
+    results[i] = {s.code(), version};
+    if (!s.ok() || persister_ == nullptr || !changed) continue;
+    persistence::Persister::Completion done;
+    if (sync) {
+      if (pending == nullptr) {
+        pending = std::make_shared<Pending>();
+        pending->answer = AnswerLater(ex);
+        MutexLock lock(&pending->mu);
+        pending->results.assign(n, {StatusCode::kOk, 0});  // completions write failures here
+      }
+      {
+        MutexLock lock(&pending->mu);
+        ++pending->waiting;
+      }
+      done = [pending, i, encode](const Status& st) {
+        std::vector<kv::ReplicateBatchResult> out;
+        {
+          MutexLock lock(&pending->mu);
+          if (!st.ok()) pending->results[i] = {st.code(), 0};
+          if (--pending->waiting > 0) return;
+          out = std::move(pending->results);
+        }
+        pending->answer(Status::Ok(), out.size(), encode(out));
+      };
+    }
+    if (m.is_delete) {
+      persister_->EnqueueDelete(m.key, std::move(done));
+    } else {
+      persister_->EnqueuePut(m.key, m.version, m.value, std::move(done));
+    }
+  }
+  if (pending == nullptr) return AnswerNow(ex, Status::Ok(), n, encode(results));
+  std::vector<kv::ReplicateBatchResult> out;
+  {
+    MutexLock lock(&pending->mu);
+    // Completions write only failures: this thread's results go under them.
+    for (size_t i = 0; i < n; ++i) {
+      if (pending->results[i].code == StatusCode::kOk) pending->results[i] = results[i];
+    }
+    if (--pending->waiting > 0) return false;
+    out = std::move(pending->results);
+  }
+  pending->answer(Status::Ok(), out.size(), encode(out));
+  return false;
 }
 
 void Service::CountWrite(kv::Op op) {
@@ -91,28 +449,29 @@ void Service::CountWrite(kv::Op op) {
     case kv::Op::kShardScan:
     case kv::Op::kDropShard:
     case kv::Op::kInstallMap:
+    case kv::Op::kReplicate:
       break;  // not writes: counted by their handlers
   }
   if (counter != nullptr) counter->fetch_add(1, std::memory_order_relaxed);
 }
 
-Status Service::ApplyToStore(const kv::Request& r, uint64_t* version) {
+Status Service::ApplyToStore(const kv::Request& r, uint64_t* version,
+                             std::optional<kv::ItemLocation>* where) {
+  kv::ItemLocation stored;
+  auto done = [&](const Result<uint64_t>& v) {
+    if (v.ok()) {
+      *version = *v;
+      *where = stored;
+    }
+    return v.status();
+  };
   switch (r.op) {
-    case kv::Op::kPut: {
-      Result<uint64_t> v = store_->Put(r.key, r.value);
-      if (v.ok()) *version = *v;
-      return v.status();
-    }
-    case kv::Op::kInsert: {
-      Result<uint64_t> v = store_->Insert(r.key, r.value, version);
-      if (v.ok()) *version = *v;
-      return v.status();
-    }
-    case kv::Op::kCas: {
-      Result<uint64_t> v = store_->Cas(r.key, r.expected_version, r.value, version);
-      if (v.ok()) *version = *v;
-      return v.status();
-    }
+    case kv::Op::kPut:
+      return done(store_->Put(r.key, r.value, &stored));
+    case kv::Op::kInsert:
+      return done(store_->Insert(r.key, r.value, version, &stored));
+    case kv::Op::kCas:
+      return done(store_->Cas(r.key, r.expected_version, r.value, version, &stored));
     case kv::Op::kDelete:
       return store_->Delete(r.key);
     case kv::Op::kImport: {
@@ -135,19 +494,29 @@ Status Service::ApplyToStore(const kv::Request& r, uint64_t* version) {
     case kv::Op::kShardScan:
     case kv::Op::kDropShard:
     case kv::Op::kInstallMap:
+    case kv::Op::kReplicate:
       break;
   }
   return Status::Internal("operation " + std::string(kv::OpName(r.op)) + " is not a write");
 }
 
-bool Service::Persist(const kv::Request& r, uint64_t version, Exchange ex) {
+std::string Service::WriteAnswerBody(const std::optional<kv::ItemLocation>& where) {
+  std::string body;  // 8 bytes: no allocation (short-string storage)
+  if (where.has_value()) kv::EncodeItemLocation(*where, &body);
+  return body;
+}
+
+bool Service::Persist(const kv::Request& r, uint64_t version,
+                      const std::optional<kv::ItemLocation>& where, Exchange ex) {
   // Applied (a GET may already see it); in sync mode acknowledged only once durable. IMPORT
   // answers only once the item is in RocksDB in every mode: the mover drops the old owner's
   // copy after the copy is answered.
   const bool deferred = persister_->durability() == Durability::kSync || r.op == kv::Op::kImport;
   persistence::Persister::Completion done;
   if (deferred) {
-    done = [answer = AnswerLater(ex), version](const Status& s) { answer(s, version, {}); };
+    done = [answer = AnswerLater(ex), version, body = WriteAnswerBody(where)](const Status& s) {
+      answer(s, version, s.ok() ? std::string_view(body) : std::string_view());
+    };
   }
   if (r.op == kv::Op::kDelete) {
     persister_->EnqueueDelete(r.key, std::move(done));
@@ -155,7 +524,221 @@ bool Service::Persist(const kv::Request& r, uint64_t version, Exchange ex) {
     persister_->EnqueuePut(r.key, version, r.value, std::move(done));
   }
   if (deferred) return false;
-  return AnswerNow(ex, Status::Ok(), version);
+  return AnswerNow(ex, Status::Ok(), version, WriteAnswerBody(where));
+}
+
+void Service::RememberDelete(uint32_t shard, std::string_view key, uint64_t version) {
+  MutexLock lock(&tombstones_mu_);
+  uint64_t& v = tombstones_[shard][std::string(key)];
+  v = std::max(v, version);
+  has_tombstones_.store(true, std::memory_order_relaxed);
+}
+
+bool Service::DeletedSince(uint32_t shard, std::string_view key, uint64_t version) {
+  MutexLock lock(&tombstones_mu_);
+  auto s = tombstones_.find(shard);
+  if (s == tombstones_.end()) return false;
+  auto k = s->second.find(std::string(key));
+  return k != s->second.end() && k->second >= version;
+}
+
+void Service::ForgetDeletes(uint32_t shard) {
+  MutexLock lock(&tombstones_mu_);
+  tombstones_.erase(shard);
+  has_tombstones_.store(!tombstones_.empty(), std::memory_order_relaxed);
+}
+
+void Service::RememberApplied(uint32_t shard, std::string_view key, uint64_t version) {
+  const auto now = std::chrono::steady_clock::now();
+  MutexLock lock(&recent_mu_);
+  recent_.push_back({shard, std::string(key), version, now});
+  while (!recent_.empty() &&
+         (recent_.size() > kResyncMaxKeys || now - recent_.front().at > kResyncWindow)) {
+    recent_.pop_front();
+  }
+}
+
+void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
+  if (replicator_ == nullptr) return;
+  // The newest entry per key of the promoted shards.
+  std::map<std::pair<uint32_t, std::string>, uint64_t> keys;
+  {
+    MutexLock lock(&recent_mu_);
+    for (const RecentApply& r : recent_) {
+      if (std::find(shards.begin(), shards.end(), r.shard) == shards.end()) continue;
+      uint64_t& v = keys[{r.shard, r.key}];
+      v = std::max(v, r.version);
+    }
+  }
+  size_t sent = 0, failed = 0;
+  for (const auto& [shard_key, logged_version] : keys) {
+    const auto& [shard, key] = shard_key;
+    MutexLock key_lock(KeyStripe(key));
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.map_epoch = next.epoch;
+    m.sender_id = cluster_->server_id();
+    uint64_t version = 0;
+    Result<std::string> value = store_->Get(key, &version);
+    std::string held;
+    if (value.ok()) {
+      held = std::move(value).value();
+      m.value = held;
+      m.version = version;
+    } else {
+      m.is_delete = true;  // absent here: deleted (by the logged or a later write)
+      m.version = std::max(logged_version, store_->version_counter());
+    }
+    uint64_t newer = 0;
+    Status s = replicator_->Forward(next, shard, m, &newer);
+    ++sent;
+    if (!s.ok() && newer == 0) {
+      // It serves this state from now on: the repair brings it to the backups that missed it.
+      ++failed;
+      NoteFailedWrite(m, shard);
+    }
+  }
+  if (!keys.empty()) {
+    LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << sent
+              << " recently replicated key(s) of " << shards.size() << " shard(s) to their backups"
+              << (failed > 0 ? " (" + std::to_string(failed) + " not confirmed)" : "");
+  }
+}
+
+void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) {
+  counters_.repairs_noted.fetch_add(1, std::memory_order_relaxed);
+  MutexLock lock(&repair_mu_);
+  auto [it, inserted] = repairs_.try_emplace(std::string(m.key));
+  PendingRepair& p = it->second;
+  if (!inserted) {
+    if (p.version > m.version) return;  // the newer one stays
+    repair_bytes_ -= it->first.size() + p.value.size();
+  }
+  p.shard = shard;
+  p.map_epoch = m.map_epoch;
+  p.value.assign(m.is_delete ? std::string_view() : m.value);
+  p.version = m.version;
+  p.is_delete = m.is_delete;
+  p.client_id = m.client_id;
+  p.request_seq = m.request_seq;
+  repair_bytes_ += it->first.size() + p.value.size();
+  repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
+  repair_cv_.Signal();
+}
+
+void Service::ForgetRepair(std::string_view key) {
+  MutexLock lock(&repair_mu_);
+  auto it = repairs_.find(std::string(key));
+  if (it == repairs_.end()) return;
+  repair_bytes_ -= it->first.size() + it->second.value.size();
+  repairs_.erase(it);
+  repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
+}
+
+Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, uint32_t shard) {
+  PendingRepair p;
+  {
+    MutexLock lock(&repair_mu_);
+    auto it = repairs_.find(std::string(key));
+    if (it == repairs_.end()) return Status::Ok();
+    p = it->second;
+  }
+  kv::ReplicateRequest m;
+  m.key = key;
+  m.value = p.value;
+  m.version = p.version;
+  m.is_delete = p.is_delete;
+  m.map_epoch = map.epoch;
+  m.sender_id = cluster_->server_id();
+  m.client_id = p.client_id;
+  m.request_seq = p.request_seq;
+  for (int attempt = 0;; ++attempt) {
+    uint64_t newer = 0;
+    Status forwarded = replicator_->Forward(map, shard, m, &newer);
+    if (forwarded.ok()) break;
+    if (newer == 0 || attempt == 3) {
+      counters_.repair_failures.fetch_add(1, std::memory_order_relaxed);
+      return Status::Unavailable("shard " + std::to_string(shard) +
+                                 ": an earlier write of this key failed at a backup and is not "
+                                 "repaired yet (" +
+                                 forwarded.message() + ")");
+    }
+    if (map.epoch != p.map_epoch) {
+      // Another primary wrote the key since (a promotion came between): its write supersedes
+      // this one, which no client could read (it was never applied here).
+      counters_.repairs_dropped.fetch_add(1, std::memory_order_relaxed);
+      ForgetRepair(key);
+      return Status::Ok();
+    }
+    // A backup got a newer version from a copy or an earlier primary: this write goes above.
+    store_->EnsureVersionAbove(newer);
+    m.version = store_->NextVersion();
+  }
+  // Every in-sync replica has it: this primary applies it too (published here).
+  bool changed = false;
+  Status applied = m.is_delete ? store_->DeleteVersioned(key, m.version, &changed)
+                               : store_->ApplyVersioned(key, m.value, m.version, &changed);
+  if (!applied.ok()) {
+    counters_.repair_failures.fetch_add(1, std::memory_order_relaxed);
+    return Status::Unavailable("shard " + std::to_string(shard) +
+                               ": an earlier write of this key, applied by the backups, failed "
+                               "here: " +
+                               applied.ToString());
+  }
+  retry_table_.Record(p.client_id, p.request_seq, {StatusCode::kOk, m.version});
+  if (changed && persister_ != nullptr) {
+    // Nobody waits for it; the key's later writes are enqueued after it.
+    if (m.is_delete) {
+      persister_->EnqueueDelete(key, nullptr);
+    } else {
+      persister_->EnqueuePut(key, m.version, m.value, nullptr);
+    }
+  }
+  counters_.repairs_done.fetch_add(1, std::memory_order_relaxed);
+  ForgetRepair(key);
+  return Status::Ok();
+}
+
+void Service::RepairLoop() {
+  for (;;) {
+    std::vector<std::string> keys;
+    {
+      MutexLock lock(&repair_mu_);
+      while (!repair_stop_ && repairs_.empty()) repair_cv_.Wait(&repair_mu_);
+      // A moment for the backup that failed to come back (or be removed from the map).
+      if (!repair_stop_) repair_cv_.WaitFor(&repair_mu_, kRepairInterval);
+      if (repair_stop_) return;
+      for (const auto& [key, p] : repairs_) {
+        keys.push_back(key);
+        if (keys.size() == 1024) break;
+      }
+    }
+    for (const std::string& key : keys) {
+      {
+        MutexLock lock(&repair_mu_);
+        if (repair_stop_) return;
+      }
+      ClusterState::OwnerGuard owner_guard(cluster_);
+      uint64_t epoch = 0;
+      Status own = cluster_->CheckOwner(key, &epoch);
+      if (own.Is(StatusCode::kWrongOwner)) {
+        // Not the primary any more: this server never published the write; the new primary
+        // has it (and resent or repairs it) or not (then no client read it).
+        counters_.repairs_dropped.fetch_add(1, std::memory_order_relaxed);
+        ForgetRepair(key);
+        continue;
+      }
+      if (!own.ok()) break;  // fenced or taking over: later
+      std::shared_ptr<const cluster::ClusterMap> map = cluster_->map_held();
+      MutexLock key_lock(KeyStripe(key));
+      Status repaired = RepairKey(key, *map, store_->ShardOfKey(key));
+      if (!repaired.ok()) {
+        LOG_EVERY_N(WARNING, 50) << "replication repair: " << repaired.message()
+                                 << " [every 50th logged]";
+        break;  // the backup still fails: the next pass tries again
+      }
+    }
+  }
 }
 
 }  // namespace rdkv::server

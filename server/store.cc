@@ -1,6 +1,7 @@
 #include "server/store.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -27,14 +28,26 @@ uint64_t LoadWord(uint64_t* p) {
 
 }  // namespace
 
-// Holds the stripes of a key's two buckets, the lower index first, each once. Which stripes
-// is known only at run time, so the analysis cannot name them; they guard region memory, not
-// members, and the scoped MutexLocks release them.
+Store::Place Store::PlaceOf(std::string_view key) const {
+  Place p;
+  p.hash = kv::KeyHash(key);
+  p.fingerprint = kv::FingerprintOf(p.hash);
+  kv::Buckets b = kv::BucketsOf(p.hash, kv::SecondHash(key), header_->bucket_count);
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    p.bucket[c] = b.b[c];
+    p.slots[c] =
+        reinterpret_cast<uint64_t*>(region_ + header_->index_offset + b.b[c] * kv::kBucketBytes);
+  }
+  return p;
+}
+
+// Holds the stripes of a key's two candidate buckets, the lower stripe first, each once. Which
+// stripes is known only at run time, so the analysis cannot name them; they guard region
+// memory, not members, and the scoped MutexLocks release them.
 class Store::WindowLock {
  public:
-  WindowLock(const Store& s, uint64_t hash) {
-    uint64_t b = kv::BucketOf(hash, s.header_->bucket_count);
-    size_t a = b % kStripes, c = (b + 1) % kStripes;
+  WindowLock(const Store& s, const Place& p) {
+    size_t a = p.bucket[0] % kStripes, c = p.bucket[1] % kStripes;
     first_.emplace(&s.stripes_[std::min(a, c)]);
     if (a != c) second_.emplace(&s.stripes_[std::max(a, c)]);
   }
@@ -64,7 +77,7 @@ Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_by
     return Status::InvalidArgument("max value size above " + std::to_string(kv::kMaxValueBytes) +
                                    " bytes is not supported");
   }
-  std::memset(region + g.index_offset, 0, (g.bucket_count + 1) * kv::kBucketBytes);
+  std::memset(region + g.index_offset, 0, g.bucket_count * kv::kBucketBytes);
   auto* h = reinterpret_cast<kv::RegionHeader*>(region);
   std::memset(region, 0, kv::kHeaderBytes);
   h->magic = kv::kRegionMagic;
@@ -96,31 +109,39 @@ Store::Store(uint8_t* region, const kv::RegionHeader* header, const StoreOptions
       options_(options),
       allocator_(header->heap_bytes / kUnit, options.grace) {}
 
-uint64_t* Store::Window(uint64_t hash) const {
-  uint64_t b = kv::BucketOf(hash, header_->bucket_count);
-  return reinterpret_cast<uint64_t*>(region_ + header_->index_offset + b * kv::kBucketBytes);
-}
-
 ItemHeader* Store::ItemAt(uint32_t offset_units) const {
   return reinterpret_cast<ItemHeader*>(heap_ + uint64_t{offset_units} * kUnit);
 }
 
-uint64_t* Store::FindSlot(uint64_t hash, std::string_view key) const {
-  uint16_t fp = kv::FingerprintOf(hash);
-  uint64_t* w = Window(hash);
-  for (size_t i = 0; i < kv::kSlotsPerBucket * kv::kWindowBuckets; ++i) {
-    uint64_t word = w[i];  // only writers of this window change it, and we hold its locks
-    if (word == 0) continue;
-    kv::SlotFields s = kv::UnpackSlot(word);
-    if (s.fingerprint != fp) continue;
-    const ItemHeader* it = ItemAt(s.offset_units);
-    if (it->key_bytes != key.size()) continue;
-    if (std::memcmp(reinterpret_cast<const uint8_t*>(it) + sizeof(ItemHeader), key.data(),
-                    key.size()) == 0) {
-      return &w[i];
+uint64_t* Store::FindSlot(const Place& p, std::string_view key) const {
+  for (uint64_t* w : p.slots) {
+    for (size_t i = 0; i < kv::kSlotsPerBucket; ++i) {
+      uint64_t word = w[i];  // only writers of this bucket change it, and we hold its lock
+      if (word == 0) continue;
+      kv::SlotFields s = kv::UnpackSlot(word);
+      if (s.fingerprint != p.fingerprint) continue;
+      const ItemHeader* it = ItemAt(s.offset_units);
+      if (it->key_bytes != key.size()) continue;
+      if (std::memcmp(reinterpret_cast<const uint8_t*>(it) + sizeof(ItemHeader), key.data(),
+                      key.size()) == 0) {
+        return &w[i];
+      }
     }
   }
   return nullptr;
+}
+
+uint64_t* Store::FreeSlot(const Place& p) const {
+  // The candidate with more empty slots (the first on a tie), its lowest empty slot.
+  uint64_t* first[kv::kChoices] = {};
+  size_t empty[kv::kChoices] = {};
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    for (size_t i = 0; i < kv::kSlotsPerBucket; ++i) {
+      if (p.slots[c][i] != 0) continue;
+      if (empty[c]++ == 0) first[c] = &p.slots[c][i];
+    }
+  }
+  return empty[1] > empty[0] ? first[1] : first[0];
 }
 
 void Store::Restate(ItemHeader* it, uint32_t to) {
@@ -141,7 +162,8 @@ Block Store::MarkDead(uint64_t slot_word) {
 }
 
 Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view value,
-                              uint64_t expected, uint64_t* current_version) {
+                              uint64_t expected, uint64_t* current_version,
+                              kv::ItemLocation* where) {
   RDKV_RETURN_IF_ERROR(kv::CheckKey(key));
   if (value.size() > options_.max_value_bytes) {
     return Status::InvalidArgument("value of " + std::to_string(value.size()) +
@@ -173,15 +195,20 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   h.value_bytes = static_cast<uint32_t>(value.size());
   h.units = b.units;
 
-  uint64_t hash = kv::KeyHash(key);
-  WindowLock lock(*this, hash);
-  uint64_t* slot = FindSlot(hash, key);
+  const Place place = PlaceOf(key);
+  WindowLock lock(*this, place);
+  uint64_t* slot = FindSlot(place, key);
   if (slot != nullptr) {
     const ItemHeader* cur = ItemAt(kv::UnpackSlot(*slot).offset_units);
     if (current_version) *current_version = cur->version;
     if (mode == Mode::kInsert || mode == Mode::kRestore) {
       allocator_.Release(b);
       return Status::AlreadyExists("key exists (version " + std::to_string(cur->version) + ")");
+    }
+    if (mode == Mode::kApply && cur->version >= expected) {
+      allocator_.Release(b);
+      return Status::AlreadyExists("the key has version " + std::to_string(cur->version) +
+                                   ", not older than " + std::to_string(expected));
     }
     if (mode == Mode::kCas && cur->version != expected) {
       allocator_.Release(b);
@@ -193,19 +220,23 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
       allocator_.Release(b);
       return Status::NotFound("key not found");
     }
-    uint64_t* w = Window(hash);
-    for (size_t i = 0; i < kv::kSlotsPerBucket * kv::kWindowBuckets && slot == nullptr; ++i) {
-      if (w[i] == 0) slot = &w[i];
-    }
+    slot = FreeSlot(place);
     if (slot == nullptr) {
       allocator_.Release(b);
-      return Status::OutOfSpace(
-          "the key's index window (16 slots) is full: give the index a "
-          "larger share of the region (--index_fraction) or more memory");
+      return Status::OutOfSpace(IndexFullMessage());
     }
   }
-  h.version = mode == Mode::kRestore ? expected
-                                     : version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
+  h.version = mode == Mode::kRestore || mode == Mode::kApply
+                  ? expected
+                  : version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (h.version > kv::kMaxItemVersion) {
+    // Never wraps: the counter stays far below 2^64 (EnsureVersionAbove clamps, Restore refuses).
+    allocator_.Release(b);
+    return Status::OutOfSpace("the version counter reached its maximum " +
+                              std::to_string(kv::kMaxItemVersion) +
+                              ": this server cannot version more writes; reload its data into "
+                              "a new cluster member");
+  }
   std::memcpy(body, key.data(), key.size());
   if (!value.empty()) std::memcpy(body + key.size(), value.data(), value.size());
   h.checksum = kv::ItemChecksum(h, key, value);
@@ -217,42 +248,91 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   Block old_block{};
   if (old != 0) old_block = MarkDead(old);
   // Publish: the item's bytes happen-before the slot store (release).
-  StoreWord(slot,
-            kv::PackSlot({kv::FingerprintOf(hash), static_cast<uint16_t>(units), b.offset_units}));
+  StoreWord(slot, kv::PackSlot({place.fingerprint, static_cast<uint16_t>(units), b.offset_units}));
   items_.fetch_add(1, std::memory_order_relaxed);
   item_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   // Now current: LIVE. Between the slot store and this, readers see PENDING and retry.
   Restate(it, kv::kStateLive);
   // The grace period starts once no slot points at the old block.
   if (old != 0) allocator_.Retire(old_block);
+  if (where != nullptr) {
+    const bool second = place.slots[1] != place.slots[0] && slot >= place.slots[1] &&
+                        slot < place.slots[1] + kv::kSlotsPerBucket;
+    *where = kv::ItemLocation{b.offset_units, static_cast<uint16_t>(units),
+                              static_cast<uint8_t>(second ? 1 : 0)};
+  }
   return h.version;
 }
 
-Result<uint64_t> Store::Put(std::string_view key, std::string_view value) {
-  return Write(Mode::kUpsert, key, value, 0, nullptr);
+Result<uint64_t> Store::Put(std::string_view key, std::string_view value, kv::ItemLocation* where) {
+  return Write(Mode::kUpsert, key, value, 0, nullptr, where);
 }
 
 Result<uint64_t> Store::Insert(std::string_view key, std::string_view value,
-                               uint64_t* current_version) {
-  return Write(Mode::kInsert, key, value, 0, current_version);
+                               uint64_t* current_version, kv::ItemLocation* where) {
+  return Write(Mode::kInsert, key, value, 0, current_version, where);
 }
 
 Result<uint64_t> Store::Cas(std::string_view key, uint64_t expected, std::string_view value,
-                            uint64_t* current_version) {
-  return Write(Mode::kCas, key, value, expected, current_version);
+                            uint64_t* current_version, kv::ItemLocation* where) {
+  return Write(Mode::kCas, key, value, expected, current_version, where);
 }
 
 Status Store::Restore(std::string_view key, std::string_view value, uint64_t version) {
-  if (version == 0) return Status::InvalidArgument("version 0 is not a stored version");
+  RDKV_RETURN_IF_ERROR(kv::CheckItemVersion(version, "restored version"));
   Result<uint64_t> r = Write(Mode::kRestore, key, value, version, nullptr);
   return r.ok() ? Status::Ok() : r.status();
 }
 
+Status Store::Lookup(std::string_view key, uint64_t* version) const {
+  RDKV_RETURN_IF_ERROR(kv::CheckKey(key));
+  const Place place = PlaceOf(key);
+  WindowLock lock(*this, place);
+  uint64_t* slot = FindSlot(place, key);
+  if (slot == nullptr) return Status::NotFound("key not found");
+  *version = ItemAt(kv::UnpackSlot(*slot).offset_units)->version;
+  return Status::Ok();
+}
+
+Status Store::ApplyVersioned(std::string_view key, std::string_view value, uint64_t version,
+                             bool* applied, uint64_t* current, kv::ItemLocation* where) {
+  *applied = false;
+  if (version == 0) return Status::InvalidArgument("version 0 is not a stored version");
+  EnsureVersionAbove(version);
+  Result<uint64_t> r = Write(Mode::kApply, key, value, version, current, where);
+  if (r.status().Is(StatusCode::kAlreadyExists)) return Status::Ok();  // as new or newer
+  if (!r.ok()) return r.status();
+  *applied = true;
+  return Status::Ok();
+}
+
+Status Store::DeleteVersioned(std::string_view key, uint64_t version, bool* applied,
+                              uint64_t* current) {
+  *applied = false;
+  if (current != nullptr) *current = 0;
+  RDKV_RETURN_IF_ERROR(kv::CheckKey(key));
+  EnsureVersionAbove(version);
+  const Place place = PlaceOf(key);
+  WindowLock lock(*this, place);
+  uint64_t* slot = FindSlot(place, key);
+  if (slot == nullptr) return Status::Ok();
+  const uint64_t have = ItemAt(kv::UnpackSlot(*slot).offset_units)->version;
+  if (have >= version) {
+    if (current != nullptr) *current = have;
+    return Status::Ok();
+  }
+  Block old_block = MarkDead(LoadWord(slot));
+  StoreWord(slot, 0);
+  allocator_.Retire(old_block);
+  *applied = true;
+  return Status::Ok();
+}
+
 Status Store::Delete(std::string_view key) {
   RDKV_RETURN_IF_ERROR(kv::CheckKey(key));
-  uint64_t hash = kv::KeyHash(key);
-  WindowLock lock(*this, hash);
-  uint64_t* slot = FindSlot(hash, key);
+  const Place place = PlaceOf(key);
+  WindowLock lock(*this, place);
+  uint64_t* slot = FindSlot(place, key);
   if (slot == nullptr) return Status::NotFound("key not found");
   // Dead first, then unlinked (see Write), then the grace period.
   Block old_block = MarkDead(LoadWord(slot));
@@ -262,9 +342,9 @@ Status Store::Delete(std::string_view key) {
 }
 
 Result<std::string> Store::Get(std::string_view key, uint64_t* version) const {
-  uint64_t hash = kv::KeyHash(key);
-  WindowLock lock(*this, hash);
-  uint64_t* slot = FindSlot(hash, key);
+  const Place place = PlaceOf(key);
+  WindowLock lock(*this, place);
+  uint64_t* slot = FindSlot(place, key);
   if (slot == nullptr) return Status::NotFound("key not found");
   const ItemHeader* it = ItemAt(kv::UnpackSlot(*slot).offset_units);
   if (version) *version = it->version;
@@ -306,7 +386,7 @@ uint64_t Store::map_epoch() const {
 
 uint64_t Store::ScanShard(uint32_t shard, uint64_t cursor,
                           const std::function<bool(const ScanItem&)>& visit) const {
-  const uint64_t slots = (header_->bucket_count + 1) * kv::kSlotsPerBucket;
+  const uint64_t slots = header_->bucket_count * kv::kSlotsPerBucket;
   uint64_t* base = reinterpret_cast<uint64_t*>(region_ + header_->index_offset);
   while (cursor < slots) {
     uint64_t bucket = cursor / kv::kSlotsPerBucket;
@@ -328,9 +408,22 @@ uint64_t Store::ScanShard(uint32_t shard, uint64_t cursor,
 }
 
 void Store::EnsureVersionAbove(uint64_t v) {
+  v = std::min(v, kv::kMaxItemVersion);  // at the maximum, writes are refused (Write)
   uint64_t cur = version_counter_.load();
   while (cur < v && !version_counter_.compare_exchange_weak(cur, v)) {
   }
+}
+
+std::string Store::IndexFullMessage() const {
+  const uint64_t slots = header_->bucket_count * kv::kSlotsPerBucket;
+  const uint64_t used = items_.load(std::memory_order_relaxed);
+  char pct[16];
+  std::snprintf(pct, sizeof(pct), "%.1f", slots == 0 ? 0.0 : 100.0 * double(used) / double(slots));
+  return "both of the key's index buckets (2 x " + std::to_string(kv::kSlotsPerBucket) +
+         " slots) are full (" + std::to_string(used) + " of " + std::to_string(slots) +
+         " index slots, " + pct +
+         "%, in use): give the index a larger share of the region (--index_fraction) or more "
+         "memory";
 }
 
 StoreCounters Store::counters() const {

@@ -6,10 +6,14 @@
 // stored, slots change with one aligned 8-byte store, retired items are marked DEAD before the
 // write that retired them returns, and their blocks wait out the grace period in limbo.
 //
-// Thread-safety: all methods are thread-safe. Writers of keys in the same index window
-// serialize on striped locks; others run in parallel.
+// Index: layout version 2 (docs/design.md "Region layout"): a key lives in one slot of one of
+// its two candidate buckets and never moves while it exists; an insert takes the emptier one.
+//
+// Thread-safety: all methods are thread-safe. Writers of keys that share a candidate bucket
+// (or its stripe) serialize on striped locks; others run in parallel.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -22,6 +26,7 @@
 
 #include "common/kv/layout.h"
 #include "common/kv/limits.h"
+#include "common/kv/wire.h"
 #include "common/util/mutex.h"
 #include "rdkv/status.h"
 #include "server/allocator.h"
@@ -29,7 +34,7 @@
 namespace rdkv::server {
 
 struct StoreOptions {
-  double index_fraction = 1.0 / 16;
+  double index_fraction = kv::kDefaultIndexFraction;
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;
   std::chrono::milliseconds grace{90};
   // Cluster: the map epoch, shard count and the shards this server owns at start
@@ -62,17 +67,40 @@ class Store {
   static Result<std::unique_ptr<Store>> Format(uint8_t* region, uint64_t region_bytes,
                                                const StoreOptions& options);
 
+  // `where`, when not null, receives the new item's location on success (what a client
+  // caches: kv::ItemLocation).
   // Upsert. Returns the new version.
-  Result<uint64_t> Put(std::string_view key, std::string_view value);
+  Result<uint64_t> Put(std::string_view key, std::string_view value,
+                       kv::ItemLocation* where = nullptr);
   // Only if absent: kAlreadyExists (with *current_version set) otherwise.
   Result<uint64_t> Insert(std::string_view key, std::string_view value,
-                          uint64_t* current_version = nullptr);
+                          uint64_t* current_version = nullptr, kv::ItemLocation* where = nullptr);
   // Only if the current version equals `expected`: kVersionMismatch (with *current_version
   // set) otherwise; kNotFound when absent.
   Result<uint64_t> Cas(std::string_view key, uint64_t expected, std::string_view value,
-                       uint64_t* current_version = nullptr);
+                       uint64_t* current_version = nullptr, kv::ItemLocation* where = nullptr);
   // kNotFound when absent.
   Status Delete(std::string_view key);
+
+  // --- replication (docs/design.md "Replication") ---
+  // The key's current version (OK), or kNotFound. Callers that act on the answer hold the
+  // key's service stripe, so no other writer of the key runs in between.
+  Status Lookup(std::string_view key, uint64_t* version) const;
+  // Hands out the next version (what a Put would give the key).
+  uint64_t NextVersion() { return version_counter_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  // Stores `key` = `value` with exactly `version` (> 0) unless the key already has that
+  // version or a newer one: then nothing changes and *applied is false, and *current (when
+  // not null) is the key's version. Raises the version counter to at least `version`. Errors
+  // as Put (kOutOfSpace, kInvalidArgument).
+  // `where` as Put's, when applied.
+  Status ApplyVersioned(std::string_view key, std::string_view value, uint64_t version,
+                        bool* applied, uint64_t* current = nullptr,
+                        kv::ItemLocation* where = nullptr);
+  // Deletes `key` unless it is absent or its version is `version` or newer (*applied false;
+  // *current, when not null, is then the key's version, 0 when absent). Raises the version
+  // counter to at least `version`.
+  Status DeleteVersioned(std::string_view key, uint64_t version, bool* applied,
+                         uint64_t* current = nullptr);
 
   // Server-side lookup (tests, recovery checks). Not used by clients' GETs.
   Result<std::string> Get(std::string_view key, uint64_t* version = nullptr) const;
@@ -97,29 +125,47 @@ class Store {
   // Recovery: stores an absent key with exactly `version` (> 0), leaving the version counter
   // alone; the caller raises it afterwards with EnsureVersionAbove. Keys of different index
   // windows restore in parallel. kAlreadyExists when the key is present, kInvalidArgument
-  // for version 0 or a bad key/value, kOutOfSpace when the heap or the key's window is full.
+  // for a version outside 1..kv::kMaxItemVersion or a bad key/value, kOutOfSpace when the heap or
+  // both of the key's index buckets are full.
   Status Restore(std::string_view key, std::string_view value, uint64_t version);
 
-  // Raises the version counter so the next write gets a version above `v` (recovery).
+  // Raises the version counter so the next write gets a version above `v` (recovery), at most
+  // to kv::kMaxItemVersion: from there on writes get kOutOfSpace instead of a wrapped version.
   void EnsureVersionAbove(uint64_t v);
-  // The last version handed out (every version this store gave is at most this).
-  uint64_t version_counter() const { return version_counter_.load(); }
+  // The last version handed out (every version this store gave is at most this). Refused
+  // writes at the maximum move the counter past it; they hand nothing out, so it is clamped.
+  uint64_t version_counter() const {
+    return std::min(version_counter_.load(), kv::kMaxItemVersion);
+  }
 
   const kv::RegionHeader& header() const { return *header_; }
   StoreCounters counters() const;
   AllocatorStats allocator_stats() const { return allocator_.stats(); }
 
  private:
-  enum class Mode { kUpsert, kInsert, kCas, kRestore };
+  // kApply: upsert with exactly `expected` as the version, only over an older version.
+  enum class Mode { kUpsert, kInsert, kCas, kRestore, kApply };
   Store(uint8_t* region, const kv::RegionHeader* header, const StoreOptions& options);
   // `expected`: the version to match (kCas) or to give the item (kRestore).
   Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value, uint64_t expected,
-                         uint64_t* current_version);
+                         uint64_t* current_version, kv::ItemLocation* where = nullptr);
 
+  // Where a key may live: its hash, fingerprint and two candidate buckets.
+  struct Place {
+    uint64_t hash = 0;
+    uint16_t fingerprint = 0;
+    uint64_t bucket[kv::kChoices] = {};
+    uint64_t* slots[kv::kChoices] = {};  // the buckets' first slots
+  };
+  Place PlaceOf(std::string_view key) const;
   class WindowLock;
-  // Finds the slot holding `key` in its window; nullptr when absent.
-  uint64_t* FindSlot(uint64_t hash, std::string_view key) const;
-  uint64_t* Window(uint64_t hash) const;
+  // Finds the slot holding `key` in its candidate buckets; nullptr when absent. Caller holds
+  // the WindowLock.
+  uint64_t* FindSlot(const Place& p, std::string_view key) const;
+  // An empty slot of the emptier candidate bucket; nullptr when both are full. Caller holds
+  // the WindowLock.
+  uint64_t* FreeSlot(const Place& p) const;
+  std::string IndexFullMessage() const;
   kv::ItemHeader* ItemAt(uint32_t offset_units) const;
   // Marks the item a slot word points at DEAD (state, then checksum) and returns its block.
   Block MarkDead(uint64_t slot_word);

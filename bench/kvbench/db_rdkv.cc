@@ -7,6 +7,7 @@
 #include <string>
 
 #include "bench/kvbench/db.h"
+#include "common/util/secret.h"
 #include "rdkv/client.h"
 
 namespace rdkv::kvbench {
@@ -57,10 +58,12 @@ class RdkvBackend final : public Backend {
     r.section = "RDKV";
     const double gets = static_cast<double>(a.gets - b.gets);
     const double reads = static_cast<double>(a.get_reads - b.get_reads);
+    const double rtts = static_cast<double>(a.get_round_trips - b.get_round_trips);
     r.values = {
         {"GETs", gets},
         {"READs", reads},
         {"READsPerGET", gets > 0 ? reads / gets : 0.0},
+        {"RTTsPerGET", gets > 0 ? rtts / gets : 0.0},
         {"GETRetries", static_cast<double>(a.get_retries - b.get_retries)},
         {"LocationCacheHits", static_cast<double>(a.cache_hits - b.cache_hits)},
         {"LocationCacheMisses", static_cast<double>(a.cache_misses - b.cache_misses)},
@@ -85,7 +88,15 @@ Result<std::unique_ptr<Backend>> MakeRdkvBackend(const Properties& props) {
   o.seed = props.Get("rdkv.seed", "127.0.0.1:7400");
   o.transport = props.Get("rdkv.transport", "auto");
   o.device = props.Get("rdkv.device", "");
-  o.auth_token = props.Get("rdkv.auth_token", "");
+  {
+    auto secret = LoadSecret(props.Get("rdkv.auth_token_file", ""), "RDKV_AUTH_TOKEN",
+                             props.Get("rdkv.auth_token", ""), "rdkv.auth_token");
+    if (!secret.ok()) return secret.status();
+    o.auth_token = std::move(secret).value();
+  }
+  o.tls.ca_file = props.Get("rdkv.tls_ca_file", "");
+  o.tls.cert_file = props.Get("rdkv.tls_cert_file", "");
+  o.tls.key_file = props.Get("rdkv.tls_key_file", "");
   if (props.Has("rdkv.op_timeout_ms")) {
     const std::string v = props.Get("rdkv.op_timeout_ms");
     char* end = nullptr;

@@ -302,6 +302,18 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
   std::vector<std::unique_ptr<ThreadStats>> stats;
   for (int t = 0; t < threads; ++t) stats.push_back(std::make_unique<ThreadStats>());
 
+  // Warm-up: operations of the same mix on one more connection, before the clock and the
+  // backend's counters start (e.g. to fill a client's location cache); nothing is reported.
+  if (options.phase == Phase::kRun && c.warmupoperationcount > 0) {
+    auto db = backend.NewDB();
+    if (!db.ok()) return db.status();
+    ThreadStats warm_stats;
+    Shared warm_shared;
+    Worker warm(workload, std::move(*db), &warm_stats, &warm_shared, Phase::kRun,
+                c.warmupoperationcount, 0, Clock::time_point{}, false);
+    warm.Run(Clock::now());
+  }
+
   Shared shared;
   const double tick_ns = c.target > 0 ? 1e9 * threads / c.target : 0;
   backend.PhaseStart();

@@ -134,6 +134,8 @@ const std::vector<std::pair<std::string, std::string>>& KnownProperties() {
       {"workload", "site.ycsb.workloads.CoreWorkload (the only one)"},
       {"recordcount", "records loaded by the load phase (and the run phase's key space)"},
       {"operationcount", "operations of the run phase (0: until maxexecutiontime)"},
+      {"warmupoperationcount",
+       "run phase: operations on one thread before the measured ones, not counted (default 0)"},
       {"insertstart", "first key number the load phase inserts (default 0)"},
       {"insertcount", "records this load inserts (default recordcount - insertstart)"},
       {"readproportion", "share of reads (default 0.95)"},
@@ -163,7 +165,11 @@ const std::vector<std::pair<std::string, std::string>>& KnownProperties() {
       {"rdkv.seed", "rdkv: a server, host:port (default 127.0.0.1:7400)"},
       {"rdkv.transport", "rdkv: auto, tcp or verbs (default auto)"},
       {"rdkv.device", "rdkv: RDMA device for verbs (default: the first active)"},
-      {"rdkv.auth_token", "rdkv: the servers' --auth_token"},
+      {"rdkv.auth_token_file", "rdkv: file with the servers' data secret (else $RDKV_AUTH_TOKEN)"},
+      {"rdkv.auth_token", "rdkv: DEPRECATED, the secret itself (use rdkv.auth_token_file)"},
+      {"rdkv.tls_ca_file", "rdkv: PEM CA of the servers' certificates: TLS on (tcp only)"},
+      {"rdkv.tls_cert_file", "rdkv: PEM client certificate (servers requiring one)"},
+      {"rdkv.tls_key_file", "rdkv: PEM key of rdkv.tls_cert_file"},
       {"rdkv.op_timeout_ms", "rdkv: deadline of one operation in ms (default 2000)"},
       {"redis.host", "redis: host (default 127.0.0.1)"},
       {"redis.port", "redis: port (default 6379)"},
@@ -277,6 +283,7 @@ Result<WorkloadConfig> ParseWorkload(const Properties& props) {
   constexpr int64_t kMaxCount = int64_t{1} << 40;
   RDKV_RETURN_IF_ERROR(c.Int("recordcount", 0, kMaxCount, &w.recordcount));
   RDKV_RETURN_IF_ERROR(c.Int("operationcount", 0, kMaxCount, &w.operationcount));
+  RDKV_RETURN_IF_ERROR(c.Int("warmupoperationcount", 0, kMaxCount, &w.warmupoperationcount));
   RDKV_RETURN_IF_ERROR(c.Int("insertstart", 0, kMaxCount, &w.insertstart));
   w.insertcount = w.recordcount - w.insertstart;
   RDKV_RETURN_IF_ERROR(c.Int("insertcount", 0, kMaxCount, &w.insertcount));

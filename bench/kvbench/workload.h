@@ -41,7 +41,8 @@ std::string_view DistributionName(Distribution d);
 
 struct WorkloadConfig {
   int64_t recordcount = 0;
-  int64_t operationcount = 0;  // 0 with maxexecutiontime: run until the time is up
+  int64_t operationcount = 0;        // 0 with maxexecutiontime: run until the time is up
+  int64_t warmupoperationcount = 0;  // run phase: unmeasured operations before the clock starts
   int64_t insertstart = 0;
   int64_t insertcount = 0;  // default recordcount - insertstart
   double readproportion = 0.95;

@@ -7,8 +7,14 @@
 //     "servers": [ {"id": 0, "address": "10.0.0.1:7400"}, ... ],   // ids unique, 0..255;
 //                                      // address: host:port, printable ASCII without '"' and
 //                                      // '\\', at most kMaxAddressBytes
-//     "owners": [0, 1, 2, 0, ...]      // optional: owner id per shard (length == shards);
-//   }                                  // absent: shard s belongs to servers[s % n]
+//     "owners": [0, 1, 2, 0, ...],     // optional: owner id per shard (length == shards);
+//                                      // absent: shard s belongs to servers[s % n]
+//     "replicas": [[0, 1], [1, 2], ...], // optional: per shard the primary (== owners[s])
+//                                      // then its in-sync backups; absent: the owner alone
+//     "joining": {"3": [2]}            // optional: backups still catching up, per shard
+//   }
+// A server is at most once in a shard's replicas and joining together, and a shard has at
+// most kMaxReplicas of them (docs/design.md "Replication").
 //
 // A key's shard is ShardOf(KeyHash(key), shards): bits 0..19 of the hash, which the index
 // does not use (it uses bits 20 and up), modulo the shard count.
@@ -32,29 +38,61 @@ using kv::kMaxShards;
 inline constexpr uint32_t kMaxServers = 256;
 // "host:port" with a 253-byte DNS name and a 5-digit port, with room to spare.
 inline constexpr size_t kMaxAddressBytes = 261;
+// Replicas of one shard (primary, in-sync backups and joining backups together).
+inline constexpr size_t kMaxReplicas = 5;
 // An upper bound on ToJson().size() of every map ParseClusterMap accepts: a 20-digit epoch,
 // kMaxShards owners of 3 digits and a comma, kMaxServers entries
 // {"address":"<kMaxAddressBytes>","id":255}, and the field names (about 90 KiB). Servers size
 // their message limit with it: the map travels in one message (CLUSTER_MAP).
-inline constexpr size_t kMaxMapJsonBytes =
-    128 + size_t{kMaxShards} * 4 + size_t{kMaxServers} * (32 + kMaxAddressBytes);
+// The replica lists add, per shard, "[a,b,c,d,e]," (4 bytes an id) and the joining entries
+// "\"4095\":[a,...]," once more. A server entry's ,"incarnation":<20 digits> adds 36.
+inline constexpr size_t kMaxMapJsonBytes = 128 + size_t{kMaxShards} * 4 +
+                                           size_t{kMaxServers} * (32 + 36 + kMaxAddressBytes) +
+                                           size_t{kMaxShards} * (8 + 4 * kMaxReplicas) * 2;
 
 struct ServerEntry {
   uint32_t id = 0;
   std::string address;  // host:port
+  // The server process the failover coordinator last admitted under this id (its registration's
+  // incarnation, docs/design.md "Failover"); 0: none yet. A server of a coordinated map that
+  // starts with another incarnation serves nothing until a map admits it.
+  uint64_t incarnation = 0;
 };
 
 struct ClusterMap {
   uint64_t epoch = 0;
   uint32_t shards = 0;
   std::vector<ServerEntry> servers;
-  std::vector<uint32_t> owners;  // owner server id per shard
+  std::vector<uint32_t> owners;  // owner (primary) server id per shard
+  // Per shard: the in-sync backups (not the owner), in order; empty vectors when unreplicated.
+  std::vector<std::vector<uint32_t>> backups;
+  // Per shard: backups that are catching up (receive forwards, not yet counted in sync).
+  std::vector<std::vector<uint32_t>> joining;
+  // The replica count the cluster is meant to have (0: not said). The failover coordinator adds
+  // replicas to shards below it.
+  uint32_t replication_factor = 0;
+  // Set by the failover coordinator's first map change: servers then wait to be admitted
+  // (ServerEntry::incarnation) before they serve after a start.
+  bool coordinated = false;
 
   // nullptr when the id is not in the map.
   const ServerEntry* FindServer(uint32_t id) const;
   uint32_t OwnerOf(uint32_t shard) const { return owners[shard]; }
   // Shards owned by `id`, ascending.
   std::vector<uint32_t> ShardsOf(uint32_t id) const;
+  // The primary, then the in-sync backups.
+  std::vector<uint32_t> ReplicasOf(uint32_t shard) const;
+  bool IsBackup(uint32_t shard, uint32_t id) const;   // in sync
+  bool IsJoining(uint32_t shard, uint32_t id) const;  // catching up
+  // The largest replica count (primary and in-sync backups) of any shard; 1 unreplicated.
+  size_t MaxReplicas() const;
+  // Makes backups/joining one (empty) vector per shard when they are shorter (maps built in
+  // code with only owners).
+  void NormalizeReplicas();
+  // Gives every shard the next r-1 servers after its owner (in `servers` order, wrapping) as
+  // its in-sync backups, replacing any; r is clamped to 1..min(servers, kMaxReplicas). Sets
+  // replication_factor to that r.
+  void AssignBackups(uint32_t r);
 
   // Compact JSON (one line, no spaces): what travels in messages. ToPrettyJson: indented, for
   // files people read (the saved map). Both parse back with ParseClusterMap.
@@ -64,11 +102,22 @@ struct ClusterMap {
 
 using kv::ShardOf;
 
+// The lowest version a primary of a replicated map at `epoch` hands out: versions carry the
+// epoch in their top bits, so a promoted backup never repeats a version an old primary gave
+// (docs/design.md "Replication", versions carry the epoch). One epoch has 2^40 versions.
+inline constexpr int kEpochVersionShift = 40;
+inline constexpr uint64_t EpochVersionFloor(uint64_t epoch) { return epoch << kEpochVersionShift; }
+
 // Parses and validates a map. Every problem is kInvalidArgument naming the field.
 Result<ClusterMap> ParseClusterMap(std::string_view json);
 Result<ClusterMap> LoadClusterMap(const std::string& path);
 
-// A map for n servers at the given addresses, shards round-robin, epoch 1.
-ClusterMap MakeUniformMap(const std::vector<std::string>& addresses, uint32_t shards);
+// A map for n servers at the given addresses, shards round-robin, epoch 1; with
+// `replication_factor` R > 1 shard s's backups are the next R-1 servers after its owner
+// (kInvalidArgument-free: R is clamped to 1..min(n, kMaxReplicas)).
+ClusterMap MakeUniformMap(const std::vector<std::string>& addresses, uint32_t shards,
+                          uint32_t replication_factor = 1);
+// Checks the replica fields against the rest of the map (kInvalidArgument naming the shard).
+Status ValidateReplicas(const ClusterMap& m);
 
 }  // namespace rdkv::cluster

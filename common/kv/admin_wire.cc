@@ -1,6 +1,7 @@
 #include "common/kv/admin_wire.h"
 
 #include <charconv>
+#include <cstring>
 
 namespace rdkv::kv {
 
@@ -16,6 +17,8 @@ struct Fields {
   bool key = false;
   bool value = false;
   bool expected_version = false;
+  bool map_epoch = false;
+  bool request_id = false;
 };
 
 Status CheckFields(const Request& r, Op want, Fields used) {
@@ -25,6 +28,10 @@ Status CheckFields(const Request& r, Op want, Fields used) {
   if (!used.value && !r.value.empty()) return Status::ProtocolError(name + " carries no value");
   if (!used.expected_version && r.expected_version != 0) {
     return Status::ProtocolError(name + " carries no version");
+  }
+  if (!used.map_epoch && r.map_epoch != 0) return Status::ProtocolError(name + " carries no epoch");
+  if (!used.request_id && r.client_id != 0) {
+    return Status::ProtocolError(name + " carries no request id");
   }
   return Status::Ok();
 }
@@ -116,12 +123,17 @@ Result<ImportRequest> DecodeImport(const Request& r) {
   if (r.expected_version == 0) {
     return Status::InvalidArgument("IMPORT needs the item's version (> 0)");
   }
+  RDKV_RETURN_IF_ERROR(CheckItemVersion(r.expected_version, "IMPORT version"));
   return ImportRequest{r.key, r.value, r.expected_version};
 }
 
 Result<DropShardRequest> DecodeDropShard(const Request& r) {
   RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kDropShard, {.key = true, .expected_version = true}));
   RDKV_ASSIGN_OR_RETURN(uint32_t shard, ParseShard(r.key, r.op));
+  // 0 means no floor; any other floor is a version and must be one a store can hand out.
+  if (r.expected_version != 0) {
+    RDKV_RETURN_IF_ERROR(CheckItemVersion(r.expected_version, "DROP_SHARD version floor"));
+  }
   return DropShardRequest{shard, r.expected_version};
 }
 
@@ -161,6 +173,176 @@ Result<ShardScanAnswer> DecodeShardScanAnswer(uint64_t request_cursor, uint64_t 
 Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view body) {
   if (!body.empty()) return Status::ProtocolError("drop_shard answer carries a body");
   return DropShardAnswer{version};
+}
+
+Request EncodeReplicate(const ReplicateRequest& m) {
+  Request r{Op::kReplicate, m.key, m.is_delete ? std::string_view() : m.value, m.version};
+  r.map_epoch = m.map_epoch;
+  r.flags = (m.is_delete ? kFlagReplicateDelete : 0) |
+            ((m.sender_id << kReplicateSenderShift) & kReplicateSenderMask);
+  r.client_id = m.client_id;
+  r.request_seq = m.request_seq;
+  return r;
+}
+
+Result<ReplicateRequest> DecodeReplicate(const Request& r) {
+  RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kReplicate,
+                                   {.key = true,
+                                    .value = true,
+                                    .expected_version = true,
+                                    .map_epoch = true,
+                                    .request_id = true}));
+  ReplicateRequest m;
+  m.key = r.key;
+  m.value = r.value;
+  m.version = r.expected_version;
+  m.map_epoch = r.map_epoch;
+  m.is_delete = (r.flags & kFlagReplicateDelete) != 0;
+  m.sender_id = (r.flags & kReplicateSenderMask) >> kReplicateSenderShift;
+  m.client_id = r.client_id;
+  m.request_seq = r.request_seq;
+  if (m.is_delete && !m.value.empty()) {
+    return Status::ProtocolError("replicate: a forwarded delete carries no value");
+  }
+  RDKV_RETURN_IF_ERROR(CheckItemVersion(m.version, "REPLICATE version"));
+  if (m.map_epoch == 0) {
+    return Status::InvalidArgument("replicate: the primary's map epoch must be positive");
+  }
+  return m;
+}
+
+namespace {
+
+template <typename T>
+void Put(std::string* out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out->append(b, sizeof(T));
+}
+template <typename T>
+T Get(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+bool ReplicateBatchBuilder::Add(const ReplicateRequest& m) {
+  const std::string_view value = m.is_delete ? std::string_view() : m.value;
+  const size_t entry = kReplicateBatchEntryHeaderBytes + m.key.size() + value.size();
+  if (count_ >= kMaxReplicateBatchEntries || body_.size() + entry > max_body_bytes_) return false;
+  Put<uint8_t>(&body_, m.is_delete ? 1 : 0);
+  Put<uint32_t>(&body_, static_cast<uint32_t>(m.key.size()));
+  Put<uint32_t>(&body_, static_cast<uint32_t>(value.size()));
+  Put<uint64_t>(&body_, m.version);
+  Put<uint64_t>(&body_, m.client_id);
+  Put<uint64_t>(&body_, m.request_seq);
+  body_.append(m.key);
+  body_.append(value);
+  ++count_;
+  return true;
+}
+
+Request ReplicateBatchBuilder::Encode(uint64_t map_epoch, uint32_t sender_id) const {
+  Request r{Op::kReplicate, kReplicateBatchKey, body_, 0};
+  r.map_epoch = map_epoch;
+  r.flags = (sender_id << kReplicateSenderShift) & kReplicateSenderMask;
+  return r;
+}
+
+Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& limits) {
+  RDKV_RETURN_IF_ERROR(
+      CheckFields(r, Op::kReplicate, {.key = true, .value = true, .map_epoch = true}));
+  if (r.key != kReplicateBatchKey) {
+    return Status::ProtocolError("replicate batch: the key field is not the batch marker");
+  }
+  if ((r.flags & ~kReplicateSenderMask) != 0) {
+    return Status::ProtocolError("replicate batch: flags other than the sender are set");
+  }
+  if (r.map_epoch == 0) {
+    return Status::InvalidArgument("replicate batch: the primary's map epoch must be positive");
+  }
+  ReplicateBatch b;
+  b.map_epoch = r.map_epoch;
+  b.sender_id = (r.flags & kReplicateSenderMask) >> kReplicateSenderShift;
+  std::string_view in = r.value;
+  while (!in.empty()) {
+    if (b.entries.size() == kMaxReplicateBatchEntries) {
+      return Status::ProtocolError("replicate batch: more than " +
+                                   std::to_string(kMaxReplicateBatchEntries) + " entries");
+    }
+    if (in.size() < kReplicateBatchEntryHeaderBytes) {
+      return Status::ProtocolError("replicate batch: a truncated entry header");
+    }
+    const uint8_t flags = Get<uint8_t>(in.data());
+    const uint32_t kb = Get<uint32_t>(in.data() + 1);
+    const uint32_t vb = Get<uint32_t>(in.data() + 5);
+    ReplicateRequest m;
+    m.version = Get<uint64_t>(in.data() + 9);
+    m.client_id = Get<uint64_t>(in.data() + 17);
+    m.request_seq = Get<uint64_t>(in.data() + 25);
+    in.remove_prefix(kReplicateBatchEntryHeaderBytes);
+    if ((flags & ~uint8_t{1}) != 0) {
+      return Status::ProtocolError("replicate batch: an entry has reserved flags set");
+    }
+    if (uint64_t{kb} + vb > in.size()) {
+      return Status::ProtocolError("replicate batch: an entry is longer than the batch");
+    }
+    m.is_delete = flags != 0;
+    m.key = in.substr(0, kb);
+    m.value = in.substr(kb, vb);
+    in.remove_prefix(uint64_t{kb} + vb);
+    if (m.is_delete && !m.value.empty()) {
+      return Status::ProtocolError("replicate batch: a forwarded delete carries no value");
+    }
+    if ((m.client_id == 0) != (m.request_seq == 0)) {
+      return Status::ProtocolError("replicate batch: an entry's request id is half zero");
+    }
+    if (m.key.empty() || m.key.size() > limits.max_key_bytes) {
+      return Status::InvalidArgument("replicate batch: an entry's key of " +
+                                     std::to_string(m.key.size()) + " bytes is outside 1.." +
+                                     std::to_string(limits.max_key_bytes));
+    }
+    if (m.value.size() > limits.max_value_bytes) {
+      return Status::InvalidArgument(
+          "replicate batch: an entry's value of " + std::to_string(m.value.size()) +
+          " bytes is larger than --max_value_size=" + std::to_string(limits.max_value_bytes));
+    }
+    RDKV_RETURN_IF_ERROR(CheckItemVersion(m.version, "REPLICATE batch entry version"));
+    m.map_epoch = b.map_epoch;
+    m.sender_id = b.sender_id;
+    b.entries.push_back(m);
+  }
+  if (b.entries.empty()) return Status::ProtocolError("replicate batch: no entry");
+  return b;
+}
+
+void AppendReplicateBatchResult(StatusCode code, uint64_t version, std::string* body) {
+  Put<uint8_t>(body, static_cast<uint8_t>(code));
+  Put<uint64_t>(body, version);
+}
+
+Result<std::vector<ReplicateBatchResult>> DecodeReplicateBatchAnswer(uint64_t version,
+                                                                     std::string_view body,
+                                                                     size_t expected) {
+  if (version != expected || body.size() != expected * kReplicateBatchResultBytes) {
+    return Status::ProtocolError("replicate batch answer: " + std::to_string(version) +
+                                 " results in " + std::to_string(body.size()) + " bytes for " +
+                                 std::to_string(expected) + " entries");
+  }
+  std::vector<ReplicateBatchResult> out(expected);
+  for (size_t i = 0; i < expected; ++i) {
+    const char* p = body.data() + i * kReplicateBatchResultBytes;
+    const uint8_t code = Get<uint8_t>(p);
+    if (code > static_cast<uint8_t>(StatusCode::kProtocolError)) {
+      return Status::ProtocolError("replicate batch answer: unknown status code " +
+                                   std::to_string(code));
+    }
+    out[i].code = static_cast<StatusCode>(code);
+    out[i].version = Get<uint64_t>(p + 1);
+  }
+  return out;
 }
 
 }  // namespace rdkv::kv

@@ -13,6 +13,13 @@
 //   SHARD_SCAN       kShardScan    shard (decimal)    -           cursor
 //   IMPORT           kImport       key                value       the item's version (> 0)
 //   DROP_SHARD       kDropShard    shard (decimal)    -           version floor (0: none)
+//   REPLICATE        kReplicate    key                value (none the item's version (> 0);
+//                                                     for delete) plus map_epoch (> 0),
+//                                                     flags (kFlagReplicateDelete) and the
+//                                                     original write's request id
+//   REPLICATE batch  kReplicate    kReplicateBatchKey the entries 0 (what tells it from a single
+//                                                     REPLICATE) plus map_epoch (> 0) and the
+//                                                     sender in flags; no request id
 //
 //   answer           item_version                     body
 //   SNAPSHOT         0                                the snapshot's path
@@ -21,6 +28,8 @@
 //   SHARD_SCAN       next cursor (kScanDone: end)     scan entries (wire.h, AppendScanEntry)
 //   IMPORT           the item's version               -
 //   DROP_SHARD       items dropped                    -
+//   REPLICATE        the item's version               -
+//   REPLICATE batch  the number of entries            one result per entry, in order
 //
 // A shard number is written in canonical decimal (no sign, no leading zero, below kMaxShards).
 //
@@ -70,6 +79,67 @@ struct DropShardRequest {
   uint64_t version_floor = 0;  // > 0: the start of a copy in (docs/design.md "Moving a shard")
 };
 
+// A primary's write forwarded to a backup (docs/design.md "Replication").
+struct ReplicateRequest {
+  std::string_view key;
+  std::string_view value;  // empty for a delete
+  uint64_t version = 0;    // > 0: the version the primary gave the write
+  uint64_t map_epoch = 0;  // > 0: the primary's map epoch
+  bool is_delete = false;
+  uint32_t sender_id = 0;  // the sending primary's server id (0..255)
+  uint64_t client_id = 0;  // the original write's request id (0/0: none)
+  uint64_t request_seq = 0;
+};
+
+// Several forwarded writes of one primary in one REPLICATE (docs/design.md "Replication",
+// batching). The backup applies them in order and answers one result per entry. Body:
+//   entry  = u8 flags (bit 0: delete; others 0) | u32 key_bytes | u32 value_bytes | u64 version
+//            | u64 client_id | u64 request_seq | key | value          (little-endian)
+//   answer = per entry: u8 status code | u64 version (the item's, or the newer one held for
+//            kVersionMismatch)
+inline constexpr std::string_view kReplicateBatchKey = "replicate-batch";
+inline constexpr size_t kReplicateBatchEntryHeaderBytes = 33;
+inline constexpr size_t kReplicateBatchResultBytes = 9;
+inline constexpr size_t kMaxReplicateBatchEntries = 256;
+
+struct ReplicateBatch {
+  uint64_t map_epoch = 0;  // > 0
+  uint32_t sender_id = 0;
+  // Each entry's map_epoch and sender_id are the batch's. Views the request.
+  std::vector<ReplicateRequest> entries;
+};
+struct ReplicateBatchResult {
+  StatusCode code = StatusCode::kOk;
+  uint64_t version = 0;
+};
+
+// Builds a batch body: Add appends an entry when the body stays within `max_body_bytes` and the
+// batch below kMaxReplicateBatchEntries, else returns false and appends nothing (an entry too
+// large for any batch goes as a single REPLICATE). Not thread-safe.
+class ReplicateBatchBuilder {
+ public:
+  explicit ReplicateBatchBuilder(size_t max_body_bytes) : max_body_bytes_(max_body_bytes) {}
+  bool Add(const ReplicateRequest& m);
+  size_t count() const { return count_; }
+  void Clear() {
+    body_.clear();
+    count_ = 0;
+  }
+  // The REPLICATE frame of the batch; views body(), which must outlive it.
+  Request Encode(uint64_t map_epoch, uint32_t sender_id) const;
+  const std::string& body() const { return body_; }
+
+ private:
+  size_t max_body_bytes_;
+  size_t count_ = 0;
+  std::string body_;
+};
+
+// Whether a REPLICATE request is a batch (its version field is 0; a single one's is > 0).
+inline bool IsReplicateBatch(const Request& r) {
+  return r.op == Op::kReplicate && r.expected_version == 0;
+}
+
 // Encoders: the frame's fields for a message. The Request views the message's strings and
 // `*scratch` (which holds the decimal shard number); both must outlive it.
 Request EncodeSnapshot(const SnapshotRequest& m);
@@ -78,6 +148,7 @@ Request EncodeMapInstall(const MapInstallRequest& m);
 Request EncodeShardScan(const ShardScanRequest& m, std::string* scratch);
 Request EncodeImport(const ImportRequest& m);
 Request EncodeDropShard(const DropShardRequest& m, std::string* scratch);
+Request EncodeReplicate(const ReplicateRequest& m);
 
 // Decoders of a request whose op is the message's op (checked: kInternal otherwise).
 Result<SnapshotRequest> DecodeSnapshot(const Request& r);
@@ -86,6 +157,12 @@ Result<MapInstallRequest> DecodeMapInstall(const Request& r);
 Result<ShardScanRequest> DecodeShardScan(const Request& r);
 Result<ImportRequest> DecodeImport(const Request& r);
 Result<DropShardRequest> DecodeDropShard(const Request& r);
+Result<ReplicateRequest> DecodeReplicate(const Request& r);
+// A batch: kProtocolError for a frame field it does not use, an entry that does not fit the body
+// exactly, reserved flag bits, a delete with a value, half a request id, or no entry / more
+// than kMaxReplicateBatchEntries; kInvalidArgument for a key or value outside `limits`, a
+// version 0 or an epoch 0.
+Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& limits);
 
 // --- answers ---
 
@@ -129,6 +206,9 @@ class ScanAnswerBuilder {
   std::string body_;
 };
 
+// Appends one entry's result to a REPLICATE batch answer body.
+void AppendReplicateBatchResult(StatusCode code, uint64_t version, std::string* body);
+
 // Answer decoders; `version` and `body` are the response's item_version and body.
 Result<SnapshotAnswer> DecodeSnapshotAnswer(uint64_t version, std::string_view body);
 // kProtocolError for an epoch without a map (a standalone server answers epoch 0, no map).
@@ -137,6 +217,11 @@ Result<MapAnswer> DecodeMapAnswer(uint64_t version, std::string_view body);
 // or a next cursor that does not advance past `request_cursor` (and is not kScanDone).
 Result<ShardScanAnswer> DecodeShardScanAnswer(uint64_t request_cursor, uint64_t version,
                                               std::string_view body, const WireLimits& limits);
+// kProtocolError unless it holds exactly `expected` results (version == expected) with known
+// status codes.
+Result<std::vector<ReplicateBatchResult>> DecodeReplicateBatchAnswer(uint64_t version,
+                                                                     std::string_view body,
+                                                                     size_t expected);
 // kProtocolError for a non-empty body.
 Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view body);
 

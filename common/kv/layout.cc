@@ -11,6 +11,10 @@ namespace rdkv::kv {
 
 uint64_t KeyHash(std::string_view key) { return XXH3_64bits(key.data(), key.size()); }
 
+uint64_t SecondHash(std::string_view key) {
+  return XXH3_64bits_withSeed(key.data(), key.size(), kSecondHashSeed);
+}
+
 uint64_t Checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
 uint64_t StateMix(uint32_t state) { return XXH3_64bits_withSeed(&state, sizeof(state), 0x5eed); }
@@ -53,15 +57,15 @@ ItemCheck CheckItem(const uint8_t* bytes, size_t n, std::string_view key, std::s
 Geometry ComputeGeometry(uint64_t region_bytes, double index_fraction) {
   Geometry g;
   g.index_offset = kHeaderBytes;
-  if (region_bytes < kHeaderBytes + 4 * kBucketBytes + 64 * kUnit) return g;  // too small
+  if (region_bytes < kHeaderBytes + 2 * kBucketBytes + 64 * kUnit) return g;  // too small
   index_fraction = std::clamp(index_fraction, 0.001, 0.5);
   uint64_t index_budget = static_cast<uint64_t>(static_cast<double>(region_bytes) * index_fraction);
-  g.bucket_count = std::max<uint64_t>(2, index_budget / kBucketBytes - 1);
-  g.heap_offset = g.index_offset + (g.bucket_count + 1) * kBucketBytes;
+  g.bucket_count = std::max<uint64_t>(2, index_budget / kBucketBytes);
+  g.heap_offset = g.index_offset + g.bucket_count * kBucketBytes;
   g.heap_offset = (g.heap_offset + kUnit - 1) / kUnit * kUnit;
   if (g.heap_offset >= region_bytes) return Geometry{};
   g.heap_bytes = (region_bytes - g.heap_offset) / kUnit * kUnit;
-  // Offsets are 32 bits of 64-byte units.
+  // Offsets are 32 bits of kUnit units (128 GiB of heap).
   g.heap_bytes = std::min<uint64_t>(g.heap_bytes, (uint64_t{1} << 32) * kUnit);
   return g;
 }

@@ -26,4 +26,13 @@ Status CheckValueSize(size_t value_bytes, uint64_t max_value_bytes) {
   return Status::Ok();
 }
 
+Status CheckItemVersion(uint64_t version, std::string_view what) {
+  if (version == 0 || version > kMaxItemVersion) {
+    return Status::InvalidArgument(std::string(what) + " " + std::to_string(version) +
+                                   " is outside 1.." + std::to_string(kMaxItemVersion) +
+                                   " (the largest item version; versions never wrap)");
+  }
+  return Status::Ok();
+}
+
 }  // namespace rdkv::kv

@@ -18,6 +18,13 @@ inline constexpr uint64_t kMaxValueBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultMaxValueBytes = kMaxValueBytes;
 // Shards a cluster may have (the region header has one ownership bit per shard).
 inline constexpr uint32_t kMaxShards = 4096;
+// The largest version an item may have: 2^63 - 1. Versions are handed out by one counter per
+// server and never wrap: a store whose counter reaches it refuses writes (kOutOfSpace), and the
+// decoders refuse IMPORT versions and DROP_SHARD version floors above it (a peer could otherwise
+// push the counter to 2^64 - 1 so that the next write wraps to 0 and versions repeat, which
+// makes a stale CAS succeed). Half the 64-bit space stays unused as a margin: a counter at the
+// maximum cannot wrap even when raised by the recovery gap (server/persistence/format.h).
+inline constexpr uint64_t kMaxItemVersion = (uint64_t{1} << 63) - 1;
 // Room in a message for its header and framing beyond key and value.
 inline constexpr size_t kMessageSlack = 4096;
 
@@ -39,5 +46,8 @@ Status CheckKey(std::string_view key);
 // OK when `value_bytes` is at most `max_value_bytes` (the server's limit); else
 // kInvalidArgument with both sizes.
 Status CheckValueSize(size_t value_bytes, uint64_t max_value_bytes);
+// OK when `version` is 1..kMaxItemVersion; else kInvalidArgument naming `what` (e.g. "IMPORT
+// version") and the bound.
+Status CheckItemVersion(uint64_t version, std::string_view what);
 
 }  // namespace rdkv::kv

@@ -21,13 +21,15 @@ enum class Op : uint8_t {
   kImport = 10,      // admin: store one item with exactly its version (a shard copy)
   kDropShard = 11,   // admin: delete a shard this server does not own
   kInstallMap = 12,  // admin: install a cluster map with a higher epoch (wire version 2)
+  kReplicate = 13,   // admin: a primary's write forwarded to a backup (wire version 3)
 };
 
 enum class OpClass : uint8_t {
   kWrite,  // a keyed write of an application: routed to the key's owner, counted as a write;
            // the writer's cached location of the key goes stale
   kQuery,  // reads server state, changes nothing (STATS, PING, CLUSTER_MAP)
-  kAdmin,  // operators and the shard mover (SNAPSHOT, INSTALL_MAP, SHARD_SCAN, IMPORT, DROP)
+  kAdmin,  // operators, the shard mover and primaries (SNAPSHOT, INSTALL_MAP, SHARD_SCAN,
+           // IMPORT, DROP_SHARD, REPLICATE)
 };
 
 struct OpInfo {
@@ -53,6 +55,7 @@ inline constexpr OpInfo kOpTable[] = {
     {Op::kImport, "import", OpClass::kAdmin, true, true},
     {Op::kDropShard, "drop_shard", OpClass::kAdmin, false, false},
     {Op::kInstallMap, "install_map", OpClass::kAdmin, false, false},
+    {Op::kReplicate, "replicate", OpClass::kAdmin, true, true},
 };
 inline constexpr uint8_t kMaxOp = sizeof(kOpTable) / sizeof(kOpTable[0]) - 1;
 

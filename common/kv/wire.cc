@@ -3,6 +3,9 @@
 #include <bit>
 #include <cstring>
 
+#include "common/kv/layout.h"
+#include "common/util/little_endian.h"
+
 namespace rdkv::kv {
 
 namespace {
@@ -19,6 +22,10 @@ void EncodeRequest(const Request& r, std::vector<uint8_t>* out) {
   h.key_bytes = static_cast<uint32_t>(r.key.size());
   h.value_bytes = static_cast<uint32_t>(r.value.size());
   h.expected_version = r.expected_version;
+  h.flags = r.flags;
+  h.map_epoch = r.map_epoch;
+  h.client_id = r.client_id;
+  h.request_seq = r.request_seq;
   out->resize(sizeof(h) + r.key.size() + r.value.size());
   std::memcpy(out->data(), &h, sizeof(h));
   if (!r.key.empty()) std::memcpy(out->data() + sizeof(h), r.key.data(), r.key.size());
@@ -31,7 +38,8 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
   RequestHeader h;
   if (in.size() < sizeof(h)) {
     return Status::ProtocolError("request of " + std::to_string(in.size()) +
-                                 " bytes is shorter than its 24-byte header");
+                                 " bytes is shorter than its " + std::to_string(sizeof(h)) +
+                                 "-byte header");
   }
   std::memcpy(&h, in.data(), sizeof(h));
   if (h.magic != kWireMagic) return Status::ProtocolError("request has a bad magic number");
@@ -41,7 +49,15 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
   }
   const OpInfo* info = FindOp(h.op);
   if (info == nullptr) return Status::ProtocolError("unknown operation " + std::to_string(h.op));
-  if (h.flags != 0) return Status::ProtocolError("request has reserved flags set");
+  const uint32_t allowed_flags = h.op == static_cast<uint8_t>(Op::kReplicate)
+                                     ? (kFlagReplicateDelete | kReplicateSenderMask)
+                                     : 0;
+  if ((h.flags & ~allowed_flags) != 0) {
+    return Status::ProtocolError("request has reserved flags set");
+  }
+  if ((h.client_id == 0) != (h.request_seq == 0)) {
+    return Status::ProtocolError("request id has a client id or a sequence number of 0");
+  }
   uint64_t total = uint64_t{sizeof(h)} + h.key_bytes + h.value_bytes;
   if (total != in.size()) {
     return Status::ProtocolError("request lengths (key " + std::to_string(h.key_bytes) +
@@ -51,6 +67,10 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
   Request r;
   r.op = static_cast<Op>(h.op);
   r.expected_version = h.expected_version;
+  r.flags = h.flags;
+  r.map_epoch = h.map_epoch;
+  r.client_id = h.client_id;
+  r.request_seq = h.request_seq;
   const char* p = reinterpret_cast<const char*>(in.data() + sizeof(h));
   r.key = std::string_view(p, h.key_bytes);
   r.value = std::string_view(p + h.key_bytes, h.value_bytes);
@@ -147,6 +167,32 @@ Result<Response> DecodeResponse(std::span<const uint8_t> in) {
   r.version = h.item_version;
   r.body = std::string_view(p + h.message_bytes, h.body_bytes);
   return r;
+}
+
+void EncodeItemLocation(const ItemLocation& where, std::string* out) {
+  uint8_t b[kItemLocationBytes] = {};
+  le::Put32(b, where.offset_units);
+  le::Put16(b + 4, where.units);
+  b[6] = where.choice;
+  out->assign(reinterpret_cast<const char*>(b), sizeof(b));
+}
+
+Result<std::optional<ItemLocation>> DecodeItemLocation(std::string_view body) {
+  if (body.empty()) return std::optional<ItemLocation>();
+  if (body.size() != kItemLocationBytes) {
+    return Status::ProtocolError("a write answer's item location has " +
+                                 std::to_string(body.size()) + " bytes, not " +
+                                 std::to_string(kItemLocationBytes));
+  }
+  const auto* b = reinterpret_cast<const uint8_t*>(body.data());
+  ItemLocation where;
+  where.offset_units = le::Get32(b);
+  where.units = le::Get16(b + 4);
+  where.choice = b[6];
+  if (where.units == 0 || where.choice >= kChoices || b[7] != 0) {
+    return Status::ProtocolError("a write answer's item location is malformed");
+  }
+  return std::optional<ItemLocation>(where);
 }
 
 }  // namespace rdkv::kv

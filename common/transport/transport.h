@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 // Header-only constants of the protocol limits (the transport does not link the kv library).
@@ -85,12 +86,42 @@ struct ReadOp {
   void Reset() { status.store(ReadStatus::kPending, std::memory_order_relaxed); }
 };
 
+// What an authenticated session may do (docs/security.md). kAdmin may do everything kData may,
+// plus the admin ops of kv::IsAdmin (IMPORT, SHARD_SCAN, DROP_SHARD, INSTALL_MAP, SNAPSHOT).
+enum class SessionRole : uint8_t { kData = 1, kAdmin = 2 };
+
+// TLS 1.3 for the tcp transport (docs/security.md "TLS (tcp)"). PEM file paths, read when the
+// listener or connection is created. verbs has no TLS: its Listen/Connect refuse any of these.
+struct TlsOptions {
+  // Server: this server's certificate chain and private key; setting them turns TLS on.
+  // Client: an optional client certificate, presented when the server requires one.
+  std::string cert_file;
+  std::string key_file;
+  // Client: the CA that signed the servers' certificates; setting it turns TLS on (a server is
+  // always verified, by chain and by the host name or IP address connected to).
+  // Server: verifies client certificates (require_client_cert).
+  std::string ca_file;
+  bool require_client_cert = false;  // server only: mutual TLS
+
+  bool server_enabled() const { return !cert_file.empty() || !key_file.empty(); }
+  bool client_enabled() const { return !ca_file.empty(); }
+  bool any() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
+};
+
 // Sizes and timeouts for one connection. Defaults suit a KV client.
 struct ConnectOptions {
   std::string host;
   uint16_t port = 0;
-  std::string auth_token;  // must equal the listener's token, or Connect fails kPermissionDenied
+  // The secret of `role`: the server's data secret for kData, its admin secret for kAdmin
+  // (common/transport/auth.h). Never sent: the handshake proves knowledge of it with
+  // HMAC-SHA256 over fresh nonces of both sides, and checks that the server knows it too.
+  // A wrong secret (either side) fails Connect with kPermissionDenied.
+  std::string auth_token;
+  SessionRole role = SessionRole::kData;
   std::chrono::milliseconds connect_timeout{5000};
+  // TLS (tcp only): on when tls.ca_file is set. The TLS handshake counts against
+  // connect_timeout; a failed one (verification, a plaintext server) is kUnavailable.
+  TlsOptions tls;
   uint32_t max_outstanding_reads = 1024;  // READs in flight at once on this connection
   uint32_t max_outstanding_calls = 64;    // two-sided requests in flight at once
   // Largest request or response payload.
@@ -125,6 +156,24 @@ class Connection {
   virtual Status ReadAndWait(std::span<ReadOp* const> ops,
                              std::chrono::steady_clock::time_point deadline) = 0;
 
+  // Waits until every op of `ops`, all already posted with PostReads, is done or the deadline
+  // passes: OK when all are done, kTimedOut otherwise (the ops not done stay owned by the
+  // transport, as after ReadAndWait). Lets one thread keep batches on several connections in
+  // flight together and wait for each in turn. The default polls (PollReads) and yields;
+  // transports override it with their own blocking wait.
+  virtual Status WaitReads(std::span<ReadOp* const> ops,
+                           std::chrono::steady_clock::time_point deadline) {
+    size_t first = 0;
+    for (;;) {
+      while (first < ops.size() && ops[first]->done()) ++first;
+      if (first == ops.size()) return Status::Ok();
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return Status::TimedOut(peer() + ": READs not complete by the deadline");
+      }
+      if (PollReads() == 0) std::this_thread::yield();
+    }
+  }
+
   // Two-sided request/response: sends `request` and waits for its response (matched by id).
   // Errors: kTimedOut (the request may have applied), kConnectionLost, kInvalidArgument
   // (oversize), kBusy (max_outstanding_calls requests stayed in flight for the whole timeout;
@@ -155,6 +204,10 @@ class ServerSession {
   virtual Status Reply(uint64_t request_id, std::span<const uint8_t> response) = 0;
   virtual std::string peer() const = 0;
   virtual uint64_t id() const = 0;
+  // What the client authenticated as; fixed at the handshake. Thread-safe. The Service
+  // refuses admin ops (kv::IsAdmin) to sessions that are not kAdmin. Sessions that do not
+  // authenticate (test fakes) are kData: least privilege.
+  virtual SessionRole role() const { return SessionRole::kData; }
 };
 
 // Called on a worker thread for each complete request. Must not block for long; defer the
@@ -164,23 +217,51 @@ using RequestHandler = std::function<void(std::span<const uint8_t> payload, Repl
 struct ListenOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;  // 0: pick a free port (see Listener::port())
+  // The data secret (empty: anyone may open a data session) and the admin secret (empty: the
+  // admin role is granted only to loopback peers, when loopback_admin). See
+  // docs/security.md; the handshake is in common/transport/auth.h.
   std::string auth_token;
+  std::string admin_token;
+  // Test hook: false treats every peer as remote (no loopback admin without an admin secret).
+  bool loopback_admin = true;
+  // TLS (tcp only): on when tls.cert_file and tls.key_file are set; then every client must
+  // speak TLS 1.3 first (a plaintext one is REFUSED with a reason saying so). The TLS handshake
+  // is part of the handshake for the admission limits and handshake_timeout below.
+  TlsOptions tls;
   std::vector<RegionDescriptor> regions;  // advertised to clients after authentication
   RequestHandler handler;
   int worker_threads = 2;  // threads that poll receive completions and run the handler
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
+  // Authenticated sessions at once; more are REFUSED (kUnavailable) after their handshake.
   uint32_t max_connections = 256;
+  // Admission (tcp; docs/security.md): sockets that have not finished the handshake are
+  // limited apart from sessions, in all and per source address. At either limit the oldest
+  // handshaking socket is closed to make room (so silent sockets cannot lock clients out), and
+  // each is closed when it has not finished within handshake_timeout.
+  uint32_t max_handshakes = 256;
+  uint32_t max_handshakes_per_source = 64;
+  std::chrono::milliseconds handshake_timeout{2000};
+  // A session with no request for this long (and nothing in flight) is closed. 0: never.
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(300)};
+  // A session whose unsent output stays above the backpressure mark without draining for this
+  // long, or ever exceeds max(4 MiB, 2 largest messages), is cut off (a client that does not
+  // read its answers). The server's memory per client stays bounded either way.
+  std::chrono::milliseconds output_stall_timeout{std::chrono::seconds(10)};
 };
 
 struct ListenerStats {
   uint64_t connections_accepted = 0;
-  uint64_t connections_refused = 0;  // bad token, too many, bad handshake
+  uint64_t connections_refused = 0;  // bad proof, too many, bad handshake, evicted, deadline
   uint64_t connections_open = 0;     // clients connected now (past the handshake)
   uint64_t requests = 0;
-  uint64_t reads_served = 0;       // tcp only: READs served by the transport thread
-  uint64_t read_bytes_served = 0;  // tcp only: bytes those READs returned
-  uint64_t reads_refused = 0;      // tcp only: bad rkey / out of bounds
-  uint64_t protocol_errors = 0;    // malformed frames (connection dropped)
+  uint64_t reads_served = 0;        // tcp only: READs served by the transport thread
+  uint64_t read_bytes_served = 0;   // tcp only: bytes those READs returned
+  uint64_t reads_refused = 0;       // tcp only: bad rkey / out of bounds
+  uint64_t protocol_errors = 0;     // malformed frames (connection dropped)
+  uint64_t handshakes_evicted = 0;  // tcp: handshaking sockets closed to admit newer ones
+  uint64_t handshakes_timed_out = 0;
+  uint64_t idle_closed = 0;       // sessions closed by idle_timeout
+  uint64_t slow_readers_cut = 0;  // sessions cut off for not reading their output
 };
 
 class Listener {
@@ -191,6 +272,16 @@ class Listener {
   // Test hook: while paused, worker threads run no handler (two-sided requests wait); one-sided
   // READs are still served, as a NIC would.
   virtual void PauseWorkers(bool paused) = 0;
+  // Replaces the secrets handshakes are checked against (ListenOptions::auth_token and
+  // admin_token, same limits) and revokes every session that proved a secret that changed,
+  // by role: each is closed before this returns (verbs: its queue pair leaves RTS, so its
+  // memory windows' rkeys read nothing; the windows are deallocated at teardown). Sessions of
+  // a role whose secret did not change stay; a handshake in progress with a replaced secret
+  // is cut. Returns how many authenticated sessions were revoked. Errors: kInvalidArgument
+  // (a secret over the limit; nothing changed), kTimedOut (the secrets were replaced but the
+  // listener's threads did not confirm the closes in time). Thread-safe.
+  virtual Result<uint64_t> RotateSecrets(const std::string& auth_token,
+                                         const std::string& admin_token) = 0;
 };
 
 struct FabricOptions {

@@ -6,6 +6,7 @@
 // see a bucket count and the total count of different moments; every number only grows.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <initializer_list>
@@ -20,6 +21,37 @@ struct HistogramSnapshot {
   uint64_t count = 0;
   double sum = 0;
 };
+
+// The q-quantile (0 < q < 1) of a histogram's buckets, estimated as Prometheus's
+// histogram_quantile does: the bucket holding rank q * total, linearly interpolated between its
+// bounds (the first bucket from 0). A rank in the last (+Inf) bucket gives the highest finite
+// bound. 0 when the buckets are empty. Monotone in q: Quantile(0.5) <= Quantile(0.99).
+// `counts` are per bucket (not cumulative), upper_bounds.size() + 1 of them (fewer: the missing
+// ones count 0).
+inline double HistogramQuantile(const std::vector<double>& upper_bounds,
+                                const std::vector<uint64_t>& counts, double q) {
+  uint64_t total = 0;
+  for (uint64_t c : counts) total += c;
+  if (total == 0 || upper_bounds.empty()) return 0;
+  const double rank = q * static_cast<double>(total);
+  uint64_t below = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] == 0 || static_cast<double>(below + counts[i]) < rank) {
+      below += counts[i];
+      continue;
+    }
+    if (i >= upper_bounds.size()) return upper_bounds.back();
+    const double lo = i == 0 ? 0.0 : upper_bounds[i - 1];
+    const double hi = upper_bounds[i];
+    const double within = (rank - static_cast<double>(below)) / static_cast<double>(counts[i]);
+    return lo + (hi - lo) * std::clamp(within, 0.0, 1.0);
+  }
+  return upper_bounds.back();
+}
+
+inline double HistogramQuantile(const HistogramSnapshot& h, double q) {
+  return HistogramQuantile(h.upper_bounds, h.counts, q);
+}
 
 class AtomicHistogram {
  public:

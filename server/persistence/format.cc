@@ -31,6 +31,13 @@ Status FromRocks(std::string_view what, const rocksdb::Status& s) {
   return Status::Internal(std::move(m));
 }
 
+Result<WalRecovery> ParseWalRecovery(std::string_view name) {
+  if (name == "refuse") return WalRecovery::kRefuse;
+  if (name == "point_in_time") return WalRecovery::kPointInTime;
+  return Status::InvalidArgument("unknown WAL recovery '" + std::string(name) +
+                                 "' (refuse, point_in_time)");
+}
+
 Status MakeDbOptions(const RocksDbTuning& tuning, rocksdb::Env* env, rocksdb::Options* out) {
   rocksdb::CompressionType compression;
   if (tuning.compression == "none") {
@@ -73,9 +80,12 @@ Status MakeDbOptions(const RocksDbTuning& tuning, rocksdb::Env* env, rocksdb::Op
   o.level_compaction_dynamic_level_bytes = true;
   o.target_file_size_base = std::max<uint64_t>(tuning.write_buffer_bytes, 8u << 20);
   o.max_bytes_for_level_base = 4 * o.target_file_size_base;
-  // A torn tail of the last WAL (the process died mid-write) ends recovery there: that write
-  // was never acknowledged in sync mode.
-  o.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+  // Any damage in a WAL (a bad checksum, a truncated record) fails the open: point-in-time
+  // recovery would silently drop every acknowledged write after it. Recovery names the file
+  // and offset (ScanWalFiles); --wal_recovery=point_in_time accepts the loss explicitly.
+  o.wal_recovery_mode = tuning.wal_recovery == WalRecovery::kPointInTime
+                            ? rocksdb::WALRecoveryMode::kPointInTimeRecovery
+                            : rocksdb::WALRecoveryMode::kAbsoluteConsistency;
   // RocksDB's warnings and errors go to glog; it writes no LOG file of its own. On a full disk
   // the LOG file is the first to fail, and this librocksdb (7.8, assertions on) aborts the
   // process when a background job later logs to a LOG writer that has seen an error.

@@ -61,6 +61,18 @@ inline uint64_t DecodeVersion(const char* in) {
   return v;
 }
 
+// What recovery does with a damaged write-ahead log (--wal_recovery).
+enum class WalRecovery : uint8_t {
+  // Refuse to start, naming the damaged file and offset; nothing on disk is changed. A WAL
+  // holds acknowledged writes: recovering only what precedes the damage would lose them.
+  kRefuse,
+  // The operator accepts losing what follows the damage: recover the writes before it
+  // (RocksDB's point-in-time recovery) and report what was dropped. The loss is permanent.
+  kPointInTime,
+};
+// "refuse" | "point_in_time"; kInvalidArgument otherwise.
+Result<WalRecovery> ParseWalRecovery(std::string_view name);
+
 // The tuning flags. Reads come from the region, never from RocksDB, so the cache is small and
 // there are no bloom filters; RocksDB is read sequentially once, at recovery.
 struct RocksDbTuning {
@@ -68,6 +80,7 @@ struct RocksDbTuning {
   uint64_t write_buffer_bytes = 64ull << 20;  // per memtable; up to 3 memtables
   uint64_t block_cache_bytes = 32ull << 20;
   int background_jobs = 2;  // flushes + compactions
+  WalRecovery wal_recovery = WalRecovery::kRefuse;
 };
 
 // RocksDB options for a kvserver database into *out. kInvalidArgument for an unknown or

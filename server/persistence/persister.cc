@@ -307,6 +307,8 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   lo.tuning = options.tuning;
   lo.max_value_bytes = options.max_value_bytes;
   lo.progress_interval = options.progress_interval;
+  lo.stop = options.stop;
+  lo.test_item_delay = options.test_recovery_item_delay;
   auto load = [&](const std::string& dir) -> Result<RecoveryStats> {
     LOG(INFO) << "recovery: loading " << dir << " (read-only) into the region";
     LoadOptions dir_lo = lo;

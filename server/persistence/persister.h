@@ -15,6 +15,7 @@
 // syncs what is queued, then closes the database; no other call may be running.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -60,6 +61,11 @@ struct PersistOptions {
   std::chrono::milliseconds io_retry{1000};              // after an I/O error, retry this often
   std::chrono::milliseconds progress_interval{2000};
   rocksdb::Env* env = nullptr;  // test hook (fault injection); null = default
+  // Recovery stops (kUnavailable, nothing changed on disk) once this is true: a signal
+  // handler's flag. Null: never. Not owned; must outlive Start.
+  const std::atomic<bool>* stop = nullptr;
+  // Tests only: recovery sleeps this long per item.
+  std::chrono::microseconds test_recovery_item_delay{0};
 };
 
 // One line: the mode and what it promises, printed at start.

@@ -9,8 +9,11 @@
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -67,6 +70,11 @@ Result<ReadOnlyDb> OpenValidated(const std::string& db_dir, rocksdb::Env* env,
                                 std::to_string(v.size()) + " bytes, not 8");
     }
     out.meta_max_version = DecodeVersion(v.data());
+    if (out.meta_max_version > kv::kMaxItemVersion) {
+      return Status::Corruption(db_dir + ": the max_version meta key holds " +
+                                std::to_string(out.meta_max_version) + ", above the largest " +
+                                "item version " + std::to_string(kv::kMaxItemVersion));
+    }
   } else if (!s.IsNotFound()) {
     return FromRocks("cannot read the max_version key of " + db_dir, s);
   }
@@ -119,6 +127,239 @@ std::vector<std::string> SplitKeys(rocksdb::DB* db, size_t parts) {
   return out;
 }
 
+// --- the WAL scan -----------------------------------------------------------------------------
+// RocksDB's log format (db/log_format.h): 32 KiB blocks; each holds fragments with a header
+// crc32c (4, masked, LE) | length (2, LE) | type (1) [| log number (4): recyclable types]; a
+// block's last < 7 bytes are zero padding. A logical record (a WriteBatch: sequence u64 LE,
+// count u32 LE, ...) is one FULL fragment or FIRST, MIDDLE..., LAST.
+constexpr size_t kWalBlock = 32768;
+constexpr size_t kWalHeader = 7;
+constexpr size_t kWalRecyclableHeader = 11;
+enum WalType : uint8_t {
+  kWalZero = 0,
+  kWalFull = 1,
+  kWalFirst = 2,
+  kWalMiddle = 3,
+  kWalLast = 4,
+  kWalRecFull = 5,
+  kWalRecFirst = 6,
+  kWalRecMiddle = 7,
+  kWalRecLast = 8,
+  kWalSetCompression = 9,
+};
+
+uint32_t Crc32cExtend(uint32_t crc, const uint8_t* p, size_t n) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+uint32_t Unmask(uint32_t masked) {
+  uint32_t rot = masked - 0xa282ead8u;
+  return (rot >> 17) | (rot << 15);
+}
+
+uint64_t LoadLe(const uint8_t* p, size_t n) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; ++i) v |= uint64_t{p[i]} << (8 * i);
+  return v;
+}
+
+// The scan of one WAL file, fed a whole number of blocks at a time (fragments never cross a
+// block boundary), so a large WAL is never read into memory at once.
+struct WalFileScan {
+  std::string path;
+  bool newest = false;  // the last WAL file: damage at its end may be a torn tail
+  WalScan* scan = nullptr;
+  bool damaged_here = false;
+  bool in_record = false;
+  uint64_t record_start = 0;
+  std::string head;                    // the logical record's first bytes (its WriteBatch header)
+  uint64_t zero_start = ~uint64_t{0};  // zeroed headers seen since the last intact record
+
+  void Damage(uint64_t offset, std::string what) {
+    if (damaged_here) return;
+    damaged_here = true;
+    if (scan->damaged) return;
+    scan->damaged = true;
+    scan->damaged_file = path;
+    scan->damaged_offset = offset;
+    scan->damage = std::move(what);
+    scan->damage_at_tail = newest;  // cleared when an intact record follows
+  }
+  void FinishRecord() {
+    if (head.size() >= 12) {
+      const auto* h = reinterpret_cast<const uint8_t*>(head.data());
+      uint64_t seq = LoadLe(h, 8);
+      uint64_t count = LoadLe(h + 8, 4);
+      scan->max_sequence = std::max(scan->max_sequence, seq + (count > 0 ? count - 1 : 0));
+    }
+    head.clear();
+    in_record = false;
+  }
+  // Bytes [base, base + size) of the file; base is a multiple of kWalBlock and so is size,
+  // except for the file's last chunk.
+  void Feed(const uint8_t* chunk, size_t size, uint64_t base);
+  void End() {
+    if (in_record)
+      Damage(record_start, "truncated record (the file ends before its last fragment)");
+  }
+};
+
+void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
+  auto damage = [this, base](size_t pos, std::string what) { Damage(base + pos, std::move(what)); };
+  auto finish_record = [this] { FinishRecord(); };
+  size_t pos = 0;
+  while (pos < size) {
+    const size_t block_left = kWalBlock - pos % kWalBlock;
+    if (block_left < kWalHeader) {  // trailer padding
+      pos += block_left;
+      continue;
+    }
+    if (size - pos < kWalHeader) {
+      bool zeros = std::all_of(chunk + pos, chunk + size, [](uint8_t b) { return b == 0; });
+      if (!zeros) damage(pos, "truncated record header (the file ends inside it)");
+      break;
+    }
+    const uint8_t* h = chunk + pos;
+    const uint32_t length = static_cast<uint32_t>(LoadLe(h + 4, 2));
+    const uint8_t type = h[6];
+    if (type == kWalZero && length == 0) {
+      // Zeroed bytes: RocksDB skips the rest of the block. Damage only if intact records follow.
+      if (zero_start == ~uint64_t{0}) zero_start = base + pos;
+      pos += block_left;
+      continue;
+    }
+    const bool recyclable = type >= kWalRecFull && type <= kWalRecLast;
+    const size_t header = recyclable ? kWalRecyclableHeader : kWalHeader;
+    if (header + length > block_left) {
+      damage(pos, size - pos < header + length
+                      ? "truncated record (the file ends inside it)"
+                      : "record length " + std::to_string(length) + " runs past its block");
+      pos += block_left;  // resynchronise at the next block
+      in_record = false;
+      head.clear();
+      continue;
+    }
+    if (size - pos < header + length) {
+      damage(pos, "truncated record (the file ends inside it)");
+      break;
+    }
+    uint32_t crc = Crc32cExtend(0, h + 6, header - 6);  // type [+ log number]
+    crc = Crc32cExtend(crc, h + header, length);
+    // A record with a good checksum and a type this scan does not know (a meta record of a
+    // newer RocksDB) is skipped: RocksDB itself judges those.
+    if (crc != Unmask(static_cast<uint32_t>(LoadLe(h, 4))) || type == kWalZero) {
+      damage(pos, type == kWalZero ? "record of type 0 with a length" : "checksum mismatch");
+      pos += block_left;
+      in_record = false;
+      head.clear();
+      continue;
+    }
+    // An intact fragment.
+    if (zero_start != ~uint64_t{0}) {
+      Damage(zero_start, "zeroed bytes followed by intact records");
+      zero_start = ~uint64_t{0};
+    }
+    const uint8_t kind = recyclable ? static_cast<uint8_t>(type - 4) : type;  // FULL..LAST
+    auto take = [&] {
+      size_t want = std::min<size_t>(12 - std::min<size_t>(12, head.size()), length);
+      head.append(reinterpret_cast<const char*>(h + header), want);
+    };
+    switch (kind) {
+      case kWalFull:
+        if (in_record) Damage(record_start, "record without its last fragment");
+        in_record = false;
+        head.clear();
+        take();
+        finish_record();
+        break;
+      case kWalFirst:
+        if (in_record) Damage(record_start, "record without its last fragment");
+        in_record = true;
+        record_start = base + pos;
+        head.clear();
+        take();
+        break;
+      case kWalMiddle:
+      case kWalLast:
+        if (!in_record) {
+          damage(pos, "fragment without the start of its record");
+        } else {
+          take();
+          if (kind == kWalLast) finish_record();
+        }
+        break;
+      default:  // kWalSetCompression and newer meta records
+        break;
+    }
+    if (damaged_here && scan->damaged_file == path && base + pos > scan->damaged_offset) {
+      scan->damage_at_tail = false;  // an intact record after the damage: not a torn tail
+    }
+    pos += header + length;
+  }
+}
+
+}  // namespace
+
+std::string WalScan::Describe() const {
+  if (!damaged) return "";
+  return damaged_file + " at byte " + std::to_string(damaged_offset) + ": " + damage;
+}
+
+Result<WalScan> ScanWalFiles(const std::string& db_dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<uint64_t, fs::path>> files;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(db_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".log" || name.size() <= 4) continue;
+    const std::string stem = name.substr(0, name.size() - 4);
+    if (!std::all_of(stem.begin(), stem.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+        stem.size() > 19) {
+      continue;
+    }
+    files.emplace_back(std::stoull(stem), e.path());
+  }
+  if (ec) return Status::IoError("cannot list " + db_dir + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+  WalScan scan;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const fs::path& path = files[i].second;
+    std::ifstream in(path, std::ios::binary);
+    if (!in.is_open()) return Status::IoError("cannot open " + path.string());
+    WalFileScan file;
+    file.path = path.string();
+    file.newest = i + 1 == files.size();
+    file.scan = &scan;
+    std::vector<uint8_t> chunk(32 * kWalBlock);  // 1 MiB
+    uint64_t base = 0;
+    for (;;) {
+      in.read(reinterpret_cast<char*>(chunk.data()), static_cast<std::streamsize>(chunk.size()));
+      const size_t got = static_cast<size_t>(in.gcount());
+      if (in.bad()) return Status::IoError("cannot read " + path.string());
+      file.Feed(chunk.data(), got, base);
+      base += got;
+      if (got < chunk.size()) break;  // the end of the file
+    }
+    file.End();
+    ++scan.files;
+    scan.bytes += base;
+  }
+  return scan;
+}
+
+namespace {
+
 double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -146,9 +387,41 @@ Status ScanDatabase(const std::string& db_dir, rocksdb::Env* env, const ItemVisi
 Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
                                    const LoadOptions& options) {
   const Clock::time_point start = Clock::now();
+  // The WAL is checked before RocksDB reads it: a damaged record is named (file and offset)
+  // instead of being recovered around. RocksDB's own check (kAbsoluteConsistency) backs it up.
+  WalScan wal;
+  if (HasDatabase(db_dir)) {
+    RDKV_ASSIGN_OR_RETURN(wal, ScanWalFiles(db_dir));
+    if (wal.damaged && options.tuning.wal_recovery == WalRecovery::kRefuse) {
+      std::string tail =
+          wal.damage_at_tail
+              ? " The damage is the end of the newest WAL file: a truncated file, or the torn "
+                "last write of a crash (in sync mode such a write was never acknowledged)."
+              : " Intact records follow the damage: acknowledged writes would be lost.";
+      return Status::Corruption(
+          "the write-ahead log of " + db_dir + " is damaged: " + wal.Describe() +
+          ". The WAL holds writes up to sequence " + std::to_string(wal.max_sequence) +
+          "; recovering only those before the damage would drop the rest, so the server "
+          "refuses to start." +
+          tail +
+          " Restore a snapshot (--restore_from), or accept the loss with "
+          "--wal_recovery=point_in_time");
+    }
+  }
   RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, options.env, options.tuning));
   RecoveryStats stats;
   stats.sequence = rodb.db->GetLatestSequenceNumber();
+  if (wal.damaged) {
+    stats.wal_damage = wal.Describe();
+    stats.wal_max_sequence = wal.max_sequence;
+    LOG(WARNING) << "--wal_recovery=point_in_time: the write-ahead log of " << db_dir
+                 << " is damaged (" << stats.wal_damage << "); recovered through sequence "
+                 << stats.sequence << ", the WAL holds writes through sequence " << wal.max_sequence
+                 << ": "
+                 << (wal.max_sequence > stats.sequence ? wal.max_sequence - stats.sequence : 0)
+                 << " sequence numbers (writes) after the damage are dropped, permanently once "
+                    "the server opens the database for writing";
+  }
   uint64_t estimate = 0;
   rodb.db->GetIntProperty("rocksdb.estimate-num-keys", &estimate);
   if (store->counters().items != 0) {
@@ -212,10 +485,20 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
     me.status = ForEachItem(
         rodb.db.get(), db_dir,
         [&](std::string_view k, uint64_t version, std::string_view v) {
+          if (options.stop != nullptr && options.stop->load(std::memory_order_relaxed)) {
+            return Status::Unavailable("stopped while loading " + db_dir + " (signal)");
+          }
+          if (options.test_item_delay.count() > 0) {
+            std::this_thread::sleep_for(options.test_item_delay);
+          }
           if (Status key_ok = kv::CheckKey(k); !key_ok.ok()) {
             return Status::Corruption(db_dir + ": " + key_ok.message());
           }
-          if (version == 0) return Status::Corruption(db_dir + ": an item with version 0");
+          if (version == 0 || version > kv::kMaxItemVersion) {
+            return Status::Corruption(db_dir + ": an item with version " + std::to_string(version) +
+                                      " (versions are 1.." + std::to_string(kv::kMaxItemVersion) +
+                                      ")");
+          }
           if (v.size() > options.max_value_bytes) {
             return Status::InvalidArgument(
                 db_dir + " holds a value of " + std::to_string(v.size()) +

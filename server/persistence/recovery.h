@@ -9,6 +9,7 @@
 // Thread-safety: one call at a time per store; the store must not be serving yet.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,27 @@ class Env;
 
 namespace rdkv::server::persistence {
 
+// What ScanWalFiles found in a database's write-ahead log files.
+struct WalScan {
+  uint64_t files = 0;         // WAL files read
+  uint64_t bytes = 0;         // their total size
+  uint64_t max_sequence = 0;  // the last sequence number of any intact record, damage or not
+  bool damaged = false;
+  std::string damaged_file;     // the first damaged WAL file (a path in the database directory)
+  uint64_t damaged_offset = 0;  // byte offset in it of the first record that is not intact
+  std::string damage;           // what is wrong there, e.g. "checksum mismatch"
+  bool damage_at_tail = false;  // the damage is the end of the newest WAL file (a torn or
+                                // truncated last record), nothing intact follows it
+
+  // "<file> at byte <offset>: <damage>", or "" when not damaged.
+  std::string Describe() const;
+};
+
+// Reads every WAL file (*.log) of the database in `db_dir`, in file-number order, and checks
+// each record's header and checksum (RocksDB's log format: 32 KiB blocks of CRC32C-checked
+// fragments). Read-only. kIoError when a file cannot be read. Thread-safe (plain function).
+Result<WalScan> ScanWalFiles(const std::string& db_dir);
+
 struct RecoveryStats {
   uint64_t keys = 0;
   uint64_t bytes = 0;        // key + value bytes loaded
@@ -34,6 +56,10 @@ struct RecoveryStats {
   double seconds = 0;        // wall clock, in all: open, read and write into the region
   double cpu_seconds = 0;    // CPU time of the loading threads (all of them)
   int threads = 1;           // key ranges loaded in parallel
+  // --wal_recovery=point_in_time on a damaged WAL: what was found ("" when the WAL was intact)
+  // and the last sequence number the WAL holds, above `sequence` when writes were dropped.
+  std::string wal_damage;
+  uint64_t wal_max_sequence = 0;
 };
 
 struct LoadOptions {
@@ -46,6 +72,11 @@ struct LoadOptions {
   // Key ranges loaded in parallel at most (fewer when the database has few table files);
   // 0: the number of CPUs, at most 8.
   int threads = 0;
+  // Checked between items: once it is true the load stops with kUnavailable ("stopped while
+  // loading"), the database is closed and nothing is changed. Null: never stops. Not owned.
+  const std::atomic<bool>* stop = nullptr;
+  // Tests only: sleep this long after each item (makes a recovery slow enough to signal).
+  std::chrono::microseconds test_item_delay{0};
 };
 
 // True when `db_dir` holds a RocksDB database (its CURRENT file exists).
@@ -58,6 +89,11 @@ bool HasDatabase(const std::string& db_dir);
 //   kOutOfSpace       the items need more heap (or index) than the region has
 //   kInvalidArgument  a value larger than `max_value_bytes`
 //   kIoError          the files cannot be read
+//   kUnavailable      options.stop became true
+// A WAL with a damaged record (a bad checksum, a truncated or missing fragment, zeroed bytes
+// followed by records) is kCorruption naming the file and offset, unless
+// options.tuning.wal_recovery is kPointInTime: then the writes before the damage are loaded
+// and RecoveryStats says what was dropped.
 Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
                                    const LoadOptions& options);
 

@@ -232,22 +232,28 @@ TEST_F(ClientE2ETest, MultiGetWithMissingKeys) {
     }
     EXPECT_EQ(results[600].status().code(), StatusCode::kInvalidArgument);
   }
-  // The cache is direct-mapped: a few of the 450 keys may evict each other.
-  EXPECT_GE(c.stats().cache_hits, 430u);
-  EXPECT_LE(c.stats().cache_hits, 450u);
+  // Both passes go through the cache: the PUT answers gave this client the 450 locations. The
+  // cache is direct-mapped: a few of the 450 keys may evict each other.
+  EXPECT_GE(c.stats().cache_hits, 2 * 430u);
+  EXPECT_LE(c.stats().cache_hits, 2 * 450u);
   EXPECT_TRUE(c.MultiGet({}).empty());
 }
 
 TEST_F(ClientE2ETest, LocationCacheMakesTheSecondGetOneRead) {
-  Client& c = *client_;
-  ASSERT_TRUE(c.Put("hot", "value").ok());
+  ASSERT_TRUE(client_->Put("hot", "value").ok());
+  // A client that did not write the key starts without its location.
+  auto reader = ConnectTo(server_->port(), Slow());
+  ASSERT_NE(reader, nullptr);
+  Client& c = *reader;
   ClientStats s0 = c.stats();
   ASSERT_TRUE(c.Get("hot").ok());
   ClientStats s1 = c.stats();
-  EXPECT_EQ(s1.get_reads - s0.get_reads, 2u);  // cache miss: window + item
+  EXPECT_EQ(s1.get_reads - s0.get_reads, 3u);              // cache miss: both buckets + item
+  EXPECT_EQ(s1.get_round_trips - s0.get_round_trips, 2u);  // over the tcp transport too
   ASSERT_TRUE(c.Get("hot").ok());
   ClientStats s2 = c.stats();
   EXPECT_EQ(s2.get_reads - s1.get_reads, 1u);  // cache hit: the item only
+  EXPECT_EQ(s2.get_round_trips - s1.get_round_trips, 1u);
   EXPECT_EQ(s2.cache_hits - s1.cache_hits, 1u);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(c.Get("hot").ok());
   EXPECT_EQ(c.stats().get_reads - s2.get_reads, 100u);
@@ -263,12 +269,13 @@ TEST_F(ClientE2ETest, LocationCacheMakesTheSecondGetOneRead) {
   EXPECT_EQ(g->version, *v);
   EXPECT_GE(c.stats().cache_misses, 1u);
 
-  // Without a cache every GET is two READs.
+  // Without a cache every GET is three READs (two buckets, then the item) in two round trips.
   ClientOptions o = Slow();
   o.location_cache_entries = 0;
   auto nocache = ConnectTo(server_->port(), o);
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(nocache->Get("hot").ok());
-  EXPECT_EQ(nocache->stats().get_reads, 20u);
+  EXPECT_EQ(nocache->stats().get_reads, 30u);
+  EXPECT_EQ(nocache->stats().get_round_trips, 20u);
   EXPECT_EQ(nocache->stats().cache_hits, 0u);
 }
 
@@ -302,6 +309,108 @@ TEST(ClientE2E, NamedSnapshotIsNotAWrite) {
   c.reset();
   server.reset();
   std::filesystem::remove_all(root);
+}
+
+// A write's answer carries its item's location: the writer's next GET of the key is one READ
+// in one round trip (a cache hit), in both answer paths (now; once durable). Another client's
+// later write makes that location stale, and the GET still returns the newest value.
+TEST(ClientE2E, AWritersNextGetIsOneRoundTrip) {
+  for (auto durability :
+       {server::persistence::Durability::kNone, server::persistence::Durability::kSync}) {
+    SCOPED_TRACE(durability == server::persistence::Durability::kNone ? "none" : "sync");
+    char tmpl[] = "/tmp/rdkv-client-location-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string root = tmpl;
+    server::ServerOptions so = SmallServer();
+    so.persist.durability = durability;
+    if (durability != server::persistence::Durability::kNone) so.persist.data_dir = root + "/data";
+    auto server = StartServer(so);
+    ASSERT_NE(server, nullptr);
+    auto a = ConnectTo(server->port());
+    auto b = ConnectTo(server->port());
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    auto one_round_trip_get = [&](const std::string& key, const std::string& want) {
+      ClientStats before = a->stats();
+      auto got = a->Get(key);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(got->value, want);
+      ClientStats after = a->stats();
+      EXPECT_EQ(after.cache_hits - before.cache_hits, 1u) << key;
+      EXPECT_EQ(after.get_reads - before.get_reads, 1u) << key;
+      EXPECT_EQ(after.get_round_trips - before.get_round_trips, 1u) << key;
+    };
+    ASSERT_TRUE(a->Put("k1", "put").ok());
+    one_round_trip_get("k1", "put");
+    ASSERT_TRUE(a->Put("k1", std::string(700, 'p')).ok());  // a bigger item, another block
+    one_round_trip_get("k1", std::string(700, 'p'));
+    auto ins = a->Insert("k2", "inserted");
+    ASSERT_TRUE(ins.ok()) << ins.status().ToString();
+    one_round_trip_get("k2", "inserted");
+    auto cas = a->Cas("k2", *ins, "swapped");
+    ASSERT_TRUE(cas.ok()) << cas.status().ToString();
+    one_round_trip_get("k2", "swapped");
+    // b moves k1's item; a's cached location now names a retired block.
+    ASSERT_TRUE(b->Put("k1", "from b").ok());
+    auto got = a->Get("k1");
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->value, "from b");
+    // A delete leaves nothing cached that could answer.
+    ASSERT_TRUE(a->Delete("k2").ok());
+    EXPECT_TRUE(a->Get("k2").status().Is(StatusCode::kNotFound));
+    a.reset();
+    b.reset();
+    server.reset();
+    std::filesystem::remove_all(root);
+  }
+}
+
+// A key another client keeps rewriting: the first stale cached location costs 3 round trips
+// (the stale item, then buckets and item); from then on the key is "contended" and its cached
+// item is READ with its buckets in one batch: 2 round trips when it went stale again, 1 when
+// it did not. The values are always the newest.
+TEST(ClientE2E, AContendedKeyReadsItsBucketsWithTheCachedItem) {
+  auto server = StartServer(SmallServer());
+  ASSERT_NE(server, nullptr);
+  auto reader = ConnectTo(server->port());
+  auto writer = ConnectTo(server->port());
+  ASSERT_NE(reader, nullptr);
+  ASSERT_NE(writer, nullptr);
+  struct Cost {
+    uint64_t reads, round_trips;
+  };
+  auto get = [&](const std::string& want) -> Cost {
+    ClientStats before = reader->stats();
+    auto got = reader->Get("contended");
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    if (got.ok()) {
+      EXPECT_EQ(got->value, want);
+    }
+    ClientStats after = reader->stats();
+    return {after.get_reads - before.get_reads, after.get_round_trips - before.get_round_trips};
+  };
+  ASSERT_TRUE(writer->Put("contended", "v0").ok());
+  Cost c = get("v0");  // cold: buckets, then the item
+  EXPECT_EQ(c.round_trips, 2u);
+  c = get("v0");  // cached
+  EXPECT_EQ(c.reads, 1u);
+  EXPECT_EQ(c.round_trips, 1u);
+  ASSERT_TRUE(writer->Put("contended", "v1").ok());
+  c = get("v1");  // stale: the item, then buckets, then the new item
+  EXPECT_EQ(c.reads, 4u);
+  EXPECT_EQ(c.round_trips, 3u);
+  ASSERT_TRUE(writer->Put("contended", "v2").ok());
+  c = get("v2");  // contended and stale: item with buckets, then the new item
+  EXPECT_EQ(c.reads, 4u);
+  EXPECT_EQ(c.round_trips, 2u);
+  c = get("v2");  // contended, still current: one batch
+  EXPECT_EQ(c.reads, 3u);
+  EXPECT_EQ(c.round_trips, 1u);
+  // The reader's own write clears the mark: its next GET is one READ again.
+  ASSERT_TRUE(reader->Put("contended", "v3").ok());
+  c = get("v3");
+  EXPECT_EQ(c.reads, 1u);
+  EXPECT_EQ(c.round_trips, 1u);
 }
 
 TEST(ClientE2E, AuthToken) {

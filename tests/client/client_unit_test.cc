@@ -94,6 +94,27 @@ TEST(LocationCacheTest, StoreLookupErase) {
   cache.Store(h, {1, 1});
   cache.Erase(h);
   EXPECT_FALSE(cache.Lookup(h).has_value());
+  // The bucket choice round-trips and is part of the location (Erase compares it).
+  cache.Store(h, {0xfffffffe, 0xffff, 1});
+  loc = cache.Lookup(h);
+  ASSERT_TRUE(loc.has_value());
+  EXPECT_EQ(loc->offset_units, 0xfffffffeu);
+  EXPECT_EQ(loc->units, 0xffff);
+  EXPECT_EQ(loc->choice, 1);
+  cache.Erase(h, client::CachedLocation{0xfffffffe, 0xffff, 0});
+  EXPECT_TRUE(cache.Lookup(h).has_value());
+  cache.Erase(h, client::CachedLocation{0xfffffffe, 0xffff, 1});
+  EXPECT_FALSE(cache.Lookup(h).has_value());
+  // So does the contended mark, next to every other field at its maximum.
+  cache.Store(h, {0xffffffff, 0xffff, 1, true});
+  loc = cache.Lookup(h);
+  ASSERT_TRUE(loc.has_value());
+  EXPECT_TRUE(loc->contended);
+  EXPECT_EQ(loc->offset_units, 0xffffffffu);
+  EXPECT_EQ(loc->units, 0xffff);
+  EXPECT_EQ(loc->choice, 1);
+  cache.Store(h, {7, 2, 0, false});
+  EXPECT_FALSE(cache.Lookup(h)->contended);
 }
 
 TEST(LocationCacheTest, BoundedAndClear) {
@@ -262,13 +283,15 @@ TEST_F(FakeClientTest, PutGetAndReadsPerGet) {
   EXPECT_EQ(g->version, *v1);
   ClientStats s = c->stats();
   EXPECT_EQ(s.gets, 1u);
-  EXPECT_EQ(s.get_reads, 2u);  // window + item
+  EXPECT_EQ(s.get_reads, 3u);        // both candidate buckets + item
+  EXPECT_EQ(s.get_round_trips, 2u);  // a cold GET: buckets in one batch, then the item
   EXPECT_EQ(s.cache_hits, 0u);
   g = c->Get("user:1");
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->value, "alice");
   s = c->stats();
-  EXPECT_EQ(s.get_reads, 3u);  // the cached location: one READ
+  EXPECT_EQ(s.get_reads, 4u);        // the cached location: one READ
+  EXPECT_EQ(s.get_round_trips, 3u);  // a warm GET: one round trip
   EXPECT_EQ(s.cache_hits, 1u);
   // Registered memory is allocated once (header + one scratch), not per GET.
   int allocations = fabric_->allocations.load();
@@ -284,7 +307,8 @@ TEST_F(FakeClientTest, CacheDisabledAlwaysTwoReads) {
   auto c = MustConnect(o);
   ASSERT_TRUE(c->Put("k", "v").ok());
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->Get("k").ok());
-  EXPECT_EQ(c->stats().get_reads, 10u);
+  EXPECT_EQ(c->stats().get_reads, 15u);
+  EXPECT_EQ(c->stats().get_round_trips, 10u);
   EXPECT_EQ(c->stats().cache_hits, 0u);
 }
 
@@ -300,7 +324,8 @@ TEST_F(FakeClientTest, StaleCacheFallsBackToIndex) {
   EXPECT_EQ(g->value, "v2");
   EXPECT_EQ(g->version, ver);
   EXPECT_EQ(c->stats().cache_misses, 1u);
-  EXPECT_EQ(c->stats().get_reads, 2u + 3u);  // cache READ failed, window + item
+  EXPECT_EQ(c->stats().get_reads, 3u + 4u);  // cache READ failed, buckets + item
+  EXPECT_EQ(c->stats().get_round_trips, 2u + 3u);
   // The block of v1 reused by another key: the cache READ sees a foreign item.
   kv::SlotFields v2loc = kv::UnpackSlot(*server_.FindSlot("k"));
   ASSERT_TRUE(c->Get("k").ok());
@@ -326,7 +351,7 @@ TEST_F(FakeClientTest, CacheChecksSlotNeverGoesBackInTime) {
   ASSERT_TRUE(server_.Apply(kv::Op::kPut, "k", "old", 0, &v1).ok());
   ASSERT_TRUE(a->Get("k").ok());
   ClientStats s0 = a->stats();
-  ASSERT_TRUE(a->Get("k").ok());  // a cache hit: item + window, one batch
+  ASSERT_TRUE(a->Get("k").ok());  // a cache hit: item + the bucket that held it, one batch
   EXPECT_EQ(a->stats().get_reads - s0.get_reads, 2u);
   EXPECT_EQ(a->stats().cache_hits - s0.cache_hits, 1u);
 
@@ -343,6 +368,41 @@ TEST_F(FakeClientTest, CacheChecksSlotNeverGoesBackInTime) {
   server_.Retire(old);
 }
 
+// cache_checks_slot READs the bucket the cache says held the key: keys in either candidate
+// bucket (the cache remembers which) are cache hits, each one round trip of two READs.
+TEST_F(FakeClientTest, CacheChecksSlotReadsTheBucketThatHeldTheKey) {
+  ClientOptions o;
+  o.cache_checks_slot = true;
+  o.location_cache_entries = 1 << 20;  // no two of these keys share an entry (it is direct-mapped)
+  auto c = MustConnect(o);
+  constexpr int kKeys = 500;
+  size_t in_second = 0;
+  for (int i = 0; i < kKeys; ++i) {
+    std::string key = "key-" + std::to_string(i);
+    ASSERT_TRUE(c->Put(key, "value-" + std::to_string(i)).ok());
+  }
+  for (int i = 0; i < kKeys; ++i) {
+    std::string key = "key-" + std::to_string(i);
+    uint64_t* slot = server_.FindSlot(key);
+    uint64_t* second = server_.Bucket(key, 1);
+    in_second += slot >= second && slot < second + kv::kSlotsPerBucket;
+    ASSERT_TRUE(c->Get(key).ok());  // cold: caches the location and the bucket
+  }
+  EXPECT_GT(in_second, 50u) << "keys in both candidate buckets";
+  EXPECT_LT(in_second, kKeys - 50u) << "keys in both candidate buckets";
+  ClientStats s0 = c->stats();
+  for (int i = 0; i < kKeys; ++i) {
+    auto g = c->Get("key-" + std::to_string(i));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(g->value, "value-" + std::to_string(i));
+  }
+  ClientStats s1 = c->stats();
+  EXPECT_EQ(s1.cache_hits - s0.cache_hits, uint64_t{kKeys});
+  EXPECT_EQ(s1.cache_misses - s0.cache_misses, 0u);
+  EXPECT_EQ(s1.get_reads - s0.get_reads, 2u * kKeys);
+  EXPECT_EQ(s1.get_round_trips - s0.get_round_trips, uint64_t{kKeys});
+}
+
 TEST_F(FakeClientTest, WritesInvalidateOwnCacheEntry) {
   auto c = MustConnect();
   ASSERT_TRUE(c->Put("k", "v1").ok());
@@ -352,27 +412,28 @@ TEST_F(FakeClientTest, WritesInvalidateOwnCacheEntry) {
   auto g = c->Get("k");
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->value, "v2");
-  EXPECT_EQ(c->stats().get_reads - reads, 2u);  // straight to the index, no wasted READ
+  EXPECT_EQ(c->stats().get_reads - reads, 3u);  // straight to the index, no wasted READ
   EXPECT_EQ(c->stats().cache_misses, 0u);
 }
 
 TEST_F(FakeClientTest, FingerprintCollisionWithAbsentKeyIsNotFound) {
   auto c = MustConnect();
-  // An intact item of another key sits in "wanted"'s window under "wanted"'s fingerprint.
+  // An intact item of another key sits in "wanted"'s first bucket under its fingerprint.
   uint64_t word = server_.WriteItem("impostor", "value", 1);
   kv::SlotFields f = kv::UnpackSlot(word);
   f.fingerprint = kv::FingerprintOf(kv::KeyHash("wanted"));
-  server_.Window(kv::KeyHash("wanted"))[3] = kv::PackSlot(f);
+  server_.Bucket("wanted", 0)[3] = kv::PackSlot(f);
   auto g = c->Get("wanted");
   EXPECT_TRUE(g.status().Is(StatusCode::kNotFound)) << g.status().ToString();
   EXPECT_EQ(c->stats().get_retries, 0u);
-  // With the key present too (in a later slot), the right one is returned.
+  // With the key present too (in its emptier bucket), the right one is returned.
   uint64_t ver = 0;
   ASSERT_TRUE(server_.Apply(kv::Op::kPut, "wanted", "mine", 0, &ver).ok());
   g = c->Get("wanted");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, "mine");
-  EXPECT_EQ(c->stats().get_reads, 2u + 3u);  // window + both candidates in one batch
+  EXPECT_EQ(c->stats().get_reads, 3u + 4u);  // buckets + both candidates in one batch
+  EXPECT_EQ(c->stats().get_round_trips, 2u + 2u);
 }
 
 TEST_F(FakeClientTest, TornReadsAreRetriedNeverReturned) {
@@ -394,7 +455,7 @@ TEST_F(FakeClientTest, TornReadsAreRetriedNeverReturned) {
   ClientStats s = c->stats();
   EXPECT_EQ(s.torn_reads, 3u);
   EXPECT_EQ(s.get_retries, 3u);
-  EXPECT_EQ(s.get_reads, 8u);
+  EXPECT_EQ(s.get_reads, 12u);  // four attempts of buckets + item
 }
 
 TEST_F(FakeClientTest, PersistentCorruptionIsAnErrorNotAValue) {
@@ -453,7 +514,7 @@ TEST_F(FakeClientTest, SlowAttemptIsRestartedFromTheIndex) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(c->stats().slow_reads, 1u);
   EXPECT_EQ(c->stats().get_retries, 1u);
-  EXPECT_EQ(c->stats().get_reads, 4u);
+  EXPECT_EQ(c->stats().get_reads, 6u);
   // Always slow: no value is returned after the attempts (kTimedOut: nothing was wrong but time).
   slow = 1000;
   o.max_get_attempts = 3;
@@ -496,7 +557,7 @@ TEST_F(FakeClientTest, ReconnectsAfterRestartAndDropsCache) {
   g = c->Get("k");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, "after");
-  EXPECT_EQ(c->stats().get_reads - reads, 2u);  // cache dropped: window + item
+  EXPECT_EQ(c->stats().get_reads - reads, 3u);  // cache dropped: buckets + item
   EXPECT_EQ(c->stats().reconnects, 1u);
   // A connection that merely broke (same incarnation) keeps the cache.
   ++server_.generation;
@@ -544,6 +605,37 @@ TEST_F(FakeClientTest, ConnectErrors) {
   EXPECT_EQ(Client::Connect(pub).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A server of layout version 2 (index v2 with 64-byte units) is refused by this client (layout
+// 3, 32-byte units) with a message that names both versions: at the transport's region
+// descriptor, and at the region header when the descriptor is not the one that tells.
+TEST_F(FakeClientTest, RefusesLayoutVersion2Region) {
+  ASSERT_EQ(kv::kLayoutVersion, 3u);
+  server_.advertised_layout_version = 2;
+  auto c = Connect();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(c.status().message().find(
+                "layout version 2 (a server from before compact items: 64-byte units), this "
+                "client reads 3"),
+            std::string::npos)
+      << c.status().message();
+  server_.advertised_layout_version = kv::kLayoutVersion;
+  kv::RegionHeader good = header();
+  kv::RegionHeader h = good;
+  h.layout_version = 2;
+  h.header_checksum = kv::HeaderChecksum(h);
+  server_.SetHeader(h);
+  c = Connect();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(c.status().message().find("server region header: layout version 2 (a server from "
+                                      "before compact items: 64-byte units), this client reads 3"),
+            std::string::npos)
+      << c.status().message();
+  server_.SetHeader(good);
+  EXPECT_TRUE(Connect().ok());
+}
+
 TEST_F(FakeClientTest, RefusesBadRegionHeaders) {
   kv::RegionHeader good = header();
   auto expect_refused = [&](kv::RegionHeader h, const char* why) {
@@ -556,10 +648,19 @@ TEST_F(FakeClientTest, RefusesBadRegionHeaders) {
   kv::RegionHeader h = good;
   h.magic ^= 1;
   expect_refused(h, "magic");
+  // A server of the layout before index v2 (its header otherwise intact), and a newer one.
   h = good;
-  h.layout_version = 2;
+  h.layout_version = 1;
   h.header_checksum = kv::HeaderChecksum(h);
-  expect_refused(h, "layout version 2");
+  expect_refused(h, "layout version 1 (a server from before index v2), this client reads 3");
+  h = good;
+  h.layout_version = 4;
+  h.header_checksum = kv::HeaderChecksum(h);
+  expect_refused(h, "layout version 4 (a newer server)");
+  h = good;
+  h.bucket_count = 1;  // two choices need two buckets
+  h.header_checksum = kv::HeaderChecksum(h);
+  expect_refused(h, "geometry");
   h = good;
   h.max_value_bytes += 1;  // not re-checksummed
   expect_refused(h, "checksum");
@@ -622,7 +723,7 @@ TEST_F(FakeClientTest, WriteErrorsAndValidation) {
 
 TEST_F(FakeClientTest, MultiGetBatchesAndMissingKeys) {
   ClientOptions o;
-  o.max_batch_reads = 7;  // several window batches, candidate batches split by op count
+  o.max_batch_reads = 7;  // several bucket batches, candidate batches split by op count
   auto c = MustConnect(o);
   std::vector<std::string> names;
   for (int i = 0; i < 50; ++i) {
@@ -646,13 +747,13 @@ TEST_F(FakeClientTest, MultiGetBatchesAndMissingKeys) {
   EXPECT_EQ(results[50].status().code(), StatusCode::kInvalidArgument);
   ClientStats s = c->stats();
   EXPECT_EQ(s.gets, 50u);
-  EXPECT_EQ(s.get_reads, 50u + 33u);
+  EXPECT_EQ(s.get_reads, 100u + 33u);  // two buckets per key, an item per present key
   // Again: the 33 present keys come from the cache with one READ each.
   results = c->MultiGet(keys);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(results[i].ok(), i % 3 != 0);
   s = c->stats();
   EXPECT_EQ(s.cache_hits, 33u);
-  EXPECT_EQ(s.get_reads, 83u + 33u + 17u);
+  EXPECT_EQ(s.get_reads, 133u + 33u + 34u);
   EXPECT_TRUE(c->MultiGet({}).empty());
 }
 

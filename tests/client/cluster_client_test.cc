@@ -4,6 +4,7 @@
 // old owner's lease never returns the old owner's value after the move was acknowledged.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -14,6 +15,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "common/cluster/cluster_map.h"
 #include "common/kv/admin_wire.h"
@@ -119,6 +122,22 @@ TEST_F(ClusterClientTest, AllOperationsSpreadOverEveryServerFromAnySeed) {
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_NE(stats->find("\"reachable\":3"), std::string::npos) << *stats;
   EXPECT_NE(stats->find("\"items\":" + std::to_string(keys.size())), std::string::npos) << *stats;
+  // Latency percentiles do not add up: the totals' are those of the servers' buckets summed.
+  nlohmann::json j = nlohmann::json::parse(*stats);
+  const nlohmann::json& total_put = j["total"]["latency"]["ops"]["put"];
+  uint64_t puts = 0;
+  double highest_p99 = 0;
+  for (const nlohmann::json& one : j["per_server"]) {
+    const nlohmann::json& lat = one["stats"]["latency"]["ops"];
+    if (!lat.contains("put")) continue;
+    puts += lat["put"]["count"].get<uint64_t>();
+    highest_p99 = std::max(highest_p99, lat["put"]["p99_us"].get<double>());
+  }
+  EXPECT_GT(puts, 0u);
+  EXPECT_EQ(total_put["count"].get<uint64_t>(), puts) << total_put.dump();
+  EXPECT_GT(total_put["p50_us"].get<double>(), 0);
+  EXPECT_LE(total_put["p50_us"].get<double>(), total_put["p99_us"].get<double>());
+  EXPECT_LE(total_put["p99_us"].get<double>(), highest_p99) << "a sum of percentiles, not a merge";
 }
 
 TEST_F(ClusterClientTest, ThreadsShareOneClientAcrossServers) {
@@ -202,6 +221,126 @@ TEST_F(ClusterClientTest, ServerDownFailsOnlyItsKeysThenReconnects) {
   ASSERT_TRUE(put.ok()) << put.ToString();
   EXPECT_EQ(c->Get(k1)->value, "again");
   EXPECT_GE(c->stats().reconnects, 1u);
+}
+
+// MultiGet has every owner's batch in flight together (docs/design.md, "MultiGet: every owner's
+// batch in flight together"): keys spread over three owners cost the round trips (waits) of keys
+// on one owner, 2 cold (buckets, then items) and 1 warm; asked one owner after another they
+// would cost three times as many.
+TEST_F(ClusterClientTest, MultiGetOverThreeOwnersCostsTheRoundTripsOfOne) {
+  constexpr int kPerServer = 8;
+  std::vector<std::string> one, spread;  // all on server 0; kPerServer on each server
+  for (int n = 0; n < kPerServer * 3; ++n) one.push_back(KeyIn(0, n, "mg"));
+  for (int n = 0; n < kPerServer; ++n) {
+    for (uint32_t s = 0; s < 3; ++s) spread.push_back(KeyIn(s, n, "mg"));  // shard s: server s
+  }
+  {
+    auto w = NewClient(0);
+    ASSERT_NE(w, nullptr);
+    for (const auto& k : one) ASSERT_TRUE(w->Put(k, "v-" + k).ok()) << k;
+    for (const auto& k : spread) ASSERT_TRUE(w->Put(k, "v-" + k).ok()) << k;
+  }
+  // Round trips of one MultiGet of `keys` by `c`, checking every value.
+  auto round_trips = [](Client& c, const std::vector<std::string>& keys) -> uint64_t {
+    std::vector<std::string_view> views(keys.begin(), keys.end());
+    const uint64_t before = c.stats().get_round_trips;
+    auto many = c.MultiGet(views);
+    const uint64_t after = c.stats().get_round_trips;
+    EXPECT_EQ(many.size(), keys.size());
+    for (size_t i = 0; i < keys.size() && i < many.size(); ++i) {
+      EXPECT_TRUE(many[i].ok()) << keys[i] << ": " << many[i].status().ToString();
+      if (many[i].ok()) {
+        EXPECT_EQ(many[i]->value, "v-" + keys[i]);
+      }
+    }
+    return after - before;
+  };
+  // Fresh clients (no cached locations) whose sessions to every server are open (a PUT each
+  // opens them; their locations are of other keys), so that only GET batches are counted.
+  auto fresh = [&]() {
+    auto c = NewClient(1);
+    for (uint32_t s = 0; s < 3; ++s) {
+      const std::string k = KeyIn(s, 0, "warm");
+      EXPECT_TRUE(c != nullptr && c->Put(k, "x").ok());
+    }
+    return c;
+  };
+  auto c1 = fresh();
+  auto c3 = fresh();
+  ASSERT_NE(c1, nullptr);
+  ASSERT_NE(c3, nullptr);
+  const uint64_t cold_one = round_trips(*c1, one);
+  const uint64_t cold_spread = round_trips(*c3, spread);
+  EXPECT_EQ(cold_one, 2u) << "buckets, then items";
+  EXPECT_EQ(cold_spread, cold_one) << "three owners' batches in flight together";
+  const uint64_t warm_one = round_trips(*c1, one);
+  const uint64_t warm_spread = round_trips(*c3, spread);
+  EXPECT_EQ(warm_one, 1u) << "cached locations: one READ each, one batch";
+  EXPECT_EQ(warm_spread, warm_one);
+}
+
+// Threads sharing one client whose connections have few READ slots: a fanned-out batch often
+// finds its connection's slots taken by another thread's (PostReads says kBusy) and is posted
+// and waited for with ReadAndWait instead. Every value still comes back right.
+TEST_F(ClusterClientTest, FannedOutMultiGetsShareScarceReadSlots) {
+  ClientOptions o;
+  o.max_outstanding_reads = 8;
+  o.max_batch_reads = 8;  // a MultiGet of 12 keys takes several batches per owner
+  auto c = NewClient(2, o);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;
+  for (int n = 0; n < 4; ++n) {
+    for (uint32_t s = 0; s < 3; ++s) keys.push_back(KeyIn(s, n, "busy"));
+  }
+  for (const auto& k : keys) ASSERT_TRUE(c->Put(k, "v-" + k).ok()) << k;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      std::vector<std::string_view> views(keys.begin(), keys.end());
+      for (int round = 0; round < 50; ++round) {
+        auto many = c->MultiGet(views);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (!many[i].ok() || many[i]->value != "v-" + keys[i]) failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+// A dead owner fails only its own keys while the other owners' batches of the same rounds are
+// answered: its session was open (its batch fails at the post or the READ), not refused at
+// connect as in ServerDownFailsOnlyItsKeysThenReconnects.
+TEST_F(ClusterClientTest, MultiGetWithOneOwnerDeadAnswersTheOthers) {
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;
+  for (int n = 0; n < 6; ++n) {
+    for (uint32_t s = 0; s < 3; ++s) keys.push_back(KeyIn(s, n, "iso"));
+  }
+  for (const auto& k : keys) ASSERT_TRUE(c->Put(k, "v-" + k).ok()) << k;
+  std::vector<std::string_view> views(keys.begin(), keys.end());
+  for (const auto& r : c->MultiGet(views)) ASSERT_TRUE(r.ok()) << r.status().ToString();
+
+  servers_[2].reset();  // its session stays open in the client until a batch finds it broken
+  for (int attempt = 0; attempt < 2; ++attempt) {  // the broken session, then a refused connect
+    auto many = c->MultiGet(views);
+    ASSERT_EQ(many.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (ShardOfKey(keys[i]) % 3 == 2) {
+        EXPECT_FALSE(many[i].ok()) << keys[i];
+        EXPECT_TRUE(many[i].status().Is(StatusCode::kUnavailable) ||
+                    many[i].status().Is(StatusCode::kConnectionLost))
+            << many[i].status().ToString();
+      } else {
+        ASSERT_TRUE(many[i].ok()) << "attempt " << attempt << " " << keys[i] << ": "
+                                  << many[i].status().ToString();
+        EXPECT_EQ(many[i]->value, "v-" + keys[i]);
+      }
+    }
+  }
 }
 
 TEST_F(ClusterClientTest, WriteFollowsRedirectAfterMapChange) {

@@ -9,7 +9,7 @@
 // FaultInjectionTestEnv: the real thing, plus faults a test asks for by name):
 //   - on_read: after each READ's copy, may alter the destination or fail the READ (torn,
 //     slow, lost READs);
-//   - WriteItem / Retire / Window / FindSlot: items and slot words the store would never write
+//   - WriteItem / Retire / Bucket / FindSlot: items and slot words the store would never write
 //     (foreign items under a key's fingerprint, a new item linked while the old one is LIVE).
 //     WriteItem places items in the injection area, the heap's last part, which the store's
 //     allocator never hands out (the region header counts it in the heap, so clients read it);
@@ -102,11 +102,11 @@ class FakeServer {
     kv::ItemHeader item{};
   };
 
-  // The 16 slots of `hash`'s index window.
-  uint64_t* Window(uint64_t hash) {
+  // The kSlotsPerBucket slots of `key`'s candidate bucket `choice` (0 or 1).
+  uint64_t* Bucket(std::string_view key, size_t choice) {
     kv::RegionHeader h = header();
-    return reinterpret_cast<uint64_t*>(region_ + h.index_offset +
-                                       kv::BucketOf(hash, h.bucket_count) * kv::kBucketBytes);
+    kv::Buckets b = kv::BucketsOf(kv::KeyHash(key), kv::SecondHash(key), h.bucket_count);
+    return reinterpret_cast<uint64_t*>(region_ + h.index_offset + b.b[choice] * kv::kBucketBytes);
   }
 
   uint8_t* ItemAt(uint32_t offset_units) {
@@ -116,17 +116,20 @@ class FakeServer {
   // The slot holding `key`, or nullptr.
   uint64_t* FindSlot(std::string_view key) {
     uint64_t hash = kv::KeyHash(key);
-    uint64_t* w = Window(hash);
-    for (size_t i = 0; i < kv::kSlotsPerBucket * kv::kWindowBuckets; ++i) {
-      uint64_t word = std::atomic_ref<uint64_t>(w[i]).load(std::memory_order_acquire);
-      if (word == 0) continue;
-      kv::SlotFields f = kv::UnpackSlot(word);
-      if (f.fingerprint != kv::FingerprintOf(hash)) continue;
-      const uint8_t* it = ItemAt(f.offset_units);
-      kv::ItemHeader ih;
-      std::memcpy(&ih, it, sizeof(ih));
-      if (ih.key_bytes == key.size() && std::memcmp(it + sizeof(ih), key.data(), key.size()) == 0) {
-        return &w[i];
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      uint64_t* w = Bucket(key, c);
+      for (size_t i = 0; i < kv::kSlotsPerBucket; ++i) {
+        uint64_t word = std::atomic_ref<uint64_t>(w[i]).load(std::memory_order_acquire);
+        if (word == 0) continue;
+        kv::SlotFields f = kv::UnpackSlot(word);
+        if (f.fingerprint != kv::FingerprintOf(hash)) continue;
+        const uint8_t* it = ItemAt(f.offset_units);
+        kv::ItemHeader ih;
+        std::memcpy(&ih, it, sizeof(ih));
+        if (ih.key_bytes == key.size() &&
+            std::memcmp(it + sizeof(ih), key.data(), key.size()) == 0) {
+          return &w[i];
+        }
       }
     }
     return nullptr;
@@ -254,6 +257,9 @@ class FakeServer {
   std::atomic<uint64_t> calls{0};
   std::atomic<bool> calls_time_out{false};
   uint32_t rkey = 0x5eed;
+  // The layout version the transport advertises for the region (a test of the refusal sets an
+  // older one); the region header carries its own.
+  uint32_t advertised_layout_version = kv::kLayoutVersion;
   // Called after each READ's copy; may alter the destination or return a failure status.
   std::function<transport::ReadStatus(transport::ReadOp& op, uint64_t offset)> on_read;
 
@@ -306,8 +312,8 @@ class FakeMemory : public transport::MemoryRegion {
 class FakeConnection : public transport::Connection {
  public:
   explicit FakeConnection(FakeServer* s) : s_(s), generation_(s->generation.load()) {
-    regions_.push_back(
-        {reinterpret_cast<uint64_t>(s->region()), s->size(), s->rkey, kv::kLayoutVersion});
+    regions_.push_back({reinterpret_cast<uint64_t>(s->region()), s->size(), s->rkey,
+                        s->advertised_layout_version});
   }
   const std::vector<transport::RegionDescriptor>& regions() const override { return regions_; }
 

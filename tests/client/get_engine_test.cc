@@ -111,12 +111,14 @@ TEST_F(GetEngineTest, CachedLocationHitIsOneRead) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, "alice");
   EXPECT_EQ(g->version, v);
-  EXPECT_EQ(stats().get_reads, 2u);  // window + item
+  EXPECT_EQ(stats().get_reads, 3u);  // both buckets + item
+  EXPECT_EQ(stats().get_round_trips, 2u);
   EXPECT_EQ(stats().cache_hits, 0u);
   g = Resolve("user:1");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, "alice");
-  EXPECT_EQ(stats().get_reads, 3u);  // the cached item only
+  EXPECT_EQ(stats().get_reads, 4u);  // the cached item only
+  EXPECT_EQ(stats().get_round_trips, 3u);
   EXPECT_EQ(stats().cache_hits, 1u);
   EXPECT_EQ(stats().gets, 2u);
 }
@@ -132,7 +134,8 @@ TEST_F(GetEngineTest, StaleCachedLocationFallsBackToTheIndex) {
   EXPECT_EQ(g->version, v2);
   EXPECT_EQ(stats().cache_misses, 1u);
   EXPECT_EQ(stats().cache_hits, 0u);
-  EXPECT_EQ(stats().get_reads, 2u + 1u + 2u);  // index, stale cached item, index again
+  EXPECT_EQ(stats().get_reads, 3u + 1u + 3u);  // index, stale cached item, index again
+  EXPECT_EQ(stats().get_round_trips, 2u + 1u + 2u);
   EXPECT_EQ(stats().get_retries, 0u);
 }
 
@@ -143,7 +146,7 @@ TEST_F(GetEngineTest, ForeignItemUnderTheKeysFingerprintIsNotTheKey) {
   uint64_t mine = kv::KeyHash("mine");
   kv::SlotFields f = kv::UnpackSlot(server_.WriteItem("other", "x", 7));
   f.fingerprint = kv::FingerprintOf(mine);
-  server_.Window(mine)[0] = kv::PackSlot(f);
+  server_.Bucket("mine", 1)[0] = kv::PackSlot(f);
   auto g = Resolve("mine");
   EXPECT_EQ(g.status().code(), StatusCode::kNotFound) << g.status().ToString();
   EXPECT_EQ(stats().get_retries, 0u);

@@ -63,6 +63,10 @@ class SigstopTest : public ::testing::Test {
     o.transport = "verbs";
     o.auth_token = "sigstop";
     o.op_timeout = std::chrono::milliseconds(3000);
+    // The first connect to a freshly started kvserver in the emulated VM was answered only
+    // after 7-9 s in two full-suite runs (never when this test runs alone; the cause is not
+    // known yet, see docs/transport-verbs.md "Known limitations"): allow for it.
+    o.connect_timeout = std::chrono::milliseconds(30000);
     auto c = rdkv::Client::Connect(o);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     client_ = std::move(*c);
@@ -128,6 +132,17 @@ TEST_F(SigstopTest, GetsNeedNoServerCpuWritesDo) {
   std::fprintf(stderr, "sigstop_test: PUT while stopped: %s; resuming kvserver\n",
                put.status().ToString().c_str());
   ASSERT_EQ(kill(pid_, SIGCONT), 0);
+  // The timed-out PUT's outcome is unknown: it waits in the server's receive queue and may be
+  // applied after SIGCONT, even after a later PUT from another worker (linearizable: an
+  // unknown write may take effect at any time). Give it time to land before the next write.
+  bool landed = false;
+  for (int i = 0; i < 100 && !landed; ++i) {
+    auto now = client_->Get("key0");
+    landed = now.ok() && now->value == "while-stopped";
+    if (!landed) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::fprintf(stderr, "sigstop_test: the timed-out PUT %s\n",
+               landed ? "was applied after the resume" : "did not show within 5 s");
   auto after = client_->Put("key0", "after-resume");
   ASSERT_TRUE(after.ok()) << after.status().ToString();
   auto got = client_->Get("key0");

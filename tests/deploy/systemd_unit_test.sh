@@ -54,6 +54,28 @@ OUT=$(cd "$WORK/units" && systemd-analyze verify broken@.service 2>&1) || true
 check "  ... and it does report a misspelt key and a bad value" \
   bash -c 'grep -q "LockPersonalty" <<<"$1" && grep -q "bogus" <<<"$1"' _ "$OUT"
 
+# The coordinator's unit (deploy/systemd/rdkv-kvcoord.service): verify and exposure.
+CUNIT=$ROOT/deploy/systemd/rdkv-kvcoord.service
+cbin=$WORK/bin/kvcoord
+if [[ -x $BUILD/coordinator/kvcoord ]]; then cp "$BUILD/coordinator/kvcoord" "$cbin"; else printf '#!/bin/sh\n' >"$cbin"; fi
+chmod +x "$cbin"
+sed "s|/usr/local/bin/kvcoord|$cbin|" "$CUNIT" >"$WORK/units/rdkv-kvcoord.service"
+OUT=$(cd "$WORK/units" && systemd-analyze verify rdkv-kvcoord.service 2>&1) && rc=0 || rc=$?
+if [[ $rc == 0 && -z $OUT ]]; then
+  ok "kvcoord unit: systemd-analyze verify: no complaints"
+else
+  bad "kvcoord unit: systemd-analyze verify (exit $rc) complained:"
+  sed 's/^/    | /' <<<"$OUT"
+fi
+if [[ -x $BUILD/coordinator/kvcoord ]]; then
+  # Every flag the unit passes through --tryfromenv is one kvcoord has.
+  cflags=$(sed -n 's/.*--tryfromenv=\([a-z_,]*\).*/\1/p' "$CUNIT" | tr ',' ' ')
+  chelp=$("$BUILD/coordinator/kvcoord" --help 2>&1)
+  missing=""
+  for f in $cflags; do grep -qE -- "^ +-$f " <<<"$chelp" || missing+=" $f"; done
+  check "kvcoord unit: every --tryfromenv flag exists in kvcoord${missing:+ (missing:$missing)}" test -z "$missing"
+fi
+
 # --- 2. what RDMA needs ------------------------------------------------------------------------
 has() { grep -qE "^$1" "$UNIT"; }
 check "LimitMEMLOCK=infinity (registered memory is pinned)" has 'LimitMEMLOCK=infinity$'

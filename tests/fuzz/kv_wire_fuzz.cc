@@ -121,6 +121,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   CheckAdminAnswers(text, limits);
+  // A write answer's item location: accepted only whole, and re-encodes to the same bytes.
+  auto where = rdkv::kv::DecodeItemLocation(text);
+  if (where.ok() && where->has_value()) {
+    std::string again;
+    rdkv::kv::EncodeItemLocation(**where, &again);
+    if (again != text) std::abort();
+  }
   // Bytes READ from a region: the check must never accept a wrong key.
   std::string_view value;
   uint64_t version = 0;

@@ -50,9 +50,21 @@ void DecodeAndCompare(FrameType type, Bytes body, Bytes frame) {
       auto h = DecodeHello(body);
       if (h.ok()) {
         Check(version.ok() && *version == h->version);
-        Check(h->auth_token.size() <= kMaxTokenLength);
+        Check(h->auth.role == rdkv::transport::SessionRole::kData ||
+              h->auth.role == rdkv::transport::SessionRole::kAdmin);
+        Check(body.size() == kHelloBodySize);
         compare(EncodeHello(*h));
       }
+      break;
+    }
+    case FrameType::kChallenge: {
+      auto c = DecodeChallenge(body);
+      if (c.ok()) compare(EncodeChallenge(*c));
+      break;
+    }
+    case FrameType::kProof: {
+      auto p = DecodeProof(body);
+      if (p.ok()) compare(EncodeProof(*p));
       break;
     }
     case FrameType::kWelcome: {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
 #include <vector>
 
 namespace rdkv::kv {
@@ -33,15 +35,107 @@ TEST(LayoutTest, SlotRoundTrip) {
 }
 
 TEST(LayoutTest, GeometryFitsRegion) {
-  for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{64} << 20, uint64_t{3} << 30}) {
-    Geometry g = ComputeGeometry(bytes, 1.0 / 16);
-    ASSERT_GT(g.bucket_count, 0u);
-    EXPECT_EQ(g.index_offset, kHeaderBytes);
-    EXPECT_GE(g.heap_offset, g.index_offset + (g.bucket_count + 1) * kBucketBytes);
-    EXPECT_EQ(g.heap_offset % kUnit, 0u);
-    EXPECT_LE(g.heap_offset + g.heap_bytes, bytes);
+  for (double fraction : {0.001, 1.0 / 16, kDefaultIndexFraction, 0.5}) {
+    for (uint64_t bytes : {uint64_t{1} << 20, uint64_t{64} << 20, uint64_t{3} << 30}) {
+      Geometry g = ComputeGeometry(bytes, fraction);
+      ASSERT_GE(g.bucket_count, 2u);
+      EXPECT_EQ(g.index_offset, kHeaderBytes);
+      EXPECT_EQ(g.index_offset % kBucketBytes, 0u);
+      EXPECT_GE(g.heap_offset, g.index_offset + g.bucket_count * kBucketBytes);
+      EXPECT_EQ(g.heap_offset % kUnit, 0u);
+      EXPECT_LE(g.heap_offset + g.heap_bytes, bytes);
+      // The index gets its share (to within a bucket, at least two buckets).
+      EXPECT_LE(g.bucket_count * kBucketBytes,
+                std::max<uint64_t>(2 * kBucketBytes, uint64_t(double(bytes) * fraction)));
+      EXPECT_GT((g.bucket_count + 1) * kBucketBytes, uint64_t(double(bytes) * fraction));
+    }
   }
   EXPECT_EQ(ComputeGeometry(1000, 1.0 / 16).bucket_count, 0u) << "too small";
+}
+
+TEST(LayoutTest, VersionThreeGeometryConstants) {
+  EXPECT_EQ(kLayoutVersion, 3u);
+  EXPECT_EQ(kSlotsPerBucket, 64u);
+  EXPECT_EQ(kBucketBytes, 512u);
+  EXPECT_EQ(kCandidateSlots, 128u);
+  EXPECT_EQ(kHeaderBytes % kBucketBytes, 0u) << "buckets stay aligned";
+}
+
+// Layout 3's 32-byte units: a 16-byte key with a 32-byte value takes 96 B (three units; 128 B
+// in layout 2), the largest item (largest key, largest value) fits the slot's 16-bit length,
+// and 32-bit offsets reach the largest heap ComputeGeometry hands out.
+TEST(LayoutTest, VersionThreeUnitsAreCompact) {
+  EXPECT_EQ(kUnit, 32u);
+  EXPECT_EQ(UnitsFor(ItemBytes(16, 32)) * kUnit, 96u);
+  EXPECT_EQ(UnitsFor(ItemBytes(1, 0)), 2u) << "the smallest item: header + one key byte";
+  EXPECT_EQ(UnitsFor(ItemBytes(24, 1000)) * kUnit, 1056u);
+  EXPECT_LE(UnitsFor(ItemBytes(kMaxKeyBytes, kMaxValueBytes)), kMaxItemUnits);
+  Geometry g = ComputeGeometry(uint64_t{1} << 38, 1.0 / 8);  // 256 GiB region
+  EXPECT_EQ(g.heap_bytes, (uint64_t{1} << 32) * kUnit) << "heap capped at 2^32 units";
+  SlotFields last{1, 1, static_cast<uint32_t>(g.heap_bytes / kUnit - 1)};
+  RegionHeader h{};
+  h.heap_offset = g.heap_offset;
+  h.heap_bytes = g.heap_bytes;
+  ASSERT_TRUE(SlotItemOffset(h, UnpackSlot(PackSlot(last))).has_value());
+  EXPECT_EQ(*SlotItemOffset(h, UnpackSlot(PackSlot(last))), g.heap_offset + g.heap_bytes - kUnit);
+}
+
+// The two candidate buckets: in range, always different, stable, and spread independently.
+TEST(LayoutTest, TwoCandidateBucketsAreDistinctAndIndependent) {
+  for (uint64_t n : {uint64_t{2}, uint64_t{3}, uint64_t{1000}, uint64_t{1} << 20}) {
+    for (int i = 0; i < 2000; ++i) {
+      std::string key = "k" + std::to_string(i);
+      Buckets b = BucketsOf(KeyHash(key), SecondHash(key), n);
+      ASSERT_LT(b.b[0], n);
+      ASSERT_LT(b.b[1], n);
+      ASSERT_NE(b.b[0], b.b[1]) << key << " n=" << n;
+      Buckets again = BucketsOf(KeyHash(key), SecondHash(key), n);
+      EXPECT_EQ(again.b[0], b.b[0]);
+      EXPECT_EQ(again.b[1], b.b[1]);
+    }
+  }
+  // Equal raw choices move the second to the next bucket (wrapping).
+  EXPECT_EQ(BucketsOf(uint64_t{5} << 20, 5, 10).b[1], 6u);
+  EXPECT_EQ(BucketsOf(uint64_t{9} << 20, 9, 10).b[1], 0u);
+  // Keys that share their first bucket spread over the others with their second.
+  const uint64_t n = 64;
+  std::vector<int> second(n, 0);
+  int shared = 0;
+  for (int i = 0; i < 200000 && shared < 2000; ++i) {
+    std::string key = "x" + std::to_string(i);
+    Buckets b = BucketsOf(KeyHash(key), SecondHash(key), n);
+    if (b.b[0] != 7) continue;
+    ++shared;
+    ++second[b.b[1]];
+  }
+  ASSERT_EQ(shared, 2000);
+  int distinct = 0;
+  for (uint64_t i = 0; i < n; ++i) distinct += second[i] > 0;
+  EXPECT_GE(distinct, 60) << "second choices independent of the first";
+}
+
+// The header round-trips through its bytes: a reader recomputes the same checksum, and a
+// version-1 header (the layout before index v2) is told apart by its version field.
+TEST(LayoutTest, HeaderRoundTripAndVersion) {
+  std::vector<uint8_t> page(kHeaderBytes, 0);
+  RegionHeader h{};
+  h.magic = kRegionMagic;
+  h.layout_version = kLayoutVersion;
+  h.header_bytes = kHeaderBytes;
+  h.region_bytes = 1 << 20;
+  h.index_offset = kHeaderBytes;
+  h.bucket_count = 16;
+  h.heap_offset = kHeaderBytes + 16 * kBucketBytes;
+  h.heap_bytes = (1 << 20) - h.heap_offset;
+  h.header_checksum = HeaderChecksum(h);
+  std::memcpy(page.data(), &h, sizeof(h));
+  RegionHeader back;
+  std::memcpy(&back, page.data(), sizeof(back));
+  EXPECT_EQ(back.layout_version, 3u);
+  EXPECT_EQ(back.bucket_count, 16u);
+  EXPECT_EQ(HeaderChecksum(back), back.header_checksum);
+  back.layout_version = 1;
+  EXPECT_NE(HeaderChecksum(back), h.header_checksum) << "the version is covered";
 }
 
 TEST(LayoutTest, CheckItemAcceptsOnlyTheLiveItemOfTheKey) {

@@ -36,6 +36,32 @@ TEST(WireTest, ResponseRoundTrip) {
   EXPECT_EQ(r->body, "{\"items\":1}");
 }
 
+TEST(WireTest, ItemLocationRoundTripsAndRefusesMalformedBodies) {
+  std::string body;
+  EncodeItemLocation({0xdeadbeef, 513, 1}, &body);
+  ASSERT_EQ(body.size(), kItemLocationBytes);
+  EXPECT_EQ(static_cast<uint8_t>(body[0]), 0xef);  // little-endian on the wire
+  Result<std::optional<ItemLocation>> w = DecodeItemLocation(body);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(w->has_value());
+  EXPECT_EQ(**w, (ItemLocation{0xdeadbeef, 513, 1}));
+  // No body: no location (a retried write's answer, an older server).
+  w = DecodeItemLocation("");
+  ASSERT_TRUE(w.ok());
+  EXPECT_FALSE(w->has_value());
+  // Wrong size, zero length, a third bucket, a reserved byte set.
+  EXPECT_TRUE(DecodeItemLocation(body.substr(0, 7)).status().Is(StatusCode::kProtocolError));
+  EXPECT_TRUE(DecodeItemLocation(body + "x").status().Is(StatusCode::kProtocolError));
+  std::string bad;
+  EncodeItemLocation({1, 0, 0}, &bad);
+  EXPECT_TRUE(DecodeItemLocation(bad).status().Is(StatusCode::kProtocolError));
+  EncodeItemLocation({1, 1, 2}, &bad);
+  EXPECT_TRUE(DecodeItemLocation(bad).status().Is(StatusCode::kProtocolError));
+  bad = body;
+  bad[7] = 1;
+  EXPECT_TRUE(DecodeItemLocation(bad).status().Is(StatusCode::kProtocolError));
+}
+
 TEST(WireTest, MalformedRequestsAreProtocolErrors) {
   std::vector<uint8_t> good;
   EncodeRequest({Op::kPut, "k", "v", 0}, &good);

@@ -147,6 +147,9 @@ TEST(KvbenchE2E, EveryWorkloadAgainstRdkv) {
     // rdkv's own figures: every GET took at least one READ.
     EXPECT_EQ(BackendValue(r, "GETs"), double(reads));
     EXPECT_GE(BackendValue(r, "READsPerGET"), 1.0);
+    // Round trips: at least one per GET, never more than its READs (a batch holds one or more).
+    EXPECT_GE(BackendValue(r, "RTTsPerGET"), 1.0);
+    EXPECT_LE(BackendValue(r, "RTTsPerGET"), BackendValue(r, "READsPerGET"));
     EXPECT_EQ(BackendValue(r, "ClientErrors"), 0.0);
 
     if (config->insertproportion > 0) {

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # The verbs test suite. Runs INSIDE the Soft-RoCE VM (started by tests/rxe/run-verbs-tests.sh):
 #   1. the transport conformance suite, verbs instances, RDKV_REQUIRE_VERBS=1 (no skipping)
-#   2. verbs-only transport tests (smoke, a refused RDMA WRITE)
+#   2. verbs-only transport tests (smoke, a refused RDMA WRITE, session security: a replayed or
+#      forged handshake, wrong secrets, roles, per-connection memory windows)
 #   3. kvserver + kvcli over verbs: every operation and its errors
 #   4. a full region over verbs (OutOfSpace, stored keys intact); a 3-server cluster over verbs
-#   5. one-sidedness (sigstop_test): with kvserver stopped by SIGSTOP, GETs of stored keys still
+#      with every shard on 2 servers: each write on both replicas, a promotion, GETs through it
+#   5. (RDKV_VM_FAILOVER=1) automatic failover over verbs: a primary SIGKILLed under a recorded
+#      load, promoted by kvcoord, restarted and caught up; lincheck (failover_kill_test.sh, 1 round)
+#   6. one-sidedness (sigstop_test): with kvserver stopped by SIGSTOP, GETs of stored keys still
 #      return the right values while a PUT times out; SIGCONT and everything resumes
 #
 #   tests/rxe/verbs-suite.sh BUILD_DIR
 set -uo pipefail
 B=${1:?usage: verbs-suite.sh BUILD_DIR}
-: "${RDKV_RXE_ADDR:?RDKV_RXE_ADDR is not set: this script runs inside tests/rxe/vm.sh}"
+if [[ -z ${RDKV_RXE_ADDR:-} ]]; then
+  echo "verbs-suite: SKIPPED: not inside the Soft-RoCE VM (RDKV_RXE_ADDR is not set); run it with tests/rxe/run-verbs-tests.sh $B"
+  exit 0
+fi
 export RDKV_REQUIRE_VERBS=1
 # The VM emulates its CPU (TCG): run the conformance suite at a reduced scale.
 export RDKV_TEST_SCALE=${RDKV_TEST_SCALE:-0.1}
@@ -28,6 +35,7 @@ run_gtest() {
 run_gtest conformance_test --gtest_filter='*/verbs'
 run_gtest verbs_smoke_test
 run_gtest verbs_write_refused_test
+run_gtest verbs_auth_test
 
 # --- kvserver and kvcli over verbs ---------------------------------------------------------
 work=$(mktemp -d)
@@ -111,18 +119,26 @@ cleanup
 server_pid=""
 
 # A 3-server cluster over verbs: one rxe device, three ports, one map; kvcli routes by shard.
+# Replicated (R=2, docs/design.md "Replication"): primaries forward every write to their backup
+# over verbs SEND/RECV with the admin secret (REPLICATE is an admin op).
 ports=()
 for i in 0 1 2; do ports+=($((17400 + i))); done
+replicas=$(python3 -c 'print(",".join("[%d,%d]" % (s % 3, (s + 1) % 3) for s in range(16)))')
 cat >"$work/map.json" <<MAP
 {"epoch": 1, "shards": 16, "servers": [
   {"id": 0, "address": "$RDKV_RXE_ADDR:${ports[0]}"},
   {"id": 1, "address": "$RDKV_RXE_ADDR:${ports[1]}"},
-  {"id": 2, "address": "$RDKV_RXE_ADDR:${ports[2]}"}]}
+  {"id": 2, "address": "$RDKV_RXE_ADDR:${ports[2]}"}],
+ "owners": [$(python3 -c 'print(",".join(str(s % 3) for s in range(16)))')],
+ "replicas": [$replicas]}
 MAP
+printf 'vm-admin-secret' >"$work/admin"
+chmod 600 "$work/admin"
 cluster_pids=()
 for i in 0 1 2; do
   "$B/server/kvserver" --transport=verbs --host="$RDKV_RXE_ADDR" --port="${ports[$i]}" \
     --port_file="$work/cport$i" --memory=32MiB --auth_token=vm-secret \
+    --admin_token_file="$work/admin" --worker_threads=4 \
     --cluster_map="$work/map.json" --server_id=$i --data_dir="$work/cdata$i" --durability=none \
     2>"$work/cluster$i.log" &
   cluster_pids+=($!)
@@ -138,7 +154,42 @@ out=$(cli --json cluster 2>&1)
 if [[ $(grep -o '"reachable":true' <<<"$out" | wc -l) == 3 ]]; then pass "kvcli cluster: 3 reachable servers over verbs"; else fail "kvcli cluster: $out"; fi
 spread=$(cli --json stats 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(1 for s in d["per_server"] if s.get("stats",{}).get("items",0) > 0))' || echo 0)
 if [[ $spread == 3 ]]; then pass "keys spread over all 3 servers"; else fail "keys on only $spread of 3 servers"; fi
+items=$(cli --json stats 2>/dev/null | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(s.get("stats",{}).get("items",0) for s in d["per_server"]))' || echo 0)
+if [[ $items == 24 ]]; then pass "every key on its 2 replicas (24 items for 12 keys)"; else fail "replicas hold $items items, want 24"; fi
+# Roles over verbs: the data secret alone cannot promote (an admin op); nothing changes.
+out=$(cli cluster promote 0 1 2>&1)
+rc=$?
+if [[ $rc != 0 && $out == *ermission* ]]; then pass "promote with the data secret only refused over verbs"; else fail "promote without the admin secret: exit $rc: $out"; fi
+for k in 1 2 3; do expect 0 "cval$k" -- get "ckey$k"; done
+if cli --admin_token_file="$work/admin" cluster promote 0 1 >"$work/promote.out" 2>&1; then
+  pass "kvcli cluster promote 0 1 over verbs"
+else
+  fail "promote over verbs: $(cat "$work/promote.out")"
+fi
+for k in $(seq 1 12); do expect 0 "cval$k" -- get "ckey$k"; done
+for k in $(seq 1 12); do expect 0 "" -- put "ckey$k" "again$k"; done
+for k in $(seq 1 12); do expect 0 "again$k" -- get "ckey$k"; done
 for p in "${cluster_pids[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+
+# Automatic failover over verbs (issue #12, docs/design.md "Failover"): the kill test of
+# tests/cluster/failover_kill_test.sh (map in etcd, R=3, two kvcoord detecting by the lease,
+# a recorded load, lincheck), one round, on the real one-sided path. Opt-in
+# (RDKV_VM_FAILOVER=1): under the VM's emulated CPU it did not finish within 20 minutes.
+if [[ ${RDKV_VM_FAILOVER:-0} != 1 ]]; then
+  echo "verbs-suite: SKIPPED: failover over verbs: set RDKV_VM_FAILOVER=1 to run it (slow under the VM's emulated CPU)"
+elif command -v etcd >/dev/null; then
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  if RDKV_FAILOVER_TRANSPORT=verbs RDKV_FAILOVER_HOST="$RDKV_RXE_ADDR" \
+    "$root/tests/cluster/failover_kill_test.sh" "$B" "$B/tests/history/history_load" \
+    "$B/tests/history/lincheck" 1 none >"$work/failover.out" 2>&1; then
+    pass "failover over verbs: $(grep -E '^ok - round|writes flowing' "$work/failover.out" | tr '\n' ' ')"
+  else
+    fail "failover over verbs (exit $?):"
+    grep -vE '^[IW][0-9]{8}' "$work/failover.out" | tail -n 30 | sed 's/^/    | /'
+  fi
+else
+  echo "verbs-suite: SKIPPED: failover over verbs: etcd is not installed"
+fi
 
 # One-sidedness (SIGSTOP) needs a client connected before the stop: its own test.
 run_gtest sigstop_test

@@ -397,6 +397,8 @@ trap 'note "terminated; stopping the VM"; exit 143' TERM HUP
   echo "export RDKV_RXE_DEVICE=$GUEST_DEV RDKV_RXE_ADDR=$GUEST_ADDR RDKV_IN_VM=1"
   echo 'export HOME=/root LANG=C.UTF-8 TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
   [[ -z $OUT ]] || printf 'export RDKV_VM_OUT=%q\n' "$OUT"
+  # Opt-in steps of the verbs suite (tests/rxe/verbs-suite.sh) pass through.
+  [[ -z ${RDKV_VM_FAILOVER:-} ]] || printf 'export RDKV_VM_FAILOVER=%q\n' "$RDKV_VM_FAILOVER"
   printf 'cd -- %q || { echo "RDKV_VM_ERROR=cannot cd to %q inside the guest %s"; exit %d; }\n' \
     "$CWD" "$CWD" "$NONCE" "$HARNESS_FAIL"
   echo "echo RDKV_VM_CMD_BEGIN $NONCE"

@@ -1,10 +1,7 @@
 // kvserver's Prometheus /metrics (server/metrics.h): a real in-process server on a free port,
 // scraped with a plain HTTP GET; the Grafana dashboard's queries name only exported metrics;
 // the client library's registry hook (ClientMetricSamples / ClientMetricsText).
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,8 +18,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "coordinator/coordinator.h"
+#include "rdkv/admin.h"
 #include "rdkv/client.h"
+#include "server/metrics.h"
 #include "server/server.h"
+#include "tests/support/cluster_fixture.h"
+#include "tests/support/scrape.h"
 
 namespace rdkv {
 namespace {
@@ -30,61 +32,9 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-// GET http://127.0.0.1:<port><path>; the body, or "" on any failure.
-std::string HttpGet(uint16_t port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const std::string request =
-        "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[65536];
-      ssize_t n;
-      while ((n = read(fd, buf, sizeof buf)) > 0) response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  if (response.rfind("HTTP/1.", 0) != 0 || response.find(" 200 ") == std::string::npos) return "";
-  size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
-}
-
-// One scrape: every sample by its series (name and labels as printed) and every family's type.
-struct Scrape {
-  std::map<std::string, double> samples;     // `rdkv_items` or `rdkv_requests_total{op="put",...}`
-  std::map<std::string, std::string> types;  // family name -> counter, gauge, histogram, ...
-
-  double at(const std::string& series) const {
-    auto it = samples.find(series);
-    return it == samples.end() ? -1 : it->second;
-  }
-};
-
-// Parses the text exposition format, failing the test on a line that is not in it.
-Scrape Parse(const std::string& text) {
-  Scrape s;
-  static const std::regex kSample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) (\S+)$)");
-  static const std::regex kType(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (\w+)$)");
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (line.empty() || line.rfind("# HELP ", 0) == 0) continue;
-    if (std::regex_match(line, m, kType)) {
-      s.types[m[1]] = m[2];
-    } else if (std::regex_match(line, m, kSample)) {
-      s.samples[m[1]] = std::strtod(m[3].str().c_str(), nullptr);
-    } else {
-      ADD_FAILURE() << "not exposition format: '" << line << "'";
-    }
-  }
-  return s;
-}
+using testing::HttpGet;
+using testing::Scrape;
+Scrape Parse(const std::string& text) { return testing::ParseExposition(text); }
 
 class MetricsTest : public ::testing::Test {
  protected:
@@ -171,6 +121,42 @@ TEST_F(MetricsTest, ScrapeIsExpositionFormatAndMovesWithTraffic) {
   EXPECT_EQ(after.at("rdkv_shards_owned"), 1);
 }
 
+// STATS carries the same histograms as latency percentiles by op (common/util/latency_json.h),
+// what kvcli stats and kvcli top show.
+TEST_F(MetricsTest, StatsJsonCarriesLatencyPercentilesByOp) {
+  constexpr int kPuts = 40;
+  for (int i = 0; i < kPuts; ++i) {
+    ASSERT_TRUE(client_->Put("lat" + std::to_string(i), std::string(100, 'x')).ok());
+  }
+  auto text = client_->Stats();
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  nlohmann::json j = nlohmann::json::parse(*text);
+  ASSERT_TRUE(j.contains("latency")) << *text;
+  const nlohmann::json& lat = j["latency"];
+  ASSERT_TRUE(lat["bounds_us"].is_array());
+  const std::vector<double> bounds = lat["bounds_us"].get<std::vector<double>>();
+  ASSERT_FALSE(bounds.empty());
+  EXPECT_DOUBLE_EQ(bounds.front(), 5.0);  // LatencySecondsBounds: 5 us .. 10 s
+  ASSERT_TRUE(lat["ops"].contains("put")) << lat.dump();
+  const nlohmann::json& put = lat["ops"]["put"];
+  EXPECT_EQ(put["count"].get<uint64_t>(), static_cast<uint64_t>(kPuts));
+  const std::vector<uint64_t> buckets = put["buckets"].get<std::vector<uint64_t>>();
+  ASSERT_EQ(buckets.size(), bounds.size() + 1);
+  uint64_t sum = 0;
+  for (uint64_t b : buckets) sum += b;
+  EXPECT_EQ(sum, static_cast<uint64_t>(kPuts));
+  // Sync-mode PUTs wait for a WAL fsync: never 0 us.
+  const double p50 = put["p50_us"].get<double>(), p99 = put["p99_us"].get<double>();
+  EXPECT_GT(p50, 0);
+  EXPECT_LE(p50, p99);
+  EXPECT_LE(p99, bounds.back());
+  // Ops never answered are left out.
+  EXPECT_FALSE(lat["ops"].contains("cas")) << lat.dump();
+  // The same histogram as /metrics.
+  Scrape scrape = ScrapeServer();
+  EXPECT_EQ(scrape.at(R"(rdkv_request_duration_seconds_count{op="put"})"), kPuts);
+}
+
 TEST_F(MetricsTest, OffUnlessAPortIsGiven) {
   server::ServerOptions o;
   o.port = 0;
@@ -181,11 +167,32 @@ TEST_F(MetricsTest, OffUnlessAPortIsGiven) {
   EXPECT_EQ((*s)->metrics_port(), 0);
 }
 
-// Every metric a query of deploy/grafana/rdkv-dashboard.json names is one the server exports
-// (a histogram's _bucket/_sum/_count series by its family).
+// Every metric a query of deploy/grafana/rdkv-dashboard.json names is one that kvserver or
+// kvcoord exports (a histogram's _bucket/_sum/_count series by its family): this standalone
+// server's scrape, the families a replicated server adds (ServerMetricFamilies of a clustered
+// server's stats, what its collector returns; ReplicatedMetricsTest scrapes them live) and
+// kvcoord's (CoordinatorMetricFamilies).
 TEST_F(MetricsTest, DashboardQueriesNameExportedMetrics) {
   ASSERT_TRUE(client_->Put("k", "v").ok());  // every family has a sample
   Scrape scrape = ScrapeServer();
+  server::ServerStats clustered;
+  clustered.clustered = true;
+  clustered.persist = server::persistence::PersisterStats{};
+  clustered.backups.push_back({1, true, 0, 0});
+  clustered.scan_progress.emplace_back(0, 1.0);
+  const auto kTypeName = [](prometheus::MetricType t) -> std::string {
+    return t == prometheus::MetricType::Counter     ? "counter"
+           : t == prometheus::MetricType::Gauge     ? "gauge"
+           : t == prometheus::MetricType::Histogram ? "histogram"
+                                                    : "other";
+  };
+  for (const prometheus::MetricFamily& f : server::ServerMetricFamilies(clustered)) {
+    scrape.types[f.name] = kTypeName(f.type);
+  }
+  for (const prometheus::MetricFamily& f :
+       coordinator::CoordinatorMetricFamilies(coordinator::CoordinatorStats{})) {
+    scrape.types[f.name] = kTypeName(f.type);
+  }
   std::ifstream file(RDKV_DASHBOARD_PATH);
   ASSERT_TRUE(file) << "cannot read " << RDKV_DASHBOARD_PATH;
   nlohmann::json dashboard = nlohmann::json::parse(file);
@@ -229,13 +236,136 @@ TEST_F(MetricsTest, DashboardQueriesNameExportedMetrics) {
   }
 }
 
+// A replicated cluster (3 servers, every shard on 2, shard 0: primary 0, backup 1): the
+// replication families of /metrics follow forwards, a backup that does not answer (lag,
+// pending forwards, repair), a catch-up copy to server 2 and a promotion.
+class ReplicatedMetricsTest : public testing::ClusterTest {
+ protected:
+  static constexpr uint32_t kShards = 3;
+  ReplicatedMetricsTest() : ClusterTest("replicated-metrics", kShards) {}
+
+  server::ServerOptions Options(uint32_t id) const override {
+    server::ServerOptions o = ClusterTest::Options(id);
+    o.metrics_port = 0;
+    o.worker_threads = 4;
+    // The default: a loaded CI host must not fail the writes that should succeed; the paused
+    // backup's write fails after it.
+    o.replication_timeout = std::chrono::milliseconds(2000);
+    return o;
+  }
+
+  Scrape ScrapeOf(int id) {
+    std::string body = HttpGet(servers_[id]->metrics_port(), "/metrics");
+    EXPECT_FALSE(body.empty()) << "no answer from server " << id << "'s /metrics";
+    return Parse(body);
+  }
+};
+
+TEST_F(ReplicatedMetricsTest, LagRepairAndCatchUpMove) {
+  PickPorts(3);
+  std::vector<std::string> addrs;
+  for (int i = 0; i < 3; ++i) addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
+  map_ = cluster::MakeUniformMap(addrs, kShards, 2);
+  StartServers(3);
+  ASSERT_EQ(map_.OwnerOf(0), 0u);
+  ASSERT_EQ(map_.backups[0], std::vector<uint32_t>{1});
+  auto client = NewClient(0);
+  ASSERT_NE(client, nullptr);
+  const std::string backup1 = R"({backup="1"})";
+
+  // Forwards: counted on the primary, applied on the backup; nothing left pending.
+  constexpr int kWrites = 30;
+  for (int i = 0; i < kWrites; ++i) {
+    ASSERT_TRUE(client->Put(KeyIn(0, i, "m"), "v" + std::to_string(i)).ok());
+  }
+  Scrape primary = ScrapeOf(0);
+  EXPECT_GE(primary.at("rdkv_replication_forwarded_writes_total"), kWrites);
+  EXPECT_GE(primary.at("rdkv_replication_batches_sent_total"), 1);
+  EXPECT_GE(primary.at("rdkv_replication_batched_writes_total"), kWrites);
+  EXPECT_EQ(primary.types["rdkv_replication_pending_forwards"], "gauge");
+  EXPECT_EQ(primary.at("rdkv_replication_pending_forwards" + backup1), 0);
+  EXPECT_EQ(primary.at("rdkv_replication_lag_seconds" + backup1), 0);
+  EXPECT_EQ(primary.at("rdkv_replication_backup_connected" + backup1), 1);
+  EXPECT_EQ(primary.at("rdkv_replication_repairs_pending"), 0);
+  EXPECT_GE(ScrapeOf(1).at("rdkv_replication_applied_total"), kWrites);
+
+  // The backup stops taking requests: a write waits for it (pending, lag grows), fails after
+  // the replication timeout and is kept for repair.
+  servers_[1]->PauseWorkers(true);
+  Status stalled;
+  std::thread writer([&] {
+    // Longer than the replication timeout (the primary fails the forward first).
+    ClientOptions patient;
+    patient.op_timeout = 3s;
+    auto c = NewClient(0, patient);
+    stalled =
+        c == nullptr ? Status::Internal("no client") : c->Put(KeyIn(0, 999, "m"), "x").status();
+  });
+  double pending = 0, lag = 0;
+  for (auto until = std::chrono::steady_clock::now() + 5s;
+       std::chrono::steady_clock::now() < until && (pending < 1 || lag <= 0);) {
+    Scrape s = ScrapeOf(0);
+    pending = s.at("rdkv_replication_pending_forwards" + backup1);
+    lag = s.at("rdkv_replication_lag_seconds" + backup1);
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GE(pending, 1) << "no pending forward seen while the backup was paused";
+  EXPECT_GT(lag, 0) << "no lag seen while the backup was paused";
+  writer.join();
+  EXPECT_FALSE(stalled.ok()) << "the write was acknowledged without its paused backup";
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < until;) {
+    primary = ScrapeOf(0);
+    if (primary.at("rdkv_replication_repairs_noted_total") >= 1) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_GE(primary.at("rdkv_replication_forward_errors_total"), 1);
+  EXPECT_GE(primary.at("rdkv_replication_repairs_noted_total"), 1);
+  EXPECT_GE(primary.at("rdkv_replication_repairs_pending"), 1);
+  // Back: the repair pass brings the write to the backup.
+  servers_[1]->PauseWorkers(false);
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < until;) {
+    primary = ScrapeOf(0);
+    if (primary.at("rdkv_replication_repairs_pending") == 0) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(primary.at("rdkv_replication_repairs_pending"), 0);
+  EXPECT_GE(primary.at("rdkv_replication_repairs_done_total") +
+                primary.at("rdkv_replication_repairs_dropped_total"),
+            1);
+  EXPECT_EQ(primary.at("rdkv_replication_pending_forwards" + backup1), 0);
+
+  // Catch-up: server 2 becomes a replica of shard 0; the primary's scan went through the whole
+  // index, server 2 took at least every copied item.
+  Admin admin(*client);
+  auto added = admin.AddReplica(0, 2, nullptr);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  ASSERT_GT(added->items_copied, 0u);
+  primary = ScrapeOf(0);
+  EXPECT_GE(primary.at("rdkv_shard_scan_items_total"), added->items_copied);
+  EXPECT_EQ(primary.at(R"(rdkv_shard_scan_progress_ratio{shard="0"})"), 1);
+  Scrape joined = ScrapeOf(2);
+  EXPECT_GE(joined.at("rdkv_catchup_items_applied_total"), added->items_copied);
+  EXPECT_EQ(joined.at("rdkv_shards_joining"), 0);
+  EXPECT_GE(joined.at("rdkv_shards_backup"), 1);
+
+  // A promotion: server 1 takes shard 0 over from server 0.
+  EXPECT_EQ(ScrapeOf(1).at("rdkv_promotions_total"), 0);
+  auto promoted = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  EXPECT_EQ(ScrapeOf(1).at("rdkv_promotions_total"), 1);
+  EXPECT_EQ(ScrapeOf(0).at("rdkv_promotions_total"), 0);
+  EXPECT_EQ(ScrapeOf(0).at("rdkv_fences_total"), 0);
+}
+
 TEST(ClientMetricsTest, SamplesAndTextFormat) {
   ClientStats stats;
   stats.gets = 7;
   stats.writes = 3;
   stats.reconnects = 1;
   std::vector<MetricSample> samples = ClientMetricSamples(stats);
-  ASSERT_EQ(samples.size(), 10u);  // one per ClientStats field
+  ASSERT_EQ(samples.size(), 11u);  // one per ClientStats field
   std::set<std::string> names;
   for (const MetricSample& m : samples) {
     EXPECT_EQ(m.name.rfind("rdkv_client_", 0), 0u) << m.name;
@@ -260,6 +390,9 @@ TEST_F(MetricsTest, ClientCountersFollowTheClientsCalls) {
   EXPECT_EQ(text.at("rdkv_client_writes_total"), 1);
   EXPECT_EQ(text.at("rdkv_client_gets_total"), 1);
   EXPECT_GE(text.at("rdkv_client_get_reads_total"), 1);
+  // One GET: at least one round trip, and never more round trips than READs.
+  EXPECT_GE(text.at("rdkv_client_get_round_trips_total"), 1);
+  EXPECT_LE(text.at("rdkv_client_get_round_trips_total"), text.at("rdkv_client_get_reads_total"));
 }
 
 }  // namespace

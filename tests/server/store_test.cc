@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstring>
 #include <map>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -17,19 +20,34 @@ class StoreTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     store_ = std::move(*s);
   }
-  // Reads the item a key's slot points at, as a client would (index window, then item).
+  // The slots of `key`'s candidate bucket `choice`.
+  const uint64_t* Bucket(std::string_view key, size_t choice) const {
+    const kv::RegionHeader& h = store_->header();
+    kv::Buckets b = kv::BucketsOf(kv::KeyHash(key), kv::SecondHash(key), h.bucket_count);
+    return reinterpret_cast<const uint64_t*>(region_.data() + h.index_offset +
+                                             b.b[choice] * kv::kBucketBytes);
+  }
+  // The words of both candidate buckets that carry `key`'s fingerprint.
+  std::vector<uint64_t> CandidateWords(std::string_view key) const {
+    std::vector<uint64_t> out;
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      const uint64_t* w = Bucket(key, c);
+      for (size_t i = 0; i < kv::kSlotsPerBucket; ++i) {
+        if (w[i] != 0 && kv::UnpackSlot(w[i]).fingerprint == kv::FingerprintOf(kv::KeyHash(key)))
+          out.push_back(w[i]);
+      }
+    }
+    return out;
+  }
+  // Reads the item a key's slot points at, as a client would (both buckets, then items).
   kv::ItemCheck ClientRead(std::string_view key, std::string* value, uint64_t* version) {
     const kv::RegionHeader& h = store_->header();
-    uint64_t hash = kv::KeyHash(key);
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(
-        region_.data() + h.index_offset + kv::BucketOf(hash, h.bucket_count) * kv::kBucketBytes);
-    for (size_t i = 0; i < 16; ++i) {
-      kv::SlotFields s = kv::UnpackSlot(w[i]);
-      if (w[i] == 0 || s.fingerprint != kv::FingerprintOf(hash)) continue;
+    for (uint64_t word : CandidateWords(key)) {
+      kv::SlotFields s = kv::UnpackSlot(word);
       std::string_view v;
       kv::ItemCheck c =
-          kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * 64,
-                        uint64_t{s.units} * 64, key, &v, version);
+          kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * kv::kUnit,
+                        uint64_t{s.units} * kv::kUnit, key, &v, version);
       if (c == kv::ItemCheck::kWrongKey) continue;
       *value = std::string(v);
       return c;
@@ -47,6 +65,26 @@ TEST_F(StoreTest, HeaderDescribesTheRegion) {
   EXPECT_EQ(h.layout_version, kv::kLayoutVersion);
   EXPECT_EQ(h.header_checksum, kv::HeaderChecksum(h));
   EXPECT_EQ(h.region_bytes, 1u << 20);
+}
+
+// Layout 3 (32-byte units): a 16-byte key with a 32-byte value takes 96 bytes of heap (128 in
+// layout 2), and a 24-byte key with a 1000-byte value 1088 (its 1056 bytes of item in the
+// allocator's next class), within 10% of its 1024 bytes of payload.
+TEST_F(StoreTest, SmallItemsTakeNinetySixBytesOfHeap) {
+  Make(8 << 20);
+  constexpr int kItems = 1000;
+  const std::string value(32, 'v');
+  for (int i = 0; i < kItems; ++i) {
+    char key[17];
+    std::snprintf(key, sizeof(key), "k%015d", i);
+    ASSERT_TRUE(store_->Put(std::string_view(key, 16), value).ok()) << i;
+  }
+  EXPECT_EQ(store_->allocator_stats().used_units * kv::kUnit, uint64_t{kItems} * 96);
+  const uint64_t before = store_->allocator_stats().used_units;
+  ASSERT_TRUE(store_->Put(std::string(24, 'r'), std::string(1000, 'x')).ok());
+  const uint64_t record = (store_->allocator_stats().used_units - before) * kv::kUnit;
+  EXPECT_EQ(record, 1088u);
+  EXPECT_LE(record, 1024 * 11 / 10);
 }
 
 TEST_F(StoreTest, OperationsAndVersions) {
@@ -83,19 +121,15 @@ TEST_F(StoreTest, OverwrittenItemIsDeadBeforeTheWriteReturns) {
   Make(1 << 20);
   ASSERT_TRUE(store_->Put("k", "old").ok());
   const kv::RegionHeader& h = store_->header();
-  uint64_t hash = kv::KeyHash("k");
-  const uint64_t* w = reinterpret_cast<const uint64_t*>(
-      region_.data() + h.index_offset + kv::BucketOf(hash, h.bucket_count) * kv::kBucketBytes);
-  uint64_t old_word = 0;
-  for (size_t i = 0; i < 16; ++i)
-    if (w[i]) old_word = w[i];
-  ASSERT_NE(old_word, 0u);
+  std::vector<uint64_t> words = CandidateWords("k");
+  ASSERT_EQ(words.size(), 1u);
+  uint64_t old_word = words[0];
   ASSERT_TRUE(store_->Put("k", "new").ok());
   kv::SlotFields s = kv::UnpackSlot(old_word);
   std::string_view v;
   uint64_t ver;
-  EXPECT_EQ(kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * 64,
-                          uint64_t{s.units} * 64, "k", &v, &ver),
+  EXPECT_EQ(kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * kv::kUnit,
+                          uint64_t{s.units} * kv::kUnit, "k", &v, &ver),
             kv::ItemCheck::kDead);
 }
 
@@ -142,6 +176,158 @@ TEST_F(StoreTest, FullRegionFailsWithoutHarmingStoredData) {
   EXPECT_TRUE(store_->Put("after-delete", std::string(1000, 'z')).ok());
 }
 
+// Issue 13: with uniformly random 16-byte keys the two-choice index takes writes until at least
+// 90% of its slots are used; the first refusal is a clear kOutOfSpace that changes nothing.
+TEST_F(StoreTest, IndexFillsToNinetyPercentBeforeTheFirstRefusal) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    StoreOptions o;
+    o.index_fraction = 0.05;  // 20 MiB x 0.05 = 2048 buckets (131072 slots); 19 MiB of heap
+    Make(20 << 20, o);
+    const kv::RegionHeader& h = store_->header();
+    ASSERT_EQ(h.bucket_count, 2048u);
+    const uint64_t slots = h.bucket_count * kv::kSlotsPerBucket;
+    std::mt19937_64 rng(seed);
+    std::vector<std::string> keys;
+    std::string value(32, 'v');
+    Status refused;
+    while (true) {
+      std::string key(16, '\0');
+      for (size_t i = 0; i < key.size(); i += 8) {
+        uint64_t r = rng();
+        std::memcpy(key.data() + i, &r, 8);
+      }
+      std::memcpy(value.data(), key.data(), 16);
+      Result<uint64_t> r = store_->Insert(key, value);
+      if (!r.ok()) {
+        if (r.status().Is(StatusCode::kAlreadyExists)) continue;  // a repeated random key
+        refused = r.status();
+        break;
+      }
+      keys.push_back(std::move(key));
+    }
+    ASSERT_EQ(refused.code(), StatusCode::kOutOfSpace) << refused.ToString();
+    EXPECT_NE(refused.message().find("index buckets"), std::string::npos) << refused.ToString();
+    EXPECT_NE(refused.message().find("--index_fraction"), std::string::npos);
+    const double used = double(keys.size()) / double(slots);
+    std::printf("seed %llu: first refusal at %zu of %llu slots (%.2f%%)\n",
+                static_cast<unsigned long long>(seed), keys.size(),
+                static_cast<unsigned long long>(slots), 100 * used);
+    EXPECT_GE(used, 0.90) << "the index refused a write at " << 100 * used << "% slot use";
+    EXPECT_EQ(store_->counters().items, keys.size()) << "the refusal stored nothing";
+    // Every stored key is where a one-sided reader looks, exactly once.
+    for (size_t i = 0; i < keys.size(); i += 97) {
+      std::string got;
+      uint64_t ver = 0;
+      ASSERT_EQ(ClientRead(keys[i], &got, &ver), kv::ItemCheck::kOk);
+      EXPECT_EQ(got.substr(0, 16), keys[i]);
+    }
+    // Deleting makes room again for a key of a now emptier bucket.
+    ASSERT_TRUE(store_->Delete(keys.back()).ok());
+    EXPECT_TRUE(store_->Insert(keys.back(), value).ok());
+  }
+}
+
+// A key goes to the emptier of its two buckets and never moves while it exists.
+TEST_F(StoreTest, InsertTakesTheEmptierBucketAndUpdatesStayInPlace) {
+  StoreOptions o;
+  o.index_fraction = 0.001;
+  Make(4 << 20, o);  // 8 buckets
+  ASSERT_EQ(store_->header().bucket_count, 8u);
+  // Fill many keys, then check each sits in one of its own candidate buckets, in one slot.
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(store_->Put("key" + std::to_string(i), "v").ok());
+  std::vector<size_t> used(2, 0);
+  for (int i = 0; i < 300; ++i) {
+    std::string key = "key" + std::to_string(i);
+    size_t in[2] = {0, 0};
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      const uint64_t* w = Bucket(key, c);
+      for (size_t s = 0; s < kv::kSlotsPerBucket; ++s) {
+        if (w[s] == 0) continue;
+        const uint8_t* it = region_.data() + store_->header().heap_offset +
+                            uint64_t{kv::UnpackSlot(w[s]).offset_units} * kv::kUnit;
+        kv::ItemHeader ih;
+        std::memcpy(&ih, it, sizeof(ih));
+        if (std::string_view(reinterpret_cast<const char*>(it) + sizeof(ih), ih.key_bytes) == key)
+          ++in[c];
+      }
+    }
+    ASSERT_EQ(in[0] + in[1], 1u) << key;
+    ++used[in[1]];
+  }
+  EXPECT_GT(used[0], 30u) << "both choices are used";
+  EXPECT_GT(used[1], 30u) << "both choices are used";
+  // An update replaces the word in place.
+  std::vector<uint64_t> before = CandidateWords("key7");
+  const uint64_t* slot = nullptr;
+  for (size_t c = 0; c < kv::kChoices && slot == nullptr; ++c) {
+    for (size_t s = 0; s < kv::kSlotsPerBucket; ++s) {
+      if (Bucket("key7", c)[s] == before[0]) slot = &Bucket("key7", c)[s];
+    }
+  }
+  ASSERT_NE(slot, nullptr);
+  ASSERT_TRUE(store_->Put("key7", "a longer value than before, in another block").ok());
+  EXPECT_NE(*slot, before[0]);
+  EXPECT_EQ(kv::UnpackSlot(*slot).fingerprint, kv::FingerprintOf(kv::KeyHash("key7")));
+  std::string got;
+  uint64_t ver;
+  ASSERT_EQ(ClientRead("key7", &got, &ver), kv::ItemCheck::kOk);
+  EXPECT_EQ(got, "a longer value than before, in another block");
+}
+
+// The location a write reports (what its client caches) is the slot's: same block, same
+// length, and the candidate bucket that holds the slot.
+TEST_F(StoreTest, WritesReportWhereTheirItemIs) {
+  StoreOptions o;
+  o.index_fraction = 0.001;
+  Make(4 << 20, o);  // 8 buckets: both choices get used
+  size_t choice_used[2] = {0, 0};
+  auto check = [&](const std::string& key, const kv::ItemLocation& where) {
+    bool found = false;
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      const uint64_t* w = Bucket(key, c);
+      for (size_t s = 0; s < kv::kSlotsPerBucket; ++s) {
+        if (w[s] == 0) continue;
+        const kv::SlotFields f = kv::UnpackSlot(w[s]);
+        if (f.offset_units != where.offset_units) continue;
+        EXPECT_EQ(f.units, where.units) << key;
+        // Both choices may name one bucket (a key whose two hashes collide).
+        EXPECT_TRUE(where.choice == c || Bucket(key, where.choice) == Bucket(key, c)) << key;
+        found = true;
+      }
+    }
+    EXPECT_TRUE(found) << key << ": no slot points at the reported block";
+    std::string_view value;
+    uint64_t version = 0;
+    EXPECT_EQ(kv::CheckItem(region_.data() + store_->header().heap_offset +
+                                uint64_t{where.offset_units} * kv::kUnit,
+                            uint64_t{where.units} * kv::kUnit, key, &value, &version),
+              kv::ItemCheck::kOk)
+        << key;
+    ++choice_used[where.choice];
+  };
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = "key" + std::to_string(i);
+    kv::ItemLocation where;
+    ASSERT_TRUE(store_->Put(key, "v", &where).ok());
+    check(key, where);
+  }
+  kv::ItemLocation where;
+  uint64_t current = 0;
+  ASSERT_TRUE(store_->Insert("fresh", "value", &current, &where).ok());
+  check("fresh", where);
+  Result<uint64_t> v = store_->Put("fresh", std::string(300, 'x'), &where);
+  ASSERT_TRUE(v.ok());
+  check("fresh", where);
+  ASSERT_TRUE(store_->Cas("fresh", *v, "third", &current, &where).ok());
+  check("fresh", where);
+  bool applied = false;
+  ASSERT_TRUE(store_->ApplyVersioned("fresh", "fourth", *v + 100, &applied, nullptr, &where).ok());
+  ASSERT_TRUE(applied);
+  check("fresh", where);
+  EXPECT_GT(choice_used[0], 20u);
+  EXPECT_GT(choice_used[1], 20u);
+}
+
 TEST_F(StoreTest, ConcurrentWritersKeepOneSlotPerKey) {
   Make(8 << 20);
   constexpr int kThreads = 4, kKeys = 64, kIters = 3000;
@@ -162,7 +348,7 @@ TEST_F(StoreTest, ConcurrentWritersKeepOneSlotPerKey) {
   const kv::RegionHeader& h = store_->header();
   const uint64_t* slots = reinterpret_cast<const uint64_t*>(region_.data() + h.index_offset);
   size_t used = 0;
-  for (uint64_t i = 0; i < (h.bucket_count + 1) * 8; ++i) used += slots[i] != 0;
+  for (uint64_t i = 0; i < h.bucket_count * kv::kSlotsPerBucket; ++i) used += slots[i] != 0;
   EXPECT_EQ(used, store_->counters().items);
   size_t present = 0;
   for (int k = 0; k < kKeys; ++k) present += store_->Get("k" + std::to_string(k)).ok();

@@ -4,6 +4,7 @@
 #
 #   kvcli_test.sh KVCLI KVSERVER
 set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../support/wait_for_port.sh"
 kvcli=$1 kvserver=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/rdkv-kvcli.XXXXXX")
 server_pid=""
@@ -18,13 +19,7 @@ fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 "$kvserver" --port=0 --port_file="$work/port" --transport=tcp --memory=32MiB --huge_pages=false \
   --max_value_size=64KiB >"$work/server.log" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 200); do
-  [[ -s $work/port ]] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.log"; echo "kvserver exited" >&2; exit 1; }
-  sleep 0.1
-done
-[[ -s $work/port ]] || { echo "kvserver did not start" >&2; exit 1; }
-server=127.0.0.1:$(cat "$work/port")
+server=127.0.0.1:$(wait_for_port "$work/port" "$server_pid" "$work/server.log") || exit 1
 
 # run EXPECTED_EXIT ARGS...: runs kvcli, leaves stdout in $out and stderr in $err.
 run() {
@@ -73,6 +68,9 @@ run 0 ping
 expect_out '^PONG from 127\.0\.0\.1:[0-9]+ in [0-9.]+ ms$' "ping"
 run 0 stats
 expect_out '"items"' "stats"
+# Latency percentiles by op, from the writes above; the histogram's buckets only with --json.
+expect_out '"p99_us"' "stats latency"
+[[ $out != *'"buckets"'* ]] || fail "stats printed histogram buckets without --json: $out"
 
 # --- value sources ---
 printf 'from\na file\n' >"$work/value"
@@ -115,6 +113,8 @@ run 0 --json ping
 expect_out '^\{"ok":true,"rtt_us":[0-9]+,"server":"127\.0\.0\.1:[0-9]+"\}$' "json ping"
 run 0 --json stats
 expect_out '^\{.*"items":' "json stats"
+expect_out '"latency":\{"bounds_us":\[' "json stats latency"
+expect_out '"buckets":\[' "json stats latency buckets"
 
 # --- errors: exit 2 with a message ---
 run 2 get
@@ -154,15 +154,18 @@ kill "$load_pid" 2>/dev/null
 wait "$load_pid" 2>/dev/null
 [[ $out != *$'\033'* ]] || fail "top wrote terminal escapes to a pipe"
 [[ $(grep -c '^kvcli top ' "$work/out") == 3 ]] || fail "top did not print 3 snapshots: $out"
-[[ $(grep -c '^ID  *ADDRESS  *put/s  *ins/s  *del/s  *cas/s  *imp/s  *writes/s  *err/s  *items  *heap_MiB  *of_MiB  *heap%  *slots%$' "$work/out") == 3 ]] ||
+[[ $(grep -c '^ID  *ADDRESS  *put/s  *ins/s  *del/s  *cas/s  *imp/s  *writes/s  *err/s  *wr_p50_us  *wr_p99_us  *items  *heap_MiB  *of_MiB  *heap%  *slots%$' "$work/out") == 3 ]] ||
   fail "top column header: $out"
 grep -q '^kvcli top .* standalone  servers 1/1 up$' "$work/out" || fail "top title line: $out"
 # Each snapshot: one server row and the total; the last snapshot's rows saw the load.
 rows=$(grep -E '^(0|all) ' "$work/out" | tail -2)
 [[ $(wc -l <<<"$rows") == 2 ]] || fail "top rows: $out"
-while read -r id _ put _ _ _ _ writes _ items _ _ _ _; do
+# The write latency of the interval (the server's histograms): non-zero, p50 <= p99.
+while read -r id _ put _ _ _ _ writes _ p50 p99 items _ _ _ _; do
   [[ $put =~ ^[0-9]+$ ]] && ((put > 0)) || fail "top: $id put/s is '$put' under load: $out"
   [[ $writes =~ ^[0-9]+$ ]] && ((writes >= put)) || fail "top: $id writes/s '$writes': $out"
+  [[ $p50 =~ ^[0-9]+$ && $p99 =~ ^[0-9]+$ ]] && ((p50 > 0 && p50 <= p99)) ||
+    fail "top: $id write latency p50 '$p50' p99 '$p99' under load: $out"
   [[ $items =~ ^[0-9]+$ ]] && ((items > 0)) || fail "top: $id items '$items': $out"
 done <<<"$rows"
 run 2 --interval=0 top
@@ -191,6 +194,48 @@ wait "$server2_pid" 2>/dev/null
 server=$saved_server
 
 # --- the shell, scripted through stdin ---
+# --- issue #15, defect 9: bad usage exits 2 (1 means "not found"), values are read safely
+# with the size limit applied while reading, and --json is lossless for binary keys ---
+run 2 --bogus get k
+[[ $err == *"unknown flag --bogus"* ]] || fail "unknown flag: $err"
+run 2 --timeout_ms=abc get k
+[[ $err == *"--timeout_ms=abc: not a valid"* ]] || fail "malformed number: $err"
+run 2 --newline=maybe get k
+run 2 --interval=nan top
+run 2 get a b
+run 2 del
+run 2 put dirkey @/etc
+[[ $err == *"'/etc' is a directory"* ]] || fail "put @/etc: $err"
+run 2 --value_file=/etc put dirkey
+[[ $err == *"is a directory"* ]] || fail "--value_file=/etc: $err"
+stdin=/etc run 2 put dirkey -
+[[ $err == *"stdin is a directory"* ]] || fail "put - < /etc: $err"
+run 1 get dirkey
+# An endless source stops at the limit (bounded memory: a run over 512 MiB would fail).
+# ASan and TSan reserve terabytes of shadow address space: no address-space limit for such a build (the
+# error message below still shows the limit was applied while reading).
+asan=0
+if ldd "$kvcli" 2>/dev/null | grep -qE "lib(asan|tsan)"; then asan=1; fi
+(
+  if ((!asan)); then ulimit -v 524288; fi
+  timeout 30 "$kvcli" --server="$server" --transport=tcp put zerokey @/dev/zero >"$work/out" 2>"$work/err"
+)
+rc=$?
+[[ $rc == 2 ]] || fail "put @/dev/zero exited $rc, expected 2: $(cat "$work/err")"
+grep -q "more than the limit of 1048576 bytes" "$work/err" || fail "put @/dev/zero: $(cat "$work/err")"
+# Binary keys and values: "key_base64"/"value_base64" out, --base64 in; bytes round-trip.
+binkey=$'\xfe\xffbin\x01key'
+binkey64=$(printf '%s' "$binkey" | base64 -w0)
+run 0 --json put "$binkey" "@$work/binary"
+[[ $out == *"\"key_base64\":\"$binkey64\""* ]] || fail "--json put of a binary key: $out"
+run 0 --json --base64 get "$binkey64"
+[[ $out == *"\"key_base64\":\"$binkey64\""* ]] || fail "--json get of a binary key: $out"
+[[ $out == *"\"value_base64\":\"$(base64 -w0 <"$work/binary")\""* ]] || fail "binary value: $out"
+run 0 --base64 put "$binkey64" "$(printf '\xff\x01\x02' | base64 -w0)"
+run 0 --json --base64 mget "$binkey64"
+[[ $out == *"\"key_base64\":\"$binkey64\""*"\"value_base64\":\"/wEC\""* ]] || fail "mget: $out"
+run 2 --base64 get 'not base64!'
+
 printf 'put "two words" "a b c"\nget "two words"\nhelp\nget nosuchkey\nquit\n' >"$work/script"
 "$kvcli" --server="$server" --transport=tcp <"$work/script" >"$work/out" 2>"$work/err"
 rc=$?

@@ -18,6 +18,7 @@
 
 #include "common/transport/tcp/frame.h"
 #include "common/transport/transport.h"
+#include "tests/security/session_raw_client.h"
 
 namespace rdkv::transport::tcp {
 namespace {
@@ -96,7 +97,9 @@ TEST(TcpFrame, HeaderRoundTripAndRejections) {
 }
 
 TEST(TcpFrame, HelloRoundTripAndRejections) {
-  Hello h{kProtocolVersion, 12345, "tok\0en"};
+  auth::Nonce nonce{};
+  for (size_t i = 0; i < nonce.size(); ++i) nonce[i] = static_cast<uint8_t>(i * 7 + 1);
+  Hello h{kProtocolVersion, 12345, {SessionRole::kAdmin, nonce}};
   std::vector<uint8_t> f = EncodeHello(h);
   auto header = DecodeFrameHeader(f, kMax);
   ASSERT_TRUE(header.ok());
@@ -107,11 +110,16 @@ TEST(TcpFrame, HelloRoundTripAndRejections) {
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->version, h.version);
   EXPECT_EQ(d->max_message_size, 12345u);
-  EXPECT_EQ(d->auth_token, h.auth_token);
+  EXPECT_EQ(d->auth.role, SessionRole::kAdmin);
+  EXPECT_EQ(d->auth.client_nonce, nonce);
   EXPECT_EQ(*PeekHelloVersion(body), kProtocolVersion);
-  // Token length that does not match the body (a truncated hello).
+  // No secret on the wire: the body is exactly version, limit, role and nonce.
+  EXPECT_EQ(body.size(), kHelloBodySize);
   std::vector<uint8_t> b(body.begin(), body.end());
-  b[8] = 100;
+  b[8] = 3;  // unknown role
+  EXPECT_FALSE(DecodeHello(b).ok());
+  b = {body.begin(), body.end()};
+  b[9] = 1;  // reserved after the role
   EXPECT_FALSE(DecodeHello(b).ok());
   b = {body.begin(), body.end()};
   b.pop_back();
@@ -355,10 +363,9 @@ class TcpListenerInput : public testing::Test {
 
   // The handshake over a raw socket; returns the region the server advertises.
   RegionDescriptor Handshake(int fd) {
-    Send(fd, EncodeHello({kProtocolVersion, static_cast<uint32_t>(kMax), kToken}));
     FrameHeader h;
     std::vector<uint8_t> body;
-    EXPECT_TRUE(RecvFrame(fd, &h, &body));
+    EXPECT_TRUE(rawtest::ClientHandshake(fd, kToken, SessionRole::kData, &h, &body));
     EXPECT_EQ(h.type, FrameType::kWelcome);
     auto w = DecodeWelcome(body);
     EXPECT_TRUE(w.ok()) << w.status().ToString();
@@ -404,7 +411,7 @@ class TcpListenerInput : public testing::Test {
 
 TEST_F(TcpListenerInput, BadMagicDropsTheConnection) {
   int fd = RawConnect();
-  std::vector<uint8_t> f = EncodeHello({kProtocolVersion, 4096, kToken});
+  std::vector<uint8_t> f = EncodeHello({kProtocolVersion, 4096, {}});
   f[1] = 'X';
   Send(fd, f);
   EXPECT_TRUE(Dropped(fd));
@@ -422,14 +429,14 @@ TEST_F(TcpListenerInput, HugeLengthIsRejectedBeforeTheBodyArrives) {
 
 TEST_F(TcpListenerInput, TruncatedHelloDropsTheConnection) {
   int fd = RawConnect();
-  std::vector<uint8_t> f = EncodeHello({kProtocolVersion, 4096, "abc"});
-  f[kFrameHeaderSize + 8] = 100;  // claims a 100-byte token; the body holds 3
+  std::vector<uint8_t> f = EncodeHello({kProtocolVersion, 4096, {}});
+  f[kFrameHeaderSize + 8] = 100;  // a role that does not exist
   Send(fd, f);
   EXPECT_TRUE(Dropped(fd));
   WaitProtocolErrors(1);
   // And a hello cut off by the end of the stream.
   int fd2 = RawConnect();
-  f = EncodeHello({kProtocolVersion, 4096, kToken});
+  f = EncodeHello({kProtocolVersion, 4096, {}});
   Send(fd2, std::span(f).first(f.size() - 4));
   shutdown(fd2, SHUT_WR);
   EXPECT_TRUE(Dropped(fd2));
@@ -449,7 +456,7 @@ TEST_F(TcpListenerInput, ReadBeforeHelloIsRefusedWithoutServingIt) {
 
 TEST_F(TcpListenerInput, WrongVersionAndWrongTokenGetAReasonThenClose) {
   int fd = RawConnect();
-  Send(fd, EncodeHello({kProtocolVersion + 1, 4096, kToken}));
+  Send(fd, EncodeHello({kProtocolVersion + 1, 4096, {}}));
   FrameHeader h;
   std::vector<uint8_t> body;
   ASSERT_TRUE(RecvFrame(fd, &h, &body));
@@ -461,8 +468,8 @@ TEST_F(TcpListenerInput, WrongVersionAndWrongTokenGetAReasonThenClose) {
   EXPECT_TRUE(Dropped(fd));
 
   fd = RawConnect();
-  Send(fd, EncodeHello({kProtocolVersion, 4096, "wrong"}));
-  ASSERT_TRUE(RecvFrame(fd, &h, &body));
+  ASSERT_TRUE(rawtest::ClientHandshake(fd, "wrong", SessionRole::kData, &h, &body, nullptr,
+                                       /*check_server=*/false));
   ASSERT_EQ(h.type, FrameType::kRefused);
   r = DecodeRefused(body);
   ASSERT_TRUE(r.ok());
@@ -646,9 +653,7 @@ TEST_F(TcpListenerInput, CallToAPeerThatStopsReadingReturnsByItsDeadline) {
     if (fd < 0) return;
     int small = 4096;  // keep the peer's receive buffer small: the client fills it sooner
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-    FrameHeader h;
-    std::vector<uint8_t> body;
-    if (RecvFrame(fd, &h, &body) && h.type == FrameType::kHello) {
+    if (rawtest::ServerHandshake(fd, kToken)) {
       Welcome w;
       w.max_message_size = static_cast<uint32_t>(kMax);
       Send(fd, EncodeWelcome(w));

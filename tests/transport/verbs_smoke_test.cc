@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/transport/auth.h"
 #include "common/transport/verbs/verbs_wire.h"
 #include "tests/transport/verbs_test_env.h"
 
@@ -30,89 +32,114 @@ size_t Scaled(size_t n, size_t at_least = 1) {
   return std::max(at_least, static_cast<size_t>(static_cast<double>(n) * Scale()));
 }
 
-std::string Hex(std::span<const uint8_t> b) {
-  static const char* d = "0123456789abcdef";
-  std::string s;
-  for (uint8_t x : b) {
-    s += d[x >> 4];
-    s += d[x & 15];
-  }
-  return s;
-}
-
 std::span<const uint8_t> Bytes(std::string_view s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
 // ---- wire formats: no device needed ------------------------------------------------------------
 
-TEST(VerbsWire, Sha256KnownAnswers) {
-  EXPECT_EQ(Hex(verbs::Sha256(Bytes(""))),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(Hex(verbs::Sha256(Bytes("abc"))),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  EXPECT_EQ(Hex(verbs::Sha256(Bytes("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"))),
-            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  std::string million(1000000, 'a');
-  EXPECT_EQ(Hex(verbs::Sha256(Bytes(million))),
-            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-}
-
-TEST(VerbsWire, TokenDigests) {
-  EXPECT_TRUE(verbs::DigestsEqual(verbs::DigestToken("secret"), verbs::DigestToken("secret")));
-  EXPECT_FALSE(verbs::DigestsEqual(verbs::DigestToken("secret"), verbs::DigestToken("secreT")));
-  EXPECT_FALSE(
-      verbs::DigestsEqual(verbs::DigestToken(""), verbs::DigestToken(std::string(1, '\0'))));
-  std::string long_token(500, 'k');  // longer than any private data: only the digest travels
-  EXPECT_FALSE(
-      verbs::DigestsEqual(verbs::DigestToken(long_token), verbs::DigestToken(long_token + "x")));
-}
-
 TEST(VerbsWire, HandshakeRoundTripsAndFitsRdmaCmLimits) {
   verbs::ConnectRequestData req;
+  req.role = SessionRole::kAdmin;
   req.credits = 64;
   req.max_message = 12345;
-  req.digest = verbs::DigestToken("t");
+  for (size_t i = 0; i < req.client_nonce.size(); ++i)
+    req.client_nonce[i] = static_cast<uint8_t>(i);
   auto blob = verbs::EncodeConnectRequest(req);
   static_assert(blob.size() <= verbs::kMaxConnectData);
+  std::vector<uint8_t> padded(blob.begin(), blob.end());
+  padded.resize(verbs::kMaxConnectData, 0);  // IB pads the REQ private data
   verbs::ConnectRequestData back;
-  ASSERT_TRUE(verbs::DecodeConnectRequest(blob, &back).ok());
+  ASSERT_TRUE(verbs::DecodeConnectRequest(padded, &back).ok());
+  EXPECT_EQ(back.role, SessionRole::kAdmin);
   EXPECT_EQ(back.credits, 64u);
   EXPECT_EQ(back.max_message, 12345u);
-  EXPECT_TRUE(verbs::DigestsEqual(back.digest, req.digest));
+  EXPECT_EQ(back.client_nonce, req.client_nonce);
   auto bad = blob;
   bad[0] ^= 1;
   EXPECT_TRUE(verbs::DecodeConnectRequest(bad, &back).Is(StatusCode::kProtocolError));
   bad = blob;
-  bad[4] = 9;  // another protocol version
-  EXPECT_TRUE(verbs::DecodeConnectRequest(bad, &back).Is(StatusCode::kNotSupported));
-  EXPECT_FALSE(verbs::DecodeConnectRequest(std::span(blob).first(20), &back).ok());
+  bad[4] = 1;  // version 1 (the token digest): refused with a clear reason
+  Status old = verbs::DecodeConnectRequest(bad, &back);
+  EXPECT_TRUE(old.Is(StatusCode::kNotSupported)) << old.ToString();
+  EXPECT_NE(old.message().find("version 1"), std::string::npos) << old.ToString();
+  bad = blob;
+  bad[6] = 3;  // unknown role
+  EXPECT_TRUE(verbs::DecodeConnectRequest(bad, &back).Is(StatusCode::kProtocolError));
+  bad = blob;
+  bad[7] = 1;  // reserved
+  EXPECT_TRUE(verbs::DecodeConnectRequest(bad, &back).Is(StatusCode::kProtocolError));
+  EXPECT_FALSE(verbs::DecodeConnectRequest(std::span(blob).first(40), &back).ok());
 
   verbs::AcceptData acc;
+  acc.flags = verbs::kAcceptFlagMemoryWindows;
   acc.credits = 32;
   acc.max_message = 99;
   acc.session_id = 7;
-  for (uint32_t i = 0; i < verbs::kMaxRegions; ++i) {
-    acc.regions.push_back({0x1000u * (i + 1), 4096u + i, 0xabc0u + i, i});
-  }
-  std::vector<uint8_t> a = verbs::EncodeAccept(acc);
-  EXPECT_LE(a.size(), verbs::kMaxAcceptData);
-  a.resize(verbs::kMaxAcceptData, 0);  // IB pads the REP private data
+  acc.server_nonce.fill(0x5a);
+  acc.server_proof.fill(0xa5);
+  auto a = verbs::EncodeAccept(acc);
+  static_assert(a.size() <= verbs::kMaxAcceptData);
+  std::vector<uint8_t> apad(a.begin(), a.end());
+  apad.resize(verbs::kMaxAcceptData, 0);
   verbs::AcceptData acc2;
-  ASSERT_TRUE(verbs::DecodeAccept(a, &acc2).ok());
-  ASSERT_EQ(acc2.regions.size(), verbs::kMaxRegions);
-  EXPECT_EQ(acc2.regions[6].rkey, 0xabc6u);
-  EXPECT_EQ(acc2.regions[6].length, 4102u);
+  ASSERT_TRUE(verbs::DecodeAccept(apad, &acc2).ok());
+  EXPECT_EQ(acc2.flags, verbs::kAcceptFlagMemoryWindows);
   EXPECT_EQ(acc2.session_id, 7u);
+  EXPECT_EQ(acc2.server_nonce, acc.server_nonce);
+  EXPECT_EQ(acc2.server_proof, acc.server_proof);
+  EXPECT_FALSE(verbs::DecodeAccept(std::span(a).first(60), &acc2).ok());
+
+  // The transcript is the request and the accept minus its proof: changing any byte of either
+  // changes the proofs (tests/security/session_auth_test.cc covers ComputeProof itself).
+  auto t = verbs::HandshakeTranscript(
+      std::span<const uint8_t, verbs::kConnectRequestSize>(blob),
+      std::span<const uint8_t, verbs::kAcceptHeadSize>(a.data(), verbs::kAcceptHeadSize));
+  EXPECT_TRUE(std::equal(blob.begin(), blob.end(), t.begin()));
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + verbs::kAcceptHeadSize, t.begin() + blob.size()));
+  auth::Nonce nc{}, ns{};
+  const auth::Mac p1 = auth::ComputeProof(auth::Side::kClient, "k", SessionRole::kData, nc, ns, t);
+  t[10] ^= 1;  // e.g. the credits changed in flight
+  EXPECT_FALSE(auth::ProofsEqual(
+      p1, auth::ComputeProof(auth::Side::kClient, "k", SessionRole::kData, nc, ns, t)));
+
+  verbs::WelcomeData w;
+  w.flags = verbs::kAcceptFlagMemoryWindows;
+  w.keepalive_s = 100;
+  for (uint32_t i = 0; i < 9; ++i)
+    w.regions.push_back({0x1000u * (i + 1), 4096u + i, 0xabc0u + i, i});
+  std::vector<uint8_t> wb = verbs::EncodeWelcome(w);
+  EXPECT_LE(wb.size(), verbs::kMaxFragmentPayload);
+  verbs::WelcomeData w2;
+  ASSERT_TRUE(verbs::DecodeWelcome(wb, &w2).ok());
+  ASSERT_EQ(w2.regions.size(), 9u);
+  EXPECT_EQ(w2.flags, verbs::kAcceptFlagMemoryWindows);
+  EXPECT_EQ(w2.keepalive_s, 100u);
+  EXPECT_EQ(w2.regions[6].rkey, 0xabc6u);
+  EXPECT_EQ(w2.regions[6].length, 4102u);
+  wb.push_back(0);
+  EXPECT_FALSE(verbs::DecodeWelcome(wb, &w2).ok());
+  EXPECT_EQ(verbs::KeepAliveSeconds(std::chrono::milliseconds(0)), 0u);
+  EXPECT_EQ(verbs::KeepAliveSeconds(std::chrono::milliseconds(300'000)), 100u);
+  EXPECT_EQ(verbs::KeepAliveSeconds(std::chrono::milliseconds(1'000)), 1u);
+  EXPECT_EQ(verbs::KeepAliveSeconds(std::chrono::hours(1000)), 65535u);
+
+  std::vector<uint8_t> ref = verbs::EncodeAuthRefused(StatusCode::kPermissionDenied, "no");
+  Status r = verbs::DecodeAuthRefused(ref, "h:1");
+  EXPECT_TRUE(r.Is(StatusCode::kPermissionDenied)) << r.ToString();
+  EXPECT_NE(r.message().find("no"), std::string::npos);
+  EXPECT_TRUE(verbs::DecodeAuthRefused({}, "h:1").Is(StatusCode::kProtocolError));
+  ref[0] = 0;  // "OK" is never a refusal
+  EXPECT_TRUE(verbs::DecodeAuthRefused(ref, "h:1").Is(StatusCode::kProtocolError));
 
   verbs::RejectData rej;
   rej.reason = verbs::RejectReason::kBadToken;
-  rej.text = "authentication failed";
-  std::vector<uint8_t> r = verbs::EncodeReject(rej);
-  EXPECT_LE(r.size(), verbs::kMaxRejectData);
-  r.resize(verbs::kMaxRejectData, 0);
+  rej.text = "the admin role needs an admin secret";
+  std::vector<uint8_t> rb = verbs::EncodeReject(rej);
+  EXPECT_LE(rb.size(), verbs::kMaxRejectData);
+  rb.resize(verbs::kMaxRejectData, 0);
   verbs::RejectData rej2;
-  ASSERT_TRUE(verbs::DecodeReject(r, &rej2));
+  ASSERT_TRUE(verbs::DecodeReject(rb, &rej2));
   EXPECT_EQ(rej2.text, rej.text);
   EXPECT_TRUE(verbs::RejectToStatus(rej2, "h:1").Is(StatusCode::kPermissionDenied));
   std::vector<uint8_t> zeros(148, 0);  // rdma_cm's own reject (no listener): not ours
@@ -187,7 +214,12 @@ TEST_F(VerbsSmoke, ConnectReadAndCall) {
   const RegionDescriptor r = conn_->regions()[0];
   EXPECT_EQ(r.addr, reinterpret_cast<uint64_t>(region_->data()));
   EXPECT_EQ(r.length, kRegionSize);
-  EXPECT_EQ(r.rkey, region_->rkey());
+  // Type-2 windows (rxe has them): this connection's own rkey, never the MR's.
+  if (dynamic_cast<VerbsConnection*>(conn_.get())->per_connection_windows()) {
+    EXPECT_NE(r.rkey, region_->rkey());
+  } else {
+    EXPECT_EQ(r.rkey, region_->rkey());
+  }
   EXPECT_EQ(r.layout_version, 3u);
 
   // One batch of three READs, one doorbell, reaped with PollReads.
@@ -234,6 +266,12 @@ TEST_F(VerbsSmoke, WrongTokenIsPermissionDeniedBeforeAnythingIsRevealed) {
   auto bad = Connect(co);
   ASSERT_FALSE(bad.ok());
   EXPECT_TRUE(bad.status().Is(StatusCode::kPermissionDenied)) << bad.status().ToString();
+  // The client refused the server's proof and left; the server counts the unproven session as
+  // refused when it tears it down.
+  const auto until = Clock::now() + 15s;
+  while (listener_->stats().connections_refused < 1 && Clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
   EXPECT_EQ(listener_->stats().connections_refused, 1u);
   EXPECT_EQ(listener_->stats().connections_accepted, 0u);
   auto good = Connect();

@@ -60,15 +60,28 @@ struct MoveReport {
   double total_seconds = 0;
 };
 
+// What Admin::Promote, AddReplica and RemoveReplica did.
+struct ReplicaReport {
+  uint64_t from_epoch = 0;     // the newest map epoch when the call began
+  uint64_t to_epoch = 0;       // the epoch it installed (== from_epoch: nothing to do)
+  uint64_t items_copied = 0;   // AddReplica: items copied into the new replica
+  uint64_t bytes_copied = 0;   // their keys and values
+  uint64_t items_dropped = 0;  // RemoveReplica: items dropped from the removed replica
+  double copy_seconds = 0;
+  double seconds = 0;
+};
+
 // One server of the cluster as a client sees it (Admin::Servers).
 struct ServerInfo {
   uint32_t id = 0;
   std::string address;  // host:port from the map (the seed when standalone)
   bool reachable = false;
-  std::string error;             // why it is not reachable
-  std::vector<uint32_t> shards;  // shards the client's map gives it
-  uint64_t map_epoch = 0;        // the map epoch the server reports (0: standalone)
-  std::string stats;             // its statistics JSON (when asked for)
+  std::string error;                     // why it is not reachable
+  std::vector<uint32_t> shards;          // shards the client's map gives it (as primary)
+  std::vector<uint32_t> backup_shards;   // shards it is an in-sync backup of
+  std::vector<uint32_t> joining_shards;  // shards it is catching up on (not yet in sync)
+  uint64_t map_epoch = 0;                // the map epoch the server reports (0: standalone)
+  std::string stats;                     // its statistics JSON (when asked for)
 };
 
 class Admin {
@@ -112,10 +125,39 @@ class Admin {
   // standalone. Any other failure names the step that failed and leaves the cluster between
   // two epochs; calling MoveShards again (with the same arguments) resumes and completes it.
   // Each request of a move may take up to max(op_timeout, 30 s) before it counts as failed.
+  // A replicated cluster (a map with backups) moves each shard as replica changes instead
+  // (AddReplica of to_server, Promote, RemoveReplica of the old primary): the shard keeps
+  // serving GETs and writes throughout, only the promotion pauses writes for about a lease;
+  // MoveReport's step_seconds are then [1] add and copy, [2] promote, [3] remove.
   // `progress` (may be empty) is called on the calling thread. Thread-safe with the other
   // calls, but run one move at a time across all clients: nothing serializes two moves.
   Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
                                 const MoveProgressFn& progress);
+
+  // --- replicated clusters (docs/design.md "Replication") ---
+  // Each asks every server for its map (all must answer) and works from the newest one.
+  //
+  // Makes `server`, an in-sync backup of `shard`, its primary (the old primary becomes its
+  // first backup): installs the new map (epoch + 1) on the old primary (it stops serving the
+  // shard after one lease), then on the new one, then everywhere else. Writes to the shard
+  // pause for about one lease. kInvalidArgument when `server` is not an in-sync backup.
+  Result<ReplicaReport> Promote(uint32_t shard, uint32_t server, const MoveProgressFn& progress);
+  // Adds `server` as a replica of `shard`: joining (it receives every new write), a copy of
+  // the shard's items from the primary (writes go on meanwhile), then in sync. Running it
+  // again after a failure resumes. kInvalidArgument when the shard would have more than
+  // kMaxReplicas (5) replicas.
+  Result<ReplicaReport> AddReplica(uint32_t shard, uint32_t server, const MoveProgressFn& progress);
+  // AddReplica for several shards at once, in two map changes in all (every shard joining,
+  // then every shard in sync) with the shards copied one after the other in between: restoring
+  // a returning server to all its shards costs two map changes instead of two per shard.
+  // Shards `server` already holds are skipped; the report sums the copies. Errors as
+  // AddReplica's (nothing is in sync before every copy is done; running it again resumes).
+  Result<ReplicaReport> AddReplicaToShards(std::span<const uint32_t> shards, uint32_t server,
+                                           const MoveProgressFn& progress);
+  // Removes backup `server` from `shard` (the primary first, so writes stop waiting for it),
+  // then drops its copy. kInvalidArgument for the primary (promote another replica first).
+  Result<ReplicaReport> RemoveReplica(uint32_t shard, uint32_t server,
+                                      const MoveProgressFn& progress);
 
  private:
   client::ClientImpl* impl_;  // null when `client` is not the library's

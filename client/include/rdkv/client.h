@@ -41,6 +41,21 @@
 
 namespace rdkv {
 
+// TLS to the servers (tcp transport only; docs/security.md "TLS (tcp)"). File paths, read by
+// Client::Connect and by every reconnect (the client keeps copies of the strings, not the
+// files). Errors: an unreadable or mismatched file is kInvalidArgument; a server that fails
+// verification (a CA that did not sign it, a certificate for another name) or that does not
+// speak TLS is kUnavailable with the reason; TLS with transport "verbs" is kInvalidArgument.
+struct ClientTlsOptions {
+  // PEM CA bundle that signed the servers' certificates. Setting it turns TLS on. Each server is
+  // verified by chain and by the host (name or IP address) of its address.
+  std::string ca_file;
+  // This client's certificate and key (PEM), for servers that require one
+  // (--tls_require_client_cert). Both or neither.
+  std::string cert_file;
+  std::string key_file;
+};
+
 struct ClientOptions {
   // A server to contact first, "host:port" (IPv6: "[::1]:7400"). Required.
   std::string seed;
@@ -48,8 +63,15 @@ struct ClientOptions {
   std::string transport = "auto";
   // verbs only: the RDMA device to use ("mlx5_0", "rxe0"); empty = the first active one.
   std::string device;
-  // Must match the servers' --auth_token.
+  // The servers' data secret (their --auth_token_file); empty for servers without one. Never
+  // sent: the handshake proves it (docs/security.md).
   std::string auth_token;
+  // The servers' admin secret (their --admin_token_file). When set, every connection of this
+  // client authenticates with it as the admin role, which admin requests (rdkv::Admin: moves,
+  // snapshots, map installs) need. Empty: the data role, which a server without an admin secret
+  // upgrades to admin for loopback peers only.
+  std::string admin_token;
+  ClientTlsOptions tls;  // empty: plaintext
   std::chrono::milliseconds connect_timeout{5000};
   // Deadline for one write request, and for one GET including its retries.
   std::chrono::milliseconds op_timeout{2000};
@@ -61,8 +83,9 @@ struct ClientOptions {
   int max_get_attempts = 16;
   // Remembers item locations so a repeated GET can take one READ. 0 disables.
   size_t location_cache_entries = 65536;
-  // With the location cache: also READ the key's index window in the same batch as the cached
-  // item (one round trip, two READs) and accept the item only if a slot still points at it.
+  // With the location cache: also READ the index bucket that held the key in the same batch as
+  // the cached item (one round trip, two READs) and accept the item only if a slot of it still
+  // points at it.
   // Off: a cached GET is one READ, linearizable only if the server never lets an item look
   // LIVE while no slot points at it (see docs/design.md, "cache path").
   bool cache_checks_slot = false;
@@ -82,11 +105,12 @@ struct GetResult {
 
 // Counters for benchmarks and monitoring; totals since Connect.
 struct ClientStats {
-  uint64_t gets = 0;         // keys looked up (a MultiGet of n keys counts n)
-  uint64_t get_reads = 0;    // one-sided READs posted by GETs (reads per GET = get_reads/gets)
-  uint64_t get_retries = 0;  // attempts that failed a check or the deadline and were retried
-  uint64_t cache_hits = 0;   // GETs answered by one READ from the location cache
-  uint64_t torn_reads = 0;   // items that failed their checksum
+  uint64_t gets = 0;             // keys looked up (a MultiGet of n keys counts n)
+  uint64_t get_reads = 0;        // one-sided READs posted by GETs (reads per GET = get_reads/gets)
+  uint64_t get_round_trips = 0;  // batches of READs GETs posted and waited for (one each)
+  uint64_t get_retries = 0;      // attempts that failed a check or the deadline and were retried
+  uint64_t cache_hits = 0;       // GETs answered by one READ from the location cache
+  uint64_t torn_reads = 0;       // items that failed their checksum
   uint64_t writes = 0;
   uint64_t errors = 0;        // failed calls (kNotFound, kAlreadyExists and
                               // kVersionMismatch are answers, not errors)

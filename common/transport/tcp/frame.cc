@@ -28,7 +28,7 @@ std::string Hex32(uint32_t v) {
 
 bool KnownType(uint8_t t) {
   return t >= static_cast<uint8_t>(FrameType::kHello) &&
-         t <= static_cast<uint8_t>(FrameType::kCallError);
+         t <= static_cast<uint8_t>(FrameType::kProof);
 }
 
 }  // namespace
@@ -51,6 +51,10 @@ std::string_view FrameTypeName(FrameType type) {
       return "CALL_RESPONSE";
     case FrameType::kCallError:
       return "CALL_ERROR";
+    case FrameType::kChallenge:
+      return "CHALLENGE";
+    case FrameType::kProof:
+      return "PROOF";
   }
   return "UNKNOWN";
 }
@@ -59,7 +63,13 @@ size_t MaxBodyLength(FrameType type, size_t max_message_size) {
   max_message_size = std::min(max_message_size, kMaxMessageSizeLimit);
   switch (type) {
     case FrameType::kHello:
-      return kHelloFixedSize + kMaxTokenLength;
+      // The largest HELLO of any version (version 2 carried a token of up to 1024 bytes), so
+      // an old client's HELLO is read whole and refused with both versions named.
+      return std::max(kHelloBodySize, size_t{12} + kMaxTokenLength);
+    case FrameType::kChallenge:
+      return auth::kAuthChallengeSize;
+    case FrameType::kProof:
+      return auth::kAuthProofSize;
     case FrameType::kWelcome:
       return kWelcomeFixedSize + kMaxRegions * kRegionDescriptorWireSize;
     case FrameType::kRefused:
@@ -131,17 +141,15 @@ Result<StreamFrame> NextFrame(std::span<const uint8_t> buffered, size_t max_mess
 // ---- HELLO ----
 
 std::vector<uint8_t> EncodeHello(const Hello& hello) {
-  size_t token = std::min(hello.auth_token.size(), kMaxTokenLength);
-  std::vector<uint8_t> out(kFrameHeaderSize + kHelloFixedSize + token);
-  EncodeFrameHeader(FrameType::kHello, static_cast<uint32_t>(kHelloFixedSize + token),
+  std::vector<uint8_t> out(kFrameHeaderSize + kHelloBodySize);
+  EncodeFrameHeader(FrameType::kHello, static_cast<uint32_t>(kHelloBodySize),
                     std::span<uint8_t, kFrameHeaderSize>(out.data(), kFrameHeaderSize));
   uint8_t* p = out.data() + kFrameHeaderSize;
   Put16(p, hello.version);
   Put16(p + 2, 0);
   Put32(p + 4, hello.max_message_size);
-  Put16(p + 8, static_cast<uint16_t>(token));
-  Put16(p + 10, 0);
-  std::copy_n(hello.auth_token.data(), token, p + kHelloFixedSize);
+  auth::EncodeAuthHello(hello.auth, std::span<uint8_t, auth::kAuthHelloSize>(p + kHelloFixedSize,
+                                                                             auth::kAuthHelloSize));
   return out;
 }
 
@@ -152,26 +160,55 @@ Result<uint16_t> PeekHelloVersion(std::span<const uint8_t> body) {
 
 Result<Hello> DecodeHello(std::span<const uint8_t> body) {
   constexpr FrameType t = FrameType::kHello;
-  if (body.size() < kHelloFixedSize) {
-    return Bad(t, "truncated: " + std::to_string(body.size()) + " bytes");
+  if (body.size() != kHelloBodySize) {
+    return Bad(t,
+               std::to_string(body.size()) + " bytes, expected " + std::to_string(kHelloBodySize));
   }
   const uint8_t* p = body.data();
   Hello h;
   h.version = Get16(p);
-  if (Get16(p + 2) != 0 || Get16(p + 10) != 0) return Bad(t, "nonzero reserved bytes");
+  if (Get16(p + 2) != 0) return Bad(t, "nonzero reserved bytes");
   h.max_message_size = Get32(p + 4);
   if (h.max_message_size == 0 || h.max_message_size > kMaxMessageSizeLimit) {
     return Bad(t, "max_message_size " + std::to_string(h.max_message_size) + " out of range");
   }
-  size_t token = Get16(p + 8);
-  if (token > kMaxTokenLength)
-    return Bad(t, "token longer than " + std::to_string(kMaxTokenLength));
-  if (body.size() != kHelloFixedSize + token) {
-    return Bad(t, "token length " + std::to_string(token) + " does not match a body of " +
-                      std::to_string(body.size()) + " bytes");
-  }
-  h.auth_token.assign(reinterpret_cast<const char*>(p + kHelloFixedSize), token);
+  auto a = auth::DecodeAuthHello(body.subspan(kHelloFixedSize));
+  if (!a.ok()) return Bad(t, a.status().message());
+  h.auth = *a;
   return h;
+}
+
+// ---- CHALLENGE / PROOF ----
+
+std::vector<uint8_t> EncodeChallenge(const auth::AuthChallenge& challenge) {
+  std::vector<uint8_t> out(kFrameHeaderSize + auth::kAuthChallengeSize);
+  EncodeFrameHeader(FrameType::kChallenge, static_cast<uint32_t>(auth::kAuthChallengeSize),
+                    std::span<uint8_t, kFrameHeaderSize>(out.data(), kFrameHeaderSize));
+  auth::EncodeAuthChallenge(
+      challenge, std::span<uint8_t, auth::kAuthChallengeSize>(out.data() + kFrameHeaderSize,
+                                                              auth::kAuthChallengeSize));
+  return out;
+}
+
+Result<auth::AuthChallenge> DecodeChallenge(std::span<const uint8_t> body) {
+  auto c = auth::DecodeAuthChallenge(body);
+  if (!c.ok()) return Bad(FrameType::kChallenge, c.status().message());
+  return *c;
+}
+
+std::vector<uint8_t> EncodeProof(const auth::AuthProof& proof) {
+  std::vector<uint8_t> out(kFrameHeaderSize + auth::kAuthProofSize);
+  EncodeFrameHeader(FrameType::kProof, static_cast<uint32_t>(auth::kAuthProofSize),
+                    std::span<uint8_t, kFrameHeaderSize>(out.data(), kFrameHeaderSize));
+  auth::EncodeAuthProof(proof, std::span<uint8_t, auth::kAuthProofSize>(
+                                   out.data() + kFrameHeaderSize, auth::kAuthProofSize));
+  return out;
+}
+
+Result<auth::AuthProof> DecodeProof(std::span<const uint8_t> body) {
+  auto p = auth::DecodeAuthProof(body);
+  if (!p.ok()) return Bad(FrameType::kProof, p.status().message());
+  return *p;
 }
 
 // ---- WELCOME ----

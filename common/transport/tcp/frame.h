@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/transport/auth.h"
 #include "common/transport/transport.h"
 #include "rdkv/status.h"
 
@@ -30,16 +31,17 @@ namespace rdkv::transport::tcp {
 
 inline constexpr uint32_t kFrameMagic = 0x544B4452;  // bytes 'R' 'D' 'K' 'T'
 // 2: the CALL_ERROR frame (a version-1 peer would drop the connection on it).
-inline constexpr uint16_t kProtocolVersion = 2;
+// 3: challenge-response authentication (CHALLENGE and PROOF; no token on the wire).
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kFrameHeaderSize = 12;
-inline constexpr size_t kMaxTokenLength = 1024;
+inline constexpr size_t kMaxTokenLength = 1024;  // longest secret (never sent)
 inline constexpr size_t kMaxReasonLength = 1024;
 inline constexpr size_t kMaxRegions = 1024;
 // The largest max_message_size either side may configure (keeps every body length in 32 bits).
 inline constexpr size_t kMaxMessageSizeLimit = size_t{1} << 30;
 
 enum class FrameType : uint8_t {
-  kHello = 1,         // client -> server, first frame: version, limits, auth token
+  kHello = 1,         // client -> server, first frame: version, limits, role, client nonce
   kWelcome = 2,       // server -> client: authenticated; the region descriptors
   kRefused = 3,       // server -> client: handshake refused (code + reason); then the server closes
   kReadRequest = 4,   // client -> server: one-sided READ {wr_id, remote_addr, rkey, length}
@@ -48,6 +50,8 @@ enum class FrameType : uint8_t {
   kCallResponse = 7,  // server -> client: {request_id, payload}
   kCallError = 8,     // server -> client: the request failed in the transport {request_id, code,
                       // reason}, e.g. a response larger than the client accepts
+  kChallenge = 9,     // server -> client: server nonce + server proof (auth.h)
+  kProof = 10,        // client -> server: client proof (auth.h)
 };
 std::string_view FrameTypeName(FrameType type);
 
@@ -78,19 +82,28 @@ struct StreamFrame {
 Result<StreamFrame> NextFrame(std::span<const uint8_t> buffered, size_t max_message_size);
 
 // ---- HELLO (client -> server) ----------------------------------------------------------------
-// body: version u16 | reserved u16 | max_message_size u32 | token_length u16 | reserved u16 |
-//       token bytes
+// body: version u16 | reserved u16 | max_message_size u32 | auth hello (auth.h: role u8,
+//       reserved 3 bytes, client nonce 32 bytes). The whole body is the authentication
+//       transcript's context, so the proofs cover the limits too.
 struct Hello {
   uint16_t version = kProtocolVersion;
   uint32_t max_message_size = 0;  // the largest response payload the client accepts
-  std::string auth_token;
+  auth::AuthHello auth;
 };
-inline constexpr size_t kHelloFixedSize = 12;
+inline constexpr size_t kHelloFixedSize = 8;
+inline constexpr size_t kHelloBodySize = kHelloFixedSize + auth::kAuthHelloSize;
 std::vector<uint8_t> EncodeHello(const Hello& hello);  // the whole frame, header included
 // Reads only the version, so a server can refuse another version with a clear reason before
 // parsing the rest (whose layout may differ in that version).
 Result<uint16_t> PeekHelloVersion(std::span<const uint8_t> body);
 Result<Hello> DecodeHello(std::span<const uint8_t> body);
+
+// ---- CHALLENGE (server -> client) and PROOF (client -> server) -------------------------------
+// bodies: exactly auth::AuthChallenge / auth::AuthProof (auth.h).
+std::vector<uint8_t> EncodeChallenge(const auth::AuthChallenge& challenge);  // whole frame
+Result<auth::AuthChallenge> DecodeChallenge(std::span<const uint8_t> body);
+std::vector<uint8_t> EncodeProof(const auth::AuthProof& proof);  // whole frame
+Result<auth::AuthProof> DecodeProof(std::span<const uint8_t> body);
 
 // ---- WELCOME (server -> client) --------------------------------------------------------------
 // body: version u16 | reserved u16 | max_message_size u32 | session_id u64 | region_count u32 |

@@ -1,6 +1,7 @@
 #include "common/transport/tcp/tcp_connection.h"
 
 #include <glog/logging.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "common/transport/tcp/byte_buffer.h"
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
+#include "common/transport/tcp/tls.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_annotations.h"
 #include "common/util/units.h"
@@ -25,6 +27,9 @@ constexpr uint32_t kMaxOutstandingReadsLimit = 1u << 20;
 constexpr uint32_t kMaxOutstandingCallsLimit = 1u << 16;
 // A READ request the peer leaves unread this long (its socket buffer full) fails the connection.
 constexpr std::chrono::seconds kSendStallLimit{5};
+// Under TLS, a Call whose head and payload together are at most this many bytes (one TLS
+// record's plaintext) is sent as one record.
+constexpr size_t kTlsJoinLimit = 16 << 10;
 
 // Wire ids of READs and Calls: (generation << 32) | slot. The receive thread accepts a
 // completion only for a busy slot whose generation matches, so a stale, duplicated or forged id
@@ -40,9 +45,11 @@ enum class PostCode { kOk, kBusy, kConnectionLost };
 
 class TcpConnection final : public Connection {
  public:
-  TcpConnection(int fd, std::string peer, const ConnectOptions& options, const Welcome& welcome,
+  TcpConnection(int fd, std::unique_ptr<TlsStream> tls, std::string peer,
+                const ConnectOptions& options, const Welcome& welcome,
                 std::shared_ptr<RegionRegistry> registry)
       : fd_(fd),
+        tls_(std::move(tls)),
         peer_(std::move(peer)),
         registry_(std::move(registry)),
         regions_(welcome.regions),
@@ -70,6 +77,10 @@ class TcpConnection final : public Connection {
     shutdown(fd_, SHUT_RDWR);  // wakes the receive thread with EOF
     if (receiver_.joinable()) receiver_.join();
     Fail("the connection was closed locally");
+    {
+      MutexLock lock(&tls_mu_);
+      tls_.reset();  // before the socket it uses is closed
+    }
     close(fd_);
   }
 
@@ -132,6 +143,10 @@ class TcpConnection final : public Connection {
         return Status::TimedOut(peer_ + ": no free READ slot before the deadline");
       }
     }
+    return WaitReads(ops, deadline);
+  }
+
+  Status WaitReads(std::span<ReadOp* const> ops, Clock::time_point deadline) override {
     size_t first = 0;
     for (;;) {
       uint64_t seen = reads_completed_.load(std::memory_order_seq_cst);
@@ -182,8 +197,10 @@ class TcpConnection final : public Connection {
     bool stream_broken = false;
     {
       MutexLock lock(&send_mu_);
-      send = SendAllBefore(fd_, iov, request.empty() ? 1 : 2, deadline, &sent_bytes);
-      if (!send.ok() && !(send.Is(StatusCode::kTimedOut) && sent_bytes == 0)) {
+      send = SendBefore(iov, request.empty() ? 1 : 2, deadline, &sent_bytes);
+      // Under TLS a write that did not finish may have left part of a record in the TLS
+      // layer (even with nothing counted as sent): the stream is unusable either way.
+      if (!send.ok() && (tls_ != nullptr || !(send.Is(StatusCode::kTimedOut) && sent_bytes == 0))) {
         // Part of a frame may be on the wire: the stream is unusable. Failed before send_mu_
         // is released, so no other frame can follow the partial one. Completes our slot too.
         Fail("send: " + send.message());
@@ -302,7 +319,7 @@ class TcpConnection final : public Connection {
     std::span<const uint8_t> bytes = send_buf_.readable();
     iovec iov{const_cast<uint8_t*>(bytes.data()), bytes.size()};
     size_t sent_bytes = 0;
-    Status send = SendAllBefore(fd_, &iov, 1, Clock::now() + kSendStallLimit, &sent_bytes);
+    Status send = SendBefore(&iov, 1, Clock::now() + kSendStallLimit, &sent_bytes);
     if (!send.ok()) {
       Fail("send: " + send.message());  // completes the ops just taken, too
       return PostCode::kConnectionLost;
@@ -352,9 +369,9 @@ class TcpConnection final : public Connection {
       size_t want = kRecvChunk;
       if (need > in_.size()) want = std::max(want, need - in_.size());
       std::span<uint8_t> w = in_.PrepareWrite(want);
-      ssize_t n = recv(fd_, w.data(), w.size(), 0);
+      ssize_t n = Receive(w, &why);
       if (n == 0) {
-        why = "the server closed the connection";
+        if (why.empty()) why = "the server closed the connection";
         break;
       }
       if (n < 0) {
@@ -399,6 +416,96 @@ class TcpConnection final : public Connection {
       }
     }
     Fail(why);
+  }
+
+  // Writes every byte of iov before the deadline: plain SendAllBefore, or through TLS (the
+  // TLS stream is locked for each write only, never while waiting for room).
+  // Datapath: no allocation unless it fails.
+  Status SendBefore(iovec* iov, int iovcnt, Clock::time_point deadline, size_t* sent)
+      REQUIRES(send_mu_) EXCLUDES(tls_mu_) {
+    if (tls_ == nullptr) return SendAllBefore(fd_, iov, iovcnt, deadline, sent);
+    *sent = 0;
+    // A Call's head and a small payload go out as one TLS record (one encryption, one send):
+    // copied into a buffer that only grows, so steady state allocates nothing.
+    iovec joined;
+    if (iovcnt > 1) {
+      size_t total = 0;
+      for (int i = 0; i < iovcnt; ++i) total += iov[i].iov_len;
+      if (total <= kTlsJoinLimit) {
+        tls_join_.Clear();
+        for (int i = 0; i < iovcnt; ++i) tls_join_.Append(iov[i].iov_base, iov[i].iov_len);
+        std::span<const uint8_t> r = tls_join_.readable();
+        joined = {const_cast<uint8_t*>(r.data()), r.size()};
+        iov = &joined;
+        iovcnt = 1;
+      }
+    }
+    for (int i = 0; i < iovcnt; ++i) {
+      std::span<const uint8_t> left(static_cast<const uint8_t*>(iov[i].iov_base), iov[i].iov_len);
+      while (!left.empty()) {
+        size_t n = 0;
+        TlsIo io;
+        {
+          MutexLock lock(&tls_mu_);
+          io = tls_->Write(left, &n);
+          if (io == TlsIo::kClosed || io == TlsIo::kError) {
+            return Status::ConnectionLost(tls_->error());
+          }
+        }
+        if (io == TlsIo::kOk) {
+          left = left.subspan(n);
+          *sent += n;
+          continue;
+        }
+        if (!WaitSocket(io == TlsIo::kWantWrite ? POLLOUT : POLLIN, deadline)) {
+          return Status::TimedOut("the peer made no room before the deadline");
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Receive thread: reads what is there (blocking until something is). >0: bytes; 0: the
+  // server closed (*why set when TLS failed); <0: errno.
+  ssize_t Receive(std::span<uint8_t> w, std::string* why) EXCLUDES(tls_mu_) {
+    if (tls_ == nullptr) return recv(fd_, w.data(), w.size(), 0);
+    for (;;) {
+      size_t n = 0;
+      TlsIo io;
+      {
+        MutexLock lock(&tls_mu_);
+        io = tls_->Read(w, &n);
+        if (io == TlsIo::kError) *why = tls_->error();
+      }
+      switch (io) {
+        case TlsIo::kOk:
+          return static_cast<ssize_t>(n);
+        case TlsIo::kClosed:
+        case TlsIo::kError:
+          return 0;
+        case TlsIo::kWantRead:
+        case TlsIo::kWantWrite:
+          // Wakes on data, on a hang-up, and on the shutdown() of Fail or the destructor.
+          WaitSocket(io == TlsIo::kWantWrite ? POLLOUT : POLLIN, Clock::time_point::max());
+          break;
+      }
+    }
+  }
+
+  // Polls the socket for `events` until the deadline; false when it passed first.
+  bool WaitSocket(short events, Clock::time_point deadline) {
+    for (;;) {
+      int timeout_ms = -1;
+      if (deadline != Clock::time_point::max()) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) return false;
+        timeout_ms = static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
+      }
+      pollfd p{fd_, events, 0};
+      int rc = poll(&p, 1, timeout_ms);
+      if (rc > 0) return true;
+      if (rc < 0 && errno != EINTR) return true;  // the next operation reports the error
+    }
   }
 
   bool CompleteRead(std::span<const uint8_t> body, std::string* why) {
@@ -533,6 +640,10 @@ class TcpConnection final : public Connection {
   }
 
   const int fd_;
+  // TLS (null: plaintext). Not thread-safe: every call on it holds tls_mu_, which no thread
+  // holds while it waits for the socket (the receive thread reads while senders write).
+  Mutex tls_mu_ ACQUIRED_AFTER(send_mu_);
+  std::unique_ptr<TlsStream> tls_;
   const std::string peer_;
   const std::shared_ptr<RegionRegistry> registry_;
   const std::vector<RegionDescriptor> regions_;
@@ -548,6 +659,7 @@ class TcpConnection final : public Connection {
   // One writer on the socket at a time.
   Mutex send_mu_ ACQUIRED_BEFORE(reads_mu_, calls_mu_, progress_mu_);
   ByteBuffer send_buf_ GUARDED_BY(send_mu_);
+  ByteBuffer tls_join_ GUARDED_BY(send_mu_);  // SendBefore under TLS
 
   const size_t num_read_slots_;
   Mutex reads_mu_;
@@ -610,6 +722,17 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
   std::string peer = "tcp " + where;
   Clock::time_point deadline = Clock::now() + options.connect_timeout;
 
+  std::shared_ptr<const TlsContext> tls_context;
+  if (options.tls.client_enabled()) {
+    auto ctx = TlsContext::CreateClient(options.tls);
+    if (!ctx.ok()) return ctx.status();
+    tls_context = std::move(ctx).value();
+    peer = "tls " + where;
+  } else if (options.tls.any()) {
+    return Status::InvalidArgument(
+        "TLS: a client certificate without a CA file (--tls_ca_file) to verify the server");
+  }
+
   auto fd = ConnectTo(options.host, options.port, deadline);
   if (!fd.ok()) return fd.status();
   FdCloser closer(*fd);
@@ -621,32 +744,93 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
     }
     return Status::Unavailable(peer + ": handshake failed: " + s.message());
   };
+  // TLS first (docs/security.md "TLS (tcp)"); the rdkv handshake below runs inside it.
+  std::unique_ptr<TlsStream> tls;
+  if (tls_context != nullptr) {
+    auto stream = TlsStream::Create(tls_context, *fd, options.host);
+    if (!stream.ok()) return stream.status();
+    tls = std::move(stream).value();
+    Status ts = TlsHandshakeBefore(tls.get(), *fd, deadline);
+    if (ts.Is(StatusCode::kTimedOut)) {
+      return Status::TimedOut(peer + ": TLS handshake not finished within connect_timeout");
+    }
+    if (!ts.ok()) return Status::Unavailable(peer + ": " + ts.message());
+  }
+  auto send_all = [&](std::span<const uint8_t> bytes) {
+    return tls ? TlsSendAllBefore(tls.get(), *fd, bytes, deadline)
+               : SendAllBefore(*fd, bytes, deadline);
+  };
+  auto recv_exact = [&](std::span<uint8_t> out) {
+    return tls ? TlsRecvExactBefore(tls.get(), *fd, out, deadline)
+               : RecvExactBefore(*fd, out, deadline);
+  };
+  // Mutual challenge-response (common/transport/auth.h): HELLO with our nonce, the server's
+  // CHALLENGE (its nonce and its proof, checked before we answer), our PROOF, then WELCOME.
+  auto nonce = auth::RandomNonce();
+  if (!nonce.ok()) return nonce.status();
   std::vector<uint8_t> hello = EncodeHello(
-      {kProtocolVersion, static_cast<uint32_t>(options.max_message_size), options.auth_token});
-  Status s = SendAllBefore(*fd, hello, deadline);
-  if (!s.ok()) return handshake_error(s);
-  uint8_t header_bytes[kFrameHeaderSize];
-  s = RecvExactBefore(*fd, header_bytes, deadline);
-  if (!s.ok()) return handshake_error(s);
-  auto header = DecodeFrameHeader(header_bytes, options.max_message_size);
-  if (!header.ok()) return Status::ProtocolError(peer + ": " + header.status().message());
-  std::vector<uint8_t> body(header->body_length);
-  s = RecvExactBefore(*fd, body, deadline);
+      {kProtocolVersion, static_cast<uint32_t>(options.max_message_size), {options.role, *nonce}});
+  const std::span<const uint8_t> hello_body(hello.data() + kFrameHeaderSize, kHelloBodySize);
+  Status s = send_all(hello);
   if (!s.ok()) return handshake_error(s);
 
-  if (header->type == FrameType::kRefused) {
-    auto refused = DecodeRefused(body);
-    if (!refused.ok()) return Status::ProtocolError(peer + ": " + refused.status().message());
-    std::string msg = peer + " refused the connection: " + refused->reason;
-    switch (refused->code) {
+  FrameHeader last_header;
+  std::vector<uint8_t> body;
+  // Reads one frame; a REFUSED is turned into its status (returned through *refused).
+  auto read_frame = [&](Status* refused) -> Status {
+    uint8_t header_bytes[kFrameHeaderSize];
+    Status rs = recv_exact(header_bytes);
+    if (!rs.ok()) return handshake_error(rs);
+    auto header = DecodeFrameHeader(header_bytes, options.max_message_size);
+    if (!header.ok()) return Status::ProtocolError(peer + ": " + header.status().message());
+    last_header = *header;
+    body.assign(header->body_length, 0);
+    rs = recv_exact(body);
+    if (!rs.ok()) return handshake_error(rs);
+    if (header->type != FrameType::kRefused) return Status::Ok();
+    auto r = DecodeRefused(body);
+    if (!r.ok()) return Status::ProtocolError(peer + ": " + r.status().message());
+    std::string msg = peer + " refused the connection: " + r->reason;
+    switch (r->code) {
       case StatusCode::kPermissionDenied:
-        return Status::PermissionDenied(msg);
+        *refused = Status::PermissionDenied(msg);
+        break;
       case StatusCode::kProtocolError:
-        return Status::ProtocolError(msg);
+        *refused = Status::ProtocolError(msg);
+        break;
       default:
-        return Status(refused->code, msg);
+        *refused = Status(r->code, msg);
     }
+    return Status::Ok();
+  };
+  Status refused = Status::Ok();
+  RDKV_RETURN_IF_ERROR(read_frame(&refused));
+  if (!refused.ok()) return refused;
+  if (last_header.type != FrameType::kChallenge) {
+    return Status::ProtocolError(peer + ": expected CHALLENGE, got " +
+                                 std::string(FrameTypeName(last_header.type)) +
+                                 " (a server of another protocol version?)");
   }
+  auto challenge = DecodeChallenge(body);
+  if (!challenge.ok()) return Status::ProtocolError(peer + ": " + challenge.status().message());
+  const auth::Mac expected =
+      auth::ComputeProof(auth::Side::kServer, options.auth_token, options.role, *nonce,
+                         challenge->server_nonce, hello_body);
+  if (!auth::ProofsEqual(expected, challenge->server_proof)) {
+    return Status::PermissionDenied(
+        peer + ": the server could not prove that it knows the " +
+        std::string(auth::RoleName(options.role)) +
+        " secret: the secrets differ (check --auth_token_file / --admin_token_file on both "
+        "sides) or this is not the server you meant");
+  }
+  auth::AuthProof proof;
+  proof.client_proof = auth::ComputeProof(auth::Side::kClient, options.auth_token, options.role,
+                                          *nonce, challenge->server_nonce, hello_body);
+  s = send_all(EncodeProof(proof));
+  if (!s.ok()) return handshake_error(s);
+  RDKV_RETURN_IF_ERROR(read_frame(&refused));
+  if (!refused.ok()) return refused;
+  auto* header = &last_header;
   if (header->type != FrameType::kWelcome) {
     return Status::ProtocolError(peer + ": expected WELCOME, got " +
                                  std::string(FrameTypeName(header->type)));
@@ -658,8 +842,8 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
                                  std::to_string(welcome->version) + ", this client version " +
                                  std::to_string(kProtocolVersion));
   }
-  auto conn = std::make_unique<TcpConnection>(closer.release(), peer, options, *welcome,
-                                              std::move(registry));
+  auto conn = std::make_unique<TcpConnection>(closer.release(), std::move(tls), peer, options,
+                                              *welcome, std::move(registry));
   conn->Start();
   LOG(INFO) << peer << ": connected (session " << welcome->session_id << ", "
             << welcome->regions.size() << " region(s))";

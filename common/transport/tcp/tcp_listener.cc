@@ -8,13 +8,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "common/transport/auth.h"
 #include "common/transport/tcp/byte_buffer.h"
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
+#include "common/transport/tcp/tls.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_annotations.h"
 #include "common/util/units.h"
@@ -28,20 +35,87 @@ constexpr size_t kInitialInBuffer = 64 << 10;
 constexpr size_t kRecvChunk = 64 << 10;
 // Output backpressure: above the high mark the NIC stops reading that connection's requests
 // (TCP flow control then pushes back on the client) until the send buffer drains below the low
-// mark. Bounds the memory a client that does not read its responses can make us hold.
-constexpr size_t kOutHighWater = 8 << 20;
-constexpr size_t kOutLowWater = 1 << 20;
+// mark. Bounds the memory a client that does not read its responses can make us hold; such a
+// client is cut off after output_stall_timeout, or at once when worker replies push its unsent
+// output past TcpSession::out_limit (max(4 MiB, 2 largest messages)).
+constexpr size_t kOutHighWater = 1 << 20;
+constexpr size_t kOutLowWater = 256 << 10;
+constexpr size_t kOutHardMin = 4 << 20;
+// One warning line per kind per this period, with the count of the suppressed ones.
+constexpr auto kLogPeriod = std::chrono::seconds(10);
 // Requests of one connection queued for the workers: above this the NIC stops reading that
 // connection until the workers catch up (checked every sweep), so a client that ignores
 // max_outstanding_calls cannot grow the queue without bound.
 constexpr uint32_t kMaxQueuedPerSession = 1024;
-constexpr auto kHandshakeTimeout = std::chrono::seconds(5);
 constexpr auto kDrainTimeout = std::chrono::seconds(1);
 constexpr int kEpollTimeoutMs = 200;
 constexpr int kMaxEvents = 64;
 constexpr uint64_t kWakeId = 0;  // epoll data of a NIC thread's eventfd; sessions start at 1
 
 class NicThread;
+
+// Rate limit for a kind of log line (hostile peers must not be able to fill the disk).
+class LogThrottle {
+ public:
+  // True when a line may be written now; *suppressed receives how many were not since the last.
+  bool Allow(uint64_t* suppressed) {
+    const int64_t now = Clock::now().time_since_epoch().count();
+    const int64_t period = std::chrono::duration_cast<Clock::duration>(kLogPeriod).count();
+    int64_t last = last_.load(std::memory_order_relaxed);
+    if ((last != kNever && now - last < period) ||
+        !last_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+      suppressed_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+    *suppressed = suppressed_.exchange(0, std::memory_order_relaxed);
+    return true;
+  }
+
+ private:
+  static constexpr int64_t kNever = INT64_MIN;
+  std::atomic<int64_t> last_{kNever};
+  std::atomic<uint64_t> suppressed_{0};
+};
+
+// " (N similar line(s) suppressed since the last one; ...)" or "".
+std::string Suppressed(uint64_t n) {
+  if (n == 0) return "";
+  return " (" + std::to_string(n) + " similar line(s) suppressed since the last one; at most " +
+         "one per " +
+         std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kLogPeriod).count()) +
+         " s)";
+}
+
+// The close of this socket resets the connection and drops what the kernel still holds for it
+// (for a client cut off for not reading: its unsent responses would otherwise stay in the
+// kernel's send buffer, trickling out, after the session is gone).
+void SetAbortiveClose(int fd) {
+  linger l{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+}
+
+// Peer address as 16 bytes (IPv4 mapped into IPv6), for the per-source handshake limit.
+using SourceKey = std::array<uint8_t, 16>;
+void PeerSource(int fd, SourceKey* key, bool* loopback) {
+  key->fill(0);
+  *loopback = false;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return;
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    (*key)[10] = (*key)[11] = 0xff;
+    std::memcpy(key->data() + 12, &a->sin_addr, 4);
+    *loopback = ((*key)[12] == 127);
+  } else if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    std::memcpy(key->data(), &a->sin6_addr, 16);
+    static const SourceKey kLoop6 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+    bool mapped4 = std::all_of(key->begin(), key->begin() + 10, [](uint8_t b) { return b == 0; }) &&
+                   (*key)[10] == 0xff && (*key)[11] == 0xff;
+    *loopback = *key == kLoop6 || (mapped4 && (*key)[12] == 127);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // One client connection on the server.
@@ -53,6 +127,8 @@ class TcpSession final : public ServerSession {
   Status Reply(uint64_t request_id, std::span<const uint8_t> response) override;
   std::string peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
+  SessionRole role() const override { return role_.load(std::memory_order_acquire); }
+  void set_role(SessionRole r) { role_.store(r, std::memory_order_release); }
 
   // Send what is buffered without blocking; arms EPOLLOUT for the rest.
   void FlushLocked() REQUIRES(out_mu);
@@ -73,9 +149,23 @@ class TcpSession final : public ServerSession {
   size_t nic_reply_limit() const NO_THREAD_SAFETY_ANALYSIS { return reply_limit; }
 
   // ---- NIC-thread-only state ----
-  enum class State { kAwaitHello, kReady, kDraining };
+  // kTls: the TLS handshake (listeners with TLS), before HELLO; it counts as handshaking.
+  enum class State { kTls, kAwaitHello, kAwaitProof, kReady, kDraining };
   State state = State::kAwaitHello;
-  Clock::time_point deadline;  // for the handshake (kAwaitHello) or the lingering close
+  bool uses_tls = false;            // the listener has TLS: reads go through `tls` once it exists
+  Clock::time_point deadline;       // for the handshake (kAwaitHello/kAwaitProof) or the close
+  Clock::time_point last_activity;  // last frame received (idle_timeout)
+  // Handshake (kAwaitProof): what the client's proof must be.
+  auth::Mac expected_proof{};
+  SessionRole requested_role = SessionRole::kData;
+  SessionRole granted_role = SessionRole::kData;
+  uint64_t secrets_epoch = 0;  // the secrets epoch the proof's key came from (RotateSecrets)
+  bool peer_loopback = false;
+  SourceKey source{};
+  // True while this socket counts against the handshake limits. Whoever clears it (the NIC
+  // thread when the handshake ends or the socket closes, the accept thread when it evicts the
+  // socket) gives the slot back, exactly once.
+  std::atomic<bool> in_handshake{true};
   ByteBuffer in{kInitialInBuffer};
   size_t need = kFrameHeaderSize;  // bytes the frame at the head of `in` needs in total
   bool authenticated = false;
@@ -93,15 +183,27 @@ class TcpSession final : public ServerSession {
   // Not reading requests until the workers catch up.
   bool queue_paused GUARDED_BY(out_mu) = false;
   uint32_t armed GUARDED_BY(out_mu) = 0;  // events registered with epoll
+  // TLS (docs/security.md "TLS (tcp)"): the stream, created once the client's first byte shows
+  // a TLS record; every call on it holds out_mu (the NIC thread reads while workers write).
+  std::unique_ptr<TlsStream> tls GUARDED_BY(out_mu);
+  // The TLS stream must write before it can go on (handshake or read): wait for EPOLLOUT.
+  bool tls_want_write GUARDED_BY(out_mu) = false;
   // Largest payload of a response or READ to this client: min(ours, the client's). Set at the
   // handshake, before any request of this session is queued (the queue's mutex orders it).
   size_t reply_limit GUARDED_BY(out_mu) = 0;
+  // Unsent output above which a worker's Reply cuts the client off (it does not read).
+  size_t out_limit GUARDED_BY(out_mu) = kOutHardMin;
+  // When `out` last drained a byte into the socket (for output_stall_timeout).
+  Clock::time_point out_progress GUARDED_BY(out_mu);
+  // The client was cut off for not reading; counted once.
+  bool cut_off GUARDED_BY(out_mu) = false;
   std::atomic<uint32_t> queued{0};  // requests of this session waiting for or in a worker
 
  private:
   const uint64_t id_;
   const std::string peer_;
   NicThread* const nic_;
+  std::atomic<SessionRole> role_{SessionRole::kData};
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -203,8 +305,23 @@ struct ListenerCore {
   std::shared_ptr<RegionRegistry> registry;
   std::string name;  // "tcp listener 127.0.0.1:7400", for logs
   WorkQueue queue;
+  // The secrets handshakes are checked against, replaced by RotateSecrets. Each replacement
+  // is a new secrets epoch; a role whose secret changed is revoked from that epoch on: its
+  // sessions whose key was chosen in an earlier epoch are closed by their NIC thread's sweep.
+  Mutex secrets_mu;
+  auth::ServerSecrets secrets GUARDED_BY(secrets_mu);
+  std::atomic<uint64_t> secrets_epoch{0};
+  std::atomic<uint64_t> role_revoked_at[2] = {0, 0};  // by SessionRole (data, admin)
+  std::atomic<uint64_t> sessions_revoked{0};
+  std::shared_ptr<const TlsContext> tls;   // null: plaintext
   std::atomic<uint32_t> authenticated{0};  // sessions past the handshake, for max_connections
   std::atomic<uint32_t> sockets{0};        // open sockets, handshaking or not
+  std::atomic<uint32_t> handshaking{0};    // sockets with in_handshake set
+  std::atomic<uint64_t> handshakes_evicted{0};
+  std::atomic<uint64_t> handshakes_timed_out{0};
+  std::atomic<uint64_t> idle_closed{0};
+  std::atomic<uint64_t> slow_readers_cut{0};
+  LogThrottle log_refused, log_timeout, log_evicted, log_protocol, log_session, log_cut;
 
   std::atomic<uint64_t> connections_accepted{0};
   std::atomic<uint64_t> connections_refused{0};
@@ -254,6 +371,11 @@ class NicThread {
     if (thread_.joinable()) thread_.join();
   }
 
+  // RotateSecrets: sweep now (revoked sessions are closed there).
+  void SweepSoon() { Wake(); }
+  // The secrets epoch this thread's last sweep acted on.
+  uint64_t swept_epoch() const { return swept_epoch_.load(std::memory_order_acquire); }
+
   // After Stop(): closes every session this thread owned or was about to own.
   void CloseAll() EXCLUDES(pending_mu_) {
     std::vector<std::shared_ptr<TcpSession>> all;
@@ -270,6 +392,17 @@ class NicThread {
   }
 
   int epfd() const { return epfd_; }
+
+  // From Reply (any thread): a session was cut off for not reading `pending` bytes.
+  void CountCut(const TcpSession& s, size_t pending, size_t limit) {
+    core_->slow_readers_cut.fetch_add(1, std::memory_order_relaxed);
+    uint64_t suppressed = 0;
+    if (core_->log_cut.Allow(&suppressed)) {
+      LOG(WARNING) << core_->name << ": cutting off session " << s.id() << " from " << s.peer()
+                   << ": it does not read its responses (" << pending << " bytes unsent, limit "
+                   << limit << ")" << Suppressed(suppressed);
+    }
+  }
 
  private:
   void Wake() {
@@ -301,7 +434,8 @@ class NicThread {
         HandleEvent(*s, events[i].events);
       }
       Clock::time_point now = Clock::now();
-      if (now >= next_sweep) {
+      if (now >= next_sweep || swept_epoch_.load(std::memory_order_relaxed) !=
+                                   core_->secrets_epoch.load(std::memory_order_acquire)) {
         Sweep(now);
         next_sweep = now + std::chrono::milliseconds(kEpollTimeoutMs);
       }
@@ -323,6 +457,9 @@ class NicThread {
         PLOG(WARNING) << core_->name << ": cannot watch the socket of " << s->peer();
         s->CloseLocked();
         core_->sockets.fetch_sub(1, std::memory_order_relaxed);
+        if (s->in_handshake.exchange(false, std::memory_order_acq_rel)) {
+          core_->handshaking.fetch_sub(1, std::memory_order_relaxed);
+        }
         continue;
       }
       s->armed = EPOLLIN;
@@ -338,6 +475,10 @@ class NicThread {
       Close(s, std::string("socket error: ") + strerror(err));
       return;
     }
+    if (s.state == TcpSession::State::kTls) {
+      DriveTls(s);
+      return;
+    }
     if (events & EPOLLOUT) {
       OnWritable(s);
       if (s.nic_closed()) return;
@@ -351,10 +492,114 @@ class NicThread {
     }
   }
 
-  void OnWritable(TcpSession& s) {
-    bool resume = false;
+  // The TLS handshake, as far as the socket allows. A first byte that is not a TLS record is a
+  // plaintext client: REFUSED in plaintext, saying that this server requires TLS.
+  void DriveTls(TcpSession& s) {
+    enum { kWait, kPlaintext, kEof, kFailed, kDone } outcome = kWait;
+    std::string error;
     {
       MutexLock lock(&s.out_mu);
+      if (s.closed) return;
+      if (s.tls == nullptr) {
+        uint8_t first = 0;
+        ssize_t n = recv(s.fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+        if (n <= 0) {
+          outcome = kEof;
+        } else if (first != kTlsHandshakeRecord) {
+          outcome = kPlaintext;
+        } else {
+          auto stream = TlsStream::Create(core_->tls, s.fd, {});
+          if (stream.ok()) {
+            s.tls = std::move(stream).value();
+          } else {
+            outcome = kFailed;
+            error = stream.status().message();
+          }
+        }
+      }
+      if (s.tls != nullptr) {
+        switch (s.tls->Handshake()) {
+          case TlsIo::kOk:
+            outcome = kDone;
+            s.tls_want_write = false;
+            s.state = TcpSession::State::kAwaitHello;
+            break;
+          case TlsIo::kWantRead:
+            s.tls_want_write = false;
+            break;
+          case TlsIo::kWantWrite:
+            s.tls_want_write = true;
+            break;
+          case TlsIo::kClosed:
+          case TlsIo::kError:
+            outcome = kFailed;
+            error = s.tls->error();
+            break;
+        }
+        if (outcome != kFailed) s.UpdateEventsLocked();
+      }
+    }
+    switch (outcome) {
+      case kWait:
+        return;
+      case kDone:
+        ReadSocket(s);  // HELLO may be waiting already
+        return;
+      case kEof:
+        return Close(s, {});
+      case kPlaintext:
+        return Refuse(s, StatusCode::kUnavailable,
+                      "this server requires TLS: the client sent plaintext (connect with "
+                      "--tls_ca_file, ClientOptions::tls)");
+      case kFailed: {
+        // An evicted socket (shut down by the accept thread) was counted there already.
+        if (!s.in_handshake.load(std::memory_order_acquire)) return Close(s, {});
+        core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
+        uint64_t suppressed = 0;
+        if (core_->log_refused.Allow(&suppressed)) {
+          LOG(WARNING) << core_->name << ": " << s.peer() << ": " << error
+                       << "; dropping the connection" << Suppressed(suppressed);
+        }
+        return Close(s, {});
+      }
+    }
+  }
+
+  // Reads what the socket (or TLS stream) has: >0 bytes, 0 on EOF, -1 with errno (EAGAIN: come
+  // back on the next event). -2: TLS failed (*error says why). Datapath: no allocation.
+  ssize_t RecvSome(TcpSession& s, std::span<uint8_t> w, std::string* error) {
+    if (!s.uses_tls) return recv(s.nic_fd(), w.data(), w.size(), MSG_DONTWAIT);
+    MutexLock lock(&s.out_mu);
+    if (s.tls == nullptr) return recv(s.fd, w.data(), w.size(), MSG_DONTWAIT);  // refused
+    size_t n = 0;
+    switch (s.tls->Read(w, &n)) {
+      case TlsIo::kOk:
+        return static_cast<ssize_t>(n);
+      case TlsIo::kWantWrite:
+        s.tls_want_write = true;
+        s.UpdateEventsLocked();
+        errno = EAGAIN;
+        return -1;
+      case TlsIo::kWantRead:
+        errno = EAGAIN;
+        return -1;
+      case TlsIo::kClosed:
+        return 0;
+      case TlsIo::kError:
+        *error = s.tls->error();
+        return -2;
+    }
+    return -2;
+  }
+
+  void OnWritable(TcpSession& s) {
+    bool resume = false;
+    bool reread = false;
+    {
+      MutexLock lock(&s.out_mu);
+      reread = s.tls_want_write;
+      s.tls_want_write = false;
       s.FlushLocked();
       if (s.input_paused && s.out.size() < kOutLowWater) {
         s.input_paused = false;
@@ -363,6 +608,7 @@ class NicThread {
       }
     }
     if (resume) ProcessInput(s);
+    if (reread && !s.nic_closed()) ReadSocket(s);
   }
 
   void ReadSocket(TcpSession& s) {
@@ -370,15 +616,18 @@ class NicThread {
       size_t want = kRecvChunk;
       if (s.need > s.in.size()) want = std::max(want, s.need - s.in.size());
       std::span<uint8_t> w = s.in.PrepareWrite(want);
-      ssize_t n = recv(s.nic_fd(), w.data(), w.size(), MSG_DONTWAIT);
+      std::string tls_error;
+      ssize_t n = RecvSome(s, w, &tls_error);
       if (n > 0) {
         if (s.state == TcpSession::State::kDraining) {
           continue;  // refused: discard whatever the client still sends until it closes
         }
+        if (round == 0) s.last_activity = Clock::now();
         s.in.Commit(static_cast<size_t>(n));
         ProcessInput(s);
         if (s.nic_closed() || s.nic_input_paused() || s.nic_queue_paused()) return;
-        if (static_cast<size_t>(n) < w.size()) return;  // drained the socket
+        // A TLS read returns one record at a time: read on until it would block.
+        if (!s.uses_tls && static_cast<size_t>(n) < w.size()) return;  // drained the socket
         continue;
       }
       if (n == 0) {
@@ -387,9 +636,18 @@ class NicThread {
                                std::to_string(s.in.size()) + " of " + std::to_string(s.need) +
                                " bytes)");
         } else {
+          // A client that hangs up after our CHALLENGE found our proof wrong (the secrets
+          // differ) or gave up: a refused handshake either way.
+          if (s.state == TcpSession::State::kAwaitProof) {
+            core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
+          }
           Close(s, "peer closed the connection");
         }
         return;
+      }
+      if (n == -2) {
+        core_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
+        return Close(s, tls_error);
       }
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -400,6 +658,14 @@ class NicThread {
 
   // Parses and acts on every complete frame in `s.in`.
   void ProcessInput(TcpSession& s) {
+    if (s.state == TcpSession::State::kAwaitHello && !s.uses_tls && !s.in.empty() &&
+        s.in.readable()[0] == kTlsHandshakeRecord) {
+      // A TLS ClientHello where HELLO belongs: say so in plaintext (the client's TLS layer
+      // reports a server that answered in plaintext).
+      return Refuse(s, StatusCode::kUnavailable,
+                    "this server does not have TLS enabled, and a TLS client connected (start "
+                    "the server with --tls_cert_file and --tls_key_file)");
+    }
     while (!s.nic_closed() && !s.nic_input_paused() && !s.nic_queue_paused() &&
            s.state != TcpSession::State::kDraining) {
       auto f = NextFrame(s.in.readable(), core_->options.max_message_size);
@@ -416,6 +682,10 @@ class NicThread {
         ProtocolError(s, std::string(FrameTypeName(type)) + " before HELLO");
         return;
       }
+      if (s.state == TcpSession::State::kAwaitProof && type != FrameType::kProof) {
+        ProtocolError(s, std::string(FrameTypeName(type)) + " instead of PROOF");
+        return;
+      }
       if (s.state == TcpSession::State::kReady && type != FrameType::kReadRequest &&
           type != FrameType::kCallRequest) {
         ProtocolError(s, std::string("unexpected ") + std::string(FrameTypeName(type)) +
@@ -430,6 +700,9 @@ class NicThread {
       switch (type) {
         case FrameType::kHello:
           HandleHello(s, f->body);
+          break;
+        case FrameType::kProof:
+          HandleProof(s, f->body);
           break;
         case FrameType::kReadRequest:
           ServeRead(s, f->body);
@@ -450,6 +723,8 @@ class NicThread {
     }
   }
 
+  // HELLO: version, then the role's key; answers CHALLENGE (our nonce and our proof). Nothing
+  // about this server is revealed before the client's PROOF checks out.
   void HandleHello(TcpSession& s, std::span<const uint8_t> body) {
     auto version = PeekHelloVersion(body);
     if (!version.ok()) return ProtocolError(s, version.status().message());
@@ -461,35 +736,88 @@ class NicThread {
     }
     auto hello = DecodeHello(body);
     if (!hello.ok()) return ProtocolError(s, hello.status().message());
-    if (!ConstantTimeEquals(hello->auth_token, core_->options.auth_token)) {
-      return Refuse(s, StatusCode::kPermissionDenied, "authentication failed: wrong auth token");
+    auth::ServerSecrets secrets;
+    {
+      MutexLock lock(&core_->secrets_mu);
+      secrets = core_->secrets;
+      s.secrets_epoch = core_->secrets_epoch.load(std::memory_order_relaxed);
+    }
+    auto key = auth::ServerKeyFor(secrets, hello->auth.role, s.peer_loopback);
+    if (!key.ok()) return Refuse(s, StatusCode::kPermissionDenied, key.status().message());
+    s.granted_role = auth::GrantRole(secrets, hello->auth.role, s.peer_loopback);
+    auto nonce = auth::RandomNonce();
+    if (!nonce.ok()) return Refuse(s, StatusCode::kUnavailable, nonce.status().message());
+    auth::AuthChallenge c;
+    c.server_nonce = *nonce;
+    c.server_proof = auth::ComputeProof(auth::Side::kServer, *key, hello->auth.role,
+                                        hello->auth.client_nonce, c.server_nonce, body);
+    s.expected_proof = auth::ComputeProof(auth::Side::kClient, *key, hello->auth.role,
+                                          hello->auth.client_nonce, c.server_nonce, body);
+    s.requested_role = hello->auth.role;
+    s.state = TcpSession::State::kAwaitProof;
+    std::vector<uint8_t> frame = EncodeChallenge(c);
+    MutexLock lock(&s.out_mu);
+    s.reply_limit = std::min<size_t>(core_->options.max_message_size, hello->max_message_size);
+    s.out.Append(frame.data(), frame.size());
+    s.FlushLocked();
+  }
+
+  // PROOF: the client's MAC over both nonces; then max_connections; then WELCOME.
+  void HandleProof(TcpSession& s, std::span<const uint8_t> body) {
+    auto proof = DecodeProof(body);
+    if (!proof.ok()) return ProtocolError(s, proof.status().message());
+    if (!auth::ProofsEqual(proof->client_proof, s.expected_proof)) {
+      return Refuse(s, StatusCode::kPermissionDenied,
+                    "authentication failed: wrong secret for the " +
+                        std::string(auth::RoleName(s.requested_role)) +
+                        " role (the client's --auth_token_file / --admin_token_file must hold "
+                        "the server's secret)");
     }
     uint32_t max = core_->options.max_connections;
     if (core_->authenticated.fetch_add(1, std::memory_order_relaxed) >= max) {
       core_->authenticated.fetch_sub(1, std::memory_order_relaxed);
       return Refuse(s, StatusCode::kUnavailable,
-                    "too many connections (max_connections " + std::to_string(max) + ")");
+                    "too many connections (max_connections " + std::to_string(max) +
+                        "; the server's --max_connections)");
     }
+    if (!s.in_handshake.exchange(false, std::memory_order_acq_rel)) {
+      // Evicted by the accept thread while finishing: it was the oldest of a flood.
+      core_->authenticated.fetch_sub(1, std::memory_order_relaxed);
+      return Close(s, {});
+    }
+    core_->handshaking.fetch_sub(1, std::memory_order_relaxed);
     s.authenticated = true;
+    s.set_role(s.granted_role);
     Welcome w;
     w.max_message_size = static_cast<uint32_t>(core_->options.max_message_size);
     w.session_id = s.id();
     w.regions = core_->options.regions;
     std::vector<uint8_t> frame = EncodeWelcome(w);
+    const Clock::time_point now = Clock::now();
     {
       MutexLock lock(&s.out_mu);
-      s.reply_limit = std::min<size_t>(core_->options.max_message_size, hello->max_message_size);
+      s.out_limit = std::max(kOutHardMin, 2 * (s.reply_limit + kReadResponseHeadSize));
+      s.out_progress = now;
       s.out.Append(frame.data(), frame.size());
       s.FlushLocked();
     }
     s.state = TcpSession::State::kReady;
+    s.last_activity = now;
     core_->connections_accepted.fetch_add(1, std::memory_order_relaxed);
-    LOG(INFO) << core_->name << ": session " << s.id() << " from " << s.peer() << " authenticated";
+    uint64_t suppressed = 0;
+    if (core_->log_session.Allow(&suppressed)) {
+      LOG(INFO) << core_->name << ": session " << s.id() << " from " << s.peer()
+                << " authenticated as " << auth::RoleName(s.role()) << Suppressed(suppressed);
+    }
   }
 
   void Refuse(TcpSession& s, StatusCode code, const std::string& reason) {
     core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
-    LOG(WARNING) << core_->name << ": refusing " << s.peer() << ": " << reason;
+    uint64_t suppressed = 0;
+    if (core_->log_refused.Allow(&suppressed)) {
+      LOG(WARNING) << core_->name << ": refusing " << s.peer() << ": " << reason
+                   << Suppressed(suppressed);
+    }
     std::vector<uint8_t> frame = EncodeRefused({code, kProtocolVersion, reason});
     MutexLock lock(&s.out_mu);
     s.out.Append(frame.data(), frame.size());
@@ -532,6 +860,7 @@ class NicThread {
       s.FlushLocked();
       if (s.out.size() >= kOutHighWater) {
         s.input_paused = true;
+        s.out_progress = Clock::now();
         s.UpdateEventsLocked();
       }
     }
@@ -553,7 +882,10 @@ class NicThread {
     if (too_many) s.queue_paused = true;
     if (s.out.size() >= kOutHighWater) {  // replies pile up unread: stop taking requests
       s.FlushLocked();
-      if (s.out.size() >= kOutHighWater) s.input_paused = true;
+      if (s.out.size() >= kOutHighWater && !s.input_paused) {
+        s.input_paused = true;
+        s.out_progress = Clock::now();
+      }
     }
     s.UpdateEventsLocked();
   }
@@ -561,15 +893,22 @@ class NicThread {
   void ProtocolError(TcpSession& s, const std::string& what) {
     core_->protocol_errors.fetch_add(1, std::memory_order_relaxed);
     if (!s.authenticated) core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
-    LOG(WARNING) << core_->name << ": protocol error from " << s.peer() << " (session " << s.id()
-                 << "): " << what << "; dropping the connection";
+    uint64_t suppressed = 0;
+    if (core_->log_protocol.Allow(&suppressed)) {
+      LOG(WARNING) << core_->name << ": protocol error from " << s.peer() << " (session " << s.id()
+                   << "): " << what << "; dropping the connection" << Suppressed(suppressed);
+    }
     Close(s, {});
   }
 
   void Close(TcpSession& s, const std::string& why) {
-    if (!why.empty() && s.authenticated) {
+    uint64_t suppressed = 0;
+    if (!why.empty() && s.authenticated && core_->log_session.Allow(&suppressed)) {
       LOG(INFO) << core_->name << ": session " << s.id() << " from " << s.peer()
-                << " closed: " << why;
+                << " closed: " << why << Suppressed(suppressed);
+    }
+    if (s.in_handshake.exchange(false, std::memory_order_acq_rel)) {
+      core_->handshaking.fetch_sub(1, std::memory_order_relaxed);
     }
     {
       MutexLock lock(&s.out_mu);
@@ -583,12 +922,38 @@ class NicThread {
   }
 
   void Sweep(Clock::time_point now) {
-    std::vector<std::shared_ptr<TcpSession>> expired, resumed;
+    std::vector<std::shared_ptr<TcpSession>> expired, resumed, idle, stalled, revoked, rekeyed;
+    const auto idle_timeout = core_->options.idle_timeout;
+    const auto stall_timeout = core_->options.output_stall_timeout;
+    const uint64_t epoch = core_->secrets_epoch.load(std::memory_order_acquire);
+    const uint64_t revoked_at[2] = {core_->role_revoked_at[0].load(std::memory_order_acquire),
+                                    core_->role_revoked_at[1].load(std::memory_order_acquire)};
+    auto is_revoked = [&](const TcpSession& s, SessionRole role) {
+      return s.secrets_epoch < revoked_at[role == SessionRole::kAdmin ? 1 : 0];
+    };
     for (auto& [id, s] : sessions_) {
-      if (s->state != TcpSession::State::kReady && now >= s->deadline) expired.push_back(s);
+      if (s->state == TcpSession::State::kAwaitProof && is_revoked(*s, s->granted_role)) {
+        rekeyed.push_back(s);  // its expected proof uses a replaced secret
+        continue;
+      }
+      if (s->state != TcpSession::State::kReady) {
+        if (now >= s->deadline) expired.push_back(s);
+        continue;
+      }
+      if (is_revoked(*s, s->role())) {
+        revoked.push_back(s);
+        continue;
+      }
       if (s->nic_queue_paused() &&
           s->queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2) {
         resumed.push_back(s);
+      }
+      if (idle_timeout.count() > 0 && now - s->last_activity >= idle_timeout &&
+          s->queued.load(std::memory_order_relaxed) == 0) {
+        idle.push_back(s);
+      } else if (s->nic_input_paused() && stall_timeout.count() > 0) {
+        MutexLock lock(&s->out_mu);
+        if (!s->out.empty() && now - s->out_progress >= stall_timeout) stalled.push_back(s);
       }
     }
     for (auto& s : resumed) {
@@ -600,11 +965,52 @@ class NicThread {
       ProcessInput(*s);
     }
     for (auto& s : expired) {
-      if (s->state == TcpSession::State::kAwaitHello) {
+      if (s->nic_closed()) continue;
+      if (s->state == TcpSession::State::kTls || s->state == TcpSession::State::kAwaitHello ||
+          s->state == TcpSession::State::kAwaitProof) {
         core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
-        LOG(WARNING) << core_->name << ": " << s->peer() << " sent no HELLO within "
-                     << std::chrono::duration_cast<std::chrono::seconds>(kHandshakeTimeout).count()
-                     << " s; dropping the connection";
+        core_->handshakes_timed_out.fetch_add(1, std::memory_order_relaxed);
+        uint64_t suppressed = 0;
+        if (core_->log_timeout.Allow(&suppressed)) {
+          LOG(WARNING) << core_->name << ": " << s->peer()
+                       << " did not finish the handshake within "
+                       << core_->options.handshake_timeout.count() << " ms; dropping the connection"
+                       << Suppressed(suppressed);
+        }
+      }
+      Close(*s, {});
+    }
+    for (auto& s : rekeyed) {
+      if (s->nic_closed()) continue;
+      core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
+      Close(*s, {});
+    }
+    for (auto& s : revoked) {
+      if (s->nic_closed()) continue;
+      core_->sessions_revoked.fetch_add(1, std::memory_order_relaxed);
+      Close(*s, "its credentials were revoked (the server's secret was rotated)");
+    }
+    swept_epoch_.store(epoch, std::memory_order_release);
+    for (auto& s : idle) {
+      if (s->nic_closed()) continue;
+      core_->idle_closed.fetch_add(1, std::memory_order_relaxed);
+      Close(*s, "idle for " +
+                    std::to_string(
+                        std::chrono::duration_cast<std::chrono::seconds>(idle_timeout).count()) +
+                    " s (idle_timeout)");
+    }
+    for (auto& s : stalled) {
+      if (s->nic_closed()) continue;
+      core_->slow_readers_cut.fetch_add(1, std::memory_order_relaxed);
+      {
+        MutexLock lock(&s->out_mu);
+        if (!s->closed) SetAbortiveClose(s->fd);
+      }
+      uint64_t suppressed = 0;
+      if (core_->log_cut.Allow(&suppressed)) {
+        LOG(WARNING) << core_->name << ": cutting off session " << s->id() << " from " << s->peer()
+                     << ": it has not read its responses for " << stall_timeout.count() << " ms"
+                     << Suppressed(suppressed);
       }
       Close(*s, {});
     }
@@ -614,6 +1020,7 @@ class NicThread {
   int epfd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> swept_epoch_{0};
   std::thread thread_;
   Mutex pending_mu_;
   std::vector<std::shared_ptr<TcpSession>> pending_ GUARDED_BY(pending_mu_);
@@ -640,6 +1047,17 @@ Status TcpSession::Reply(uint64_t request_id, std::span<const uint8_t> response)
   if (!response.empty()) std::memcpy(w.data() + kCallHeadSize, response.data(), response.size());
   out.Commit(kCallHeadSize + response.size());
   FlushLocked();
+  if (!broken && out.size() > out_limit) {
+    // The client does not read its answers: cut it off rather than grow without bound. The
+    // NIC thread sees the shutdown as a hang-up and closes the session.
+    broken = true;
+    cut_off = true;
+    const size_t pending = out.size();
+    out = ByteBuffer();
+    SetAbortiveClose(fd);
+    shutdown(fd, SHUT_RDWR);
+    nic_->CountCut(*this, pending, out_limit);
+  }
   if (broken) return Status::ConnectionLost("client " + peer_ + " is gone");
   return Status::Ok();
 }
@@ -648,9 +1066,24 @@ void TcpSession::FlushLocked() {
   if (closed) return;
   while (!out.empty()) {
     std::span<const uint8_t> r = out.readable();
+    if (tls != nullptr) {
+      size_t put = 0;
+      TlsIo io = tls->Write(r, &put);
+      if (io == TlsIo::kOk) {
+        out.Consume(put);
+        if (input_paused) out_progress = Clock::now();
+        continue;
+      }
+      if (io == TlsIo::kWantWrite) break;  // EPOLLOUT is armed while `out` holds bytes
+      if (io == TlsIo::kWantRead) break;   // goes on after the next read (not in TLS 1.3 use)
+      broken = true;
+      out.Clear();
+      break;
+    }
     ssize_t n = send(fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       out.Consume(static_cast<size_t>(n));
+      if (input_paused) out_progress = Clock::now();  // only a stalled reader needs the time
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -666,7 +1099,7 @@ void TcpSession::UpdateEventsLocked() {
   if (closed) return;
   uint32_t want = 0;
   if (!input_paused && !queue_paused) want |= EPOLLIN;
-  if (!out.empty() || input_paused) want |= EPOLLOUT;
+  if (!out.empty() || input_paused || tls_want_write) want |= EPOLLOUT;
   if (want == armed) return;
   epoll_event ev{};
   ev.events = want;
@@ -677,6 +1110,7 @@ void TcpSession::UpdateEventsLocked() {
 void TcpSession::CloseLocked() {
   if (closed) return;
   closed = true;
+  tls.reset();  // before its socket is closed
   shutdown(fd, SHUT_RDWR);
   close(fd);
   fd = -1;
@@ -711,7 +1145,11 @@ class TcpListener final : public Listener {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
     LOG(INFO) << core_->name << ": serving " << core_->options.regions.size() << " region(s) with "
               << kNicThreads << " NIC thread(s) and " << core_->options.worker_threads
-              << " worker(s)";
+              << " worker(s)"
+              << (core_->tls == nullptr ? ", plaintext (no TLS)"
+                  : core_->options.tls.require_client_cert
+                      ? ", TLS 1.3 with client certificates required"
+                      : ", TLS 1.3");
     return Status::Ok();
   }
 
@@ -727,10 +1165,49 @@ class TcpListener final : public Listener {
     s.read_bytes_served = core_->read_bytes_served.load(std::memory_order_relaxed);
     s.reads_refused = core_->reads_refused.load(std::memory_order_relaxed);
     s.protocol_errors = core_->protocol_errors.load(std::memory_order_relaxed);
+    s.handshakes_evicted = core_->handshakes_evicted.load(std::memory_order_relaxed);
+    s.handshakes_timed_out = core_->handshakes_timed_out.load(std::memory_order_relaxed);
+    s.idle_closed = core_->idle_closed.load(std::memory_order_relaxed);
+    s.slow_readers_cut = core_->slow_readers_cut.load(std::memory_order_relaxed);
     return s;
   }
 
   void PauseWorkers(bool paused) override { core_->queue.SetPaused(paused); }
+
+  Result<uint64_t> RotateSecrets(const std::string& auth_token,
+                                 const std::string& admin_token) override {
+    if (auth_token.size() > kMaxTokenLength || admin_token.size() > kMaxTokenLength) {
+      return Status::InvalidArgument("auth tokens are limited to " +
+                                     std::to_string(kMaxTokenLength) + " bytes");
+    }
+    const uint64_t before = core_->sessions_revoked.load(std::memory_order_relaxed);
+    uint64_t epoch = 0;
+    {
+      MutexLock lock(&core_->secrets_mu);
+      const bool data_changed = core_->secrets.data != auth_token;
+      const bool admin_changed = core_->secrets.admin != admin_token;
+      core_->secrets.data = auth_token;
+      core_->secrets.admin = admin_token;
+      epoch = core_->secrets_epoch.load(std::memory_order_relaxed) + 1;
+      if (data_changed) core_->role_revoked_at[0].store(epoch, std::memory_order_relaxed);
+      if (admin_changed) core_->role_revoked_at[1].store(epoch, std::memory_order_relaxed);
+      core_->secrets_epoch.store(epoch, std::memory_order_release);
+    }
+    for (auto& nic : nics_) nic->SweepSoon();
+    // Every NIC thread sweeps within a poll; a stuck one is reported rather than waited for.
+    const Clock::time_point until = Clock::now() + std::chrono::seconds(5);
+    for (auto& nic : nics_) {
+      while (nic->swept_epoch() < epoch) {
+        if (Clock::now() > until) {
+          return Status::TimedOut(core_->name +
+                                  ": the secrets were replaced, but revoked sessions were not "
+                                  "all closed within 5 s");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    return core_->sessions_revoked.load(std::memory_order_relaxed) - before;
+  }
 
  private:
   void Shutdown() {
@@ -753,10 +1230,74 @@ class TcpListener final : public Listener {
     stop_fd_ = -1;
   }
 
+  // A socket still in its handshake, oldest first (the accept thread's own list).
+  struct Handshaking {
+    std::weak_ptr<TcpSession> session;
+    SourceKey source;
+  };
+
+  static bool StillHandshaking(const Handshaking& h) {
+    auto s = h.session.lock();
+    return s != nullptr && s->in_handshake.load(std::memory_order_acquire);
+  }
+
+  // Closes a handshaking socket to make room (its NIC thread sees the hang-up and drops it).
+  void Evict(const Handshaking& h) {
+    auto s = h.session.lock();
+    if (s == nullptr || !s->in_handshake.exchange(false, std::memory_order_acq_rel)) return;
+    core_->handshaking.fetch_sub(1, std::memory_order_relaxed);
+    core_->handshakes_evicted.fetch_add(1, std::memory_order_relaxed);
+    core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
+    MutexLock lock(&s->out_mu);
+    if (!s->closed) shutdown(s->fd, SHUT_RDWR);
+  }
+
+  // Makes room for one more handshaking socket from `source`: at the total or per-source limit
+  // the oldest one (of that source) is evicted, so a flood of silent sockets only ever delays
+  // itself and a client that completes its handshake promptly always gets in.
+  void AdmitHandshake(std::deque<Handshaking>* list, const SourceKey& source) {
+    while (!list->empty() && !StillHandshaking(list->front())) list->pop_front();
+    const uint32_t cap = core_->options.max_handshakes;
+    if (list->size() > 4 * static_cast<size_t>(cap) + 64) {
+      std::erase_if(*list, [](const Handshaking& h) { return !StillHandshaking(h); });
+    }
+    bool evicted = false;
+    if (core_->handshaking.load(std::memory_order_relaxed) >= cap) {
+      for (auto& h : *list) {
+        if (StillHandshaking(h)) {
+          Evict(h);
+          evicted = true;
+          break;
+        }
+      }
+    }
+    const Handshaking* oldest_same = nullptr;
+    uint32_t same = 0;
+    for (auto& h : *list) {
+      if (h.source == source && StillHandshaking(h)) {
+        if (oldest_same == nullptr) oldest_same = &h;
+        ++same;
+      }
+    }
+    if (oldest_same != nullptr && same >= core_->options.max_handshakes_per_source) {
+      Evict(*oldest_same);
+      evicted = true;
+    }
+    uint64_t suppressed = 0;
+    if (evicted && core_->log_evicted.Allow(&suppressed)) {
+      LOG(WARNING) << core_->name << ": too many unfinished handshakes (max_handshakes " << cap
+                   << ", per source " << core_->options.max_handshakes_per_source
+                   << "): closing the oldest to admit new connections" << Suppressed(suppressed);
+    }
+  }
+
   void AcceptLoop() {
     size_t next_nic = 0;
     uint64_t next_id = 1;
-    uint32_t socket_cap = 2 * core_->options.max_connections + 16;
+    // Sessions, handshakes, and sockets lingering after a REFUSED or a close.
+    const uint32_t socket_cap =
+        core_->options.max_connections + 2 * core_->options.max_handshakes + 16;
+    std::deque<Handshaking> handshaking;
     for (;;) {
       pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
       int rc = poll(p, 2, -1);
@@ -771,24 +1312,43 @@ class TcpListener final : public Listener {
       if (fd < 0) {
         int err = errno;
         if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR || err == ECONNABORTED) continue;
-        LOG(WARNING) << core_->name << ": accept: " << strerror(err);
+        uint64_t suppressed = 0;
+        if (core_->log_refused.Allow(&suppressed)) {
+          LOG(WARNING) << core_->name << ": accept: " << strerror(err) << Suppressed(suppressed);
+        }
         if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
         continue;
       }
+      SourceKey source;
+      bool loopback = false;
+      PeerSource(fd, &source, &loopback);
+      AdmitHandshake(&handshaking, source);
       if (core_->sockets.load(std::memory_order_relaxed) >= socket_cap) {
         core_->connections_refused.fetch_add(1, std::memory_order_relaxed);
-        LOG(WARNING) << core_->name << ": " << socket_cap
-                     << " sockets open already; closing a new connection";
+        uint64_t suppressed = 0;
+        if (core_->log_refused.Allow(&suppressed)) {
+          LOG(WARNING) << core_->name << ": " << socket_cap
+                       << " sockets open already; closing a new connection"
+                       << Suppressed(suppressed);
+        }
         close(fd);
         continue;
       }
       ConfigureStreamSocket(fd);
       core_->sockets.fetch_add(1, std::memory_order_relaxed);
+      core_->handshaking.fetch_add(1, std::memory_order_relaxed);
       NicThread* nic = nics_[next_nic++ % nics_.size()].get();
       auto s = std::make_shared<TcpSession>(next_id++, fd, PeerName(fd), nic);
-      s->deadline = Clock::now() + kHandshakeTimeout;
+      s->deadline = Clock::now() + core_->options.handshake_timeout;
+      if (core_->tls != nullptr) {
+        s->uses_tls = true;
+        s->state = TcpSession::State::kTls;
+      }
+      s->source = source;
+      s->peer_loopback = loopback;
+      handshaking.push_back({s, source});
       nic->Adopt(std::move(s));
     }
   }
@@ -826,8 +1386,15 @@ Result<std::unique_ptr<Listener>> CreateTcpListener(ListenOptions options,
                                    std::to_string(kMaxMessageSizeLimit));
   }
   if (options.max_connections == 0) return Status::InvalidArgument("max_connections must be > 0");
-  if (options.auth_token.size() > kMaxTokenLength) {
-    return Status::InvalidArgument("auth token longer than " + std::to_string(kMaxTokenLength));
+  if (options.auth_token.size() > kMaxTokenLength || options.admin_token.size() > kMaxTokenLength) {
+    return Status::InvalidArgument("auth/admin secret longer than " +
+                                   std::to_string(kMaxTokenLength) + " bytes");
+  }
+  if (options.max_handshakes == 0 || options.max_handshakes_per_source == 0) {
+    return Status::InvalidArgument("max_handshakes and max_handshakes_per_source must be > 0");
+  }
+  if (options.handshake_timeout.count() <= 0) {
+    return Status::InvalidArgument("handshake_timeout must be > 0");
   }
   if (options.regions.size() > kMaxRegions) {
     return Status::InvalidArgument("at most " + std::to_string(kMaxRegions) + " regions");
@@ -838,6 +1405,18 @@ Result<std::unique_ptr<Listener>> CreateTcpListener(ListenOptions options,
     }
   }
   auto core = std::make_unique<ListenerCore>();
+  if (options.tls.server_enabled()) {
+    auto tls = TlsContext::CreateServer(options.tls);
+    if (!tls.ok()) return tls.status();
+    core->tls = std::move(tls).value();
+  } else if (options.tls.any()) {
+    return Status::InvalidArgument(
+        "TLS: a CA file without a server certificate and key (--tls_cert_file, --tls_key_file)");
+  }
+  {
+    MutexLock lock(&core->secrets_mu);
+    core->secrets = {options.auth_token, options.admin_token, options.loopback_admin};
+  }
   core->options = std::move(options);
   core->registry = std::move(registry);
   auto listener = std::make_unique<TcpListener>(std::move(core));

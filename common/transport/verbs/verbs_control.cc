@@ -3,6 +3,8 @@
 // See docs/transport-verbs.md.
 #include <arpa/inet.h>
 #include <glog/logging.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -10,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/transport/auth.h"
 #include "common/transport/memory.h"
 #include "common/transport/verbs/verbs_internal.h"
 #include "common/util/resolve.h"
@@ -26,6 +29,17 @@ constexpr uint8_t kRetryCount = 7;
 // RNR retries: 0. Credits guarantee a posted receive for every SEND; if that ever fails, the
 // SEND completes with IBV_WC_RNR_RETRY_EXC_ERR at once instead of stalling the connection.
 constexpr uint8_t kRnrRetry = 0;
+
+// The address of `sa` without its port (what per-source limits count by).
+std::string SourceText(const sockaddr* sa) {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  if (sa != nullptr && sa->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, buf, sizeof(buf));
+  } else if (sa != nullptr && sa->sa_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, buf, sizeof(buf));
+  }
+  return buf;
+}
 
 std::string SockaddrText(const sockaddr* sa) {
   if (sa == nullptr) return "?";
@@ -104,8 +118,15 @@ AsyncSinkTable& AsyncSinks() {
 
 class VerbsRegion final : public MemoryRegion {
  public:
-  VerbsRegion(MappedMemory mem, MemoryRegistration mr) : mem_(std::move(mem)), mr_(std::move(mr)) {}
-  ~VerbsRegion() override { mr_.reset(); }  // deregister before the memory is unmapped
+  // remote: a server region, listed in the fabric so listeners can bind windows onto it.
+  VerbsRegion(VerbsFabric* fabric, MappedMemory mem, MemoryRegistration mr, bool remote)
+      : fabric_(remote ? fabric : nullptr), mem_(std::move(mem)), mr_(std::move(mr)) {
+    if (fabric_ != nullptr) fabric_->AddRegistration(mr_.get());
+  }
+  ~VerbsRegion() override {
+    if (fabric_ != nullptr) fabric_->RemoveRegistration(mr_.get());
+    mr_.reset();  // deregister before the memory is unmapped
+  }
   uint8_t* data() const override { return mem_.data(); }
   size_t size() const override { return mem_.size(); }
   uint32_t lkey() const override { return mr_.lkey(); }
@@ -113,6 +134,7 @@ class VerbsRegion final : public MemoryRegion {
   bool huge_pages() const override { return mem_.huge_pages(); }
 
  private:
+  VerbsFabric* const fabric_;
   MappedMemory mem_;
   MemoryRegistration mr_;
 };
@@ -233,6 +255,14 @@ Result<std::unique_ptr<VerbsFabric>> VerbsFabric::Open(const FabricOptions& opti
                            : "RDMA device '" + options.device + "' with an active port";
     return Status::Unavailable("no " + want + (seen.empty() ? "" : "; found: " + seen));
   }
+  f->memory_windows_ = (f->device_attr_.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B) != 0;
+  if (!f->memory_windows_) {
+    LOG(WARNING) << "verbs fabric: " << f->device_name_
+                 << " has no type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B): server "
+                    "regions are registered for remote READ and every client gets the region's "
+                    "own rkey, valid on any queue pair of this server until it exits "
+                    "(docs/security.md)";
+  }
   RDKV_ASSIGN_OR_RETURN(f->pd_, ProtectionDomain::Create(f->ctx_));
   RDKV_RETURN_IF_ERROR(SetNonBlocking(f->ctx_->async_fd, "the device's async event fd"));
   RDKV_ASSIGN_OR_RETURN(f->cm_channel_, EventChannel::Create());
@@ -241,7 +271,8 @@ Result<std::unique_ptr<VerbsFabric>> VerbsFabric::Open(const FabricOptions& opti
   LOG(INFO) << "verbs fabric: " << f->Describe() << " (max_qp_wr " << f->device_attr_.max_qp_wr
             << ", max_cqe " << f->device_attr_.max_cqe << ", max_srq_wr "
             << f->device_attr_.max_srq_wr << ", max_qp_rd_atom " << f->device_attr_.max_qp_rd_atom
-            << ", active_mtu " << (128 << f->port_attr_.active_mtu) << ")";
+            << ", active_mtu " << (128 << f->port_attr_.active_mtu) << ", type-2 memory windows "
+            << (f->memory_windows_ ? "yes" : "no") << ")";
   return f;
 }
 
@@ -265,6 +296,28 @@ VerbsFabric::~VerbsFabric() {
 
 std::string VerbsFabric::Describe() const {
   return "verbs " + device_name_ + " port " + std::to_string(port_num_);
+}
+
+void VerbsFabric::AddRegistration(ibv_mr* mr) {
+  MutexLock lk(&regions_mu_);
+  registrations_.push_back(mr);
+}
+
+void VerbsFabric::RemoveRegistration(ibv_mr* mr) {
+  MutexLock lk(&regions_mu_);
+  std::erase(registrations_, mr);
+}
+
+ibv_mr* VerbsFabric::FindRegistration(const RegionDescriptor& r) {
+  MutexLock lk(&regions_mu_);
+  for (ibv_mr* mr : registrations_) {
+    const uint64_t base = reinterpret_cast<uintptr_t>(mr->addr);
+    if (mr->rkey == r.rkey && r.addr >= base && r.length <= mr->length &&
+        r.addr - base <= mr->length - r.length) {
+      return mr;
+    }
+  }
+  return nullptr;
 }
 
 void VerbsFabric::RegisterCmSink(rdma_cm_id* id, CmEventSink* sink) {
@@ -320,32 +373,69 @@ Result<std::unique_ptr<MemoryRegion>> VerbsFabric::AllocateRegion(size_t size,
   if (size == 0) return Status::InvalidArgument("cannot allocate a zero-byte region");
   RDKV_ASSIGN_OR_RETURN(MappedMemory mem, MappedMemory::Allocate(size, huge_pages_));
   // Server regions: remote READ only. Never IBV_ACCESS_REMOTE_WRITE or atomics: no peer can
-  // change a byte of a registered region, whatever rkey it learns or guesses.
+  // change a byte of a registered region, whatever rkey it learns or guesses. With type-2
+  // memory windows the MR itself grants no remote access at all (IBV_ACCESS_MW_BIND only):
+  // remote READs go through the window bound to each authenticated connection's QP, so the
+  // MR's rkey, guessed or learned, reads nothing (docs/security.md).
+  const bool remote = access == RegionAccess::kRemoteRead;
   int flags = IBV_ACCESS_LOCAL_WRITE;
-  if (access == RegionAccess::kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
+  if (remote) flags |= memory_windows_ ? IBV_ACCESS_MW_BIND : IBV_ACCESS_REMOTE_READ;
   RDKV_ASSIGN_OR_RETURN(MemoryRegistration mr,
                         MemoryRegistration::Create(pd_.get(), mem.data(), size, flags));
-  return std::unique_ptr<MemoryRegion>(new VerbsRegion(std::move(mem), std::move(mr)));
+  return std::unique_ptr<MemoryRegion>(
+      new VerbsRegion(this, std::move(mem), std::move(mr), remote));
 }
 
 Result<std::unique_ptr<Listener>> VerbsFabric::Listen(ListenOptions options) {
+  if (options.tls.any()) {
+    return Status::InvalidArgument(
+        "verbs has no TLS (the NICs do the READs); TLS options are for the tcp transport only "
+        "(docs/security.md \"TLS (tcp)\")");
+  }
   auto listener = std::make_unique<VerbsListener>(this, std::move(options));
   RDKV_RETURN_IF_ERROR(listener->Start());
   return std::unique_ptr<Listener>(std::move(listener));
 }
 
 Result<std::unique_ptr<Connection>> VerbsFabric::Connect(const ConnectOptions& options) {
+  if (options.tls.any()) {
+    return Status::InvalidArgument(
+        "verbs has no TLS (the NICs do the READs); TLS options are for the tcp transport only "
+        "(docs/security.md \"TLS (tcp)\")");
+  }
   auto conn = std::make_unique<ClientConnection>(this, options);
   RDKV_RETURN_IF_ERROR(conn->Establish());
   return std::unique_ptr<Connection>(std::move(conn));
 }
 
+}  // namespace rdkv::transport::verbs
+
+namespace rdkv::transport {
+
+Result<std::unique_ptr<Connection>> ConnectVerbsForTest(Fabric* fabric,
+                                                        const ConnectOptions& options,
+                                                        VerbsHandshakeTap* tap) {
+  auto* vf = dynamic_cast<verbs::VerbsFabric*>(fabric);
+  if (vf == nullptr) return Status::InvalidArgument("ConnectVerbsForTest needs a verbs Fabric");
+  auto conn = std::make_unique<verbs::ClientConnection>(vf, options, tap);
+  RDKV_RETURN_IF_ERROR(conn->Establish());
+  return std::unique_ptr<Connection>(std::move(conn));
+}
+
+}  // namespace rdkv::transport
+
+namespace rdkv::transport::verbs {
+
 // =================================================================================================
 // ClientConnection: setup, teardown, events
 // =================================================================================================
 
-ClientConnection::ClientConnection(VerbsFabric* fabric, const ConnectOptions& options)
-    : fabric_(fabric), options_(options), peer_(FormatHostPort(options.host, options.port)) {}
+ClientConnection::ClientConnection(VerbsFabric* fabric, const ConnectOptions& options,
+                                   VerbsHandshakeTap* tap)
+    : fabric_(fabric),
+      options_(options),
+      tap_(tap),
+      peer_(FormatHostPort(options.host, options.port)) {}
 
 Status ClientConnection::Establish() {
   const Clock::time_point deadline = Clock::now() + options_.connect_timeout;
@@ -472,13 +562,21 @@ Status ClientConnection::Establish() {
     for (uint32_t i = slot_count_; i-- > 0;) free_slot_list_.push_back(i);
   }
 
-  // Connect: magic, version, our credits and limit, the token digest.
+  // Connect: magic, version, role, our credits and limit, our nonce (docs/security.md "The
+  // handshake (verbs)"). Nothing here is secret or replayable.
   ConnectRequestData req;
+  req.role = options_.role;
   req.credits = kClientRecvCredits;
   req.max_message = static_cast<uint32_t>(options_.max_message_size);
-  req.digest = DigestToken(options_.auth_token);
+  if (tap_ != nullptr && tap_->client_nonce) {
+    req.client_nonce = *tap_->client_nonce;
+  } else {
+    RDKV_ASSIGN_OR_RETURN(req.client_nonce, auth::RandomNonce());
+  }
+  if (tap_ != nullptr) tap_->sent_client_nonce = req.client_nonce;
   const auto blob = EncodeConnectRequest(req);
   static_assert(kConnectRequestSize <= kMaxConnectData);
+  static_assert(kAcceptSize <= kMaxAcceptData);
   rdma_conn_param param{};
   param.private_data = blob.data();
   param.private_data_len = static_cast<uint8_t>(blob.size());
@@ -517,7 +615,26 @@ Status ClientConnection::Establish() {
   AcceptData accept;
   st = DecodeAccept(ev.private_data, &accept);
   if (!st.ok()) return Status(st.code(), where + ": " + st.message());
-  regions_ = std::move(accept.regions);
+
+  // The server proves first; we check before we prove anything (mutual authentication).
+  const auto transcript = HandshakeTranscript(
+      std::span<const uint8_t, kConnectRequestSize>(blob),
+      std::span<const uint8_t, kAcceptHeadSize>(ev.private_data.data(), kAcceptHeadSize));
+  const auth::Mac expected =
+      auth::ComputeProof(auth::Side::kServer, options_.auth_token, options_.role, req.client_nonce,
+                         accept.server_nonce, transcript);
+  if (!auth::ProofsEqual(expected, accept.server_proof) &&
+      (tap_ == nullptr || !tap_->ignore_server_proof)) {
+    return Status::PermissionDenied(
+        where + ": the server could not prove that it knows the " +
+        std::string(auth::RoleName(options_.role)) +
+        " secret: the secrets differ (check --auth_token_file / --admin_token_file on both "
+        "sides) or this is not the server you meant");
+  }
+  auth::Mac proof = auth::ComputeProof(auth::Side::kClient, options_.auth_token, options_.role,
+                                       req.client_nonce, accept.server_nonce, transcript);
+  if (tap_ != nullptr && tap_->proof) proof = *tap_->proof;
+  if (tap_ != nullptr) tap_->sent_proof = proof;
   max_request_ =
       static_cast<uint32_t>(std::min<uint64_t>(options_.max_message_size, accept.max_message));
 
@@ -529,7 +646,8 @@ Status ClientConnection::Establish() {
   chan_.Init(setup);
   alive_.store(true, std::memory_order_release);
 
-  // From now on the fabric's thread reports DISCONNECTED and the QP/CQ's async events.
+  // From now on the fabric's thread reports DISCONNECTED and the QP/CQ's async events (a server
+  // that refuses our proof disconnects).
   fabric_->RegisterCmSink(id_.get(), this);
   RegisterAsyncSink(qp_.get(), this);
   RegisterAsyncSink(cq_.get(), this);
@@ -537,9 +655,38 @@ Status ClientConnection::Establish() {
   if (rdma_migrate_id(id_.get(), fabric_->cm_channel()) != 0) {
     return CallError("rdma_migrate_id", errno);
   }
+  if (tap_ != nullptr && tap_->stop_before_proof) return Status::Ok();
+
+  // Our proof, as the first message on the QP; the server answers WELCOME (the regions, with
+  // this connection's own rkeys) or AUTH_REFUSED.
+  std::array<uint8_t, auth::kAuthProofSize> proof_bytes{};
+  auth::EncodeAuthProof({proof}, proof_bytes);
+  bool fatal = false;
+  st = chan_.Send(MsgType::kAuthProof, 0, proof_bytes, &fatal);
+  if (fatal) Kill("ibv_post_send failed");
+  if (!st.ok()) return LostStatus();
+  while (hs_state_.load(std::memory_order_acquire) == kHsWaiting) {
+    if (!alive()) {
+      // The refusal may be in the CQ ahead of the flushed receives: one last look.
+      MutexLock lk(&poll_mu_);
+      size_t reads = 0;
+      while (PollCq(&reads) > 0) {
+      }
+      if (hs_state_.load(std::memory_order_acquire) != kHsWaiting) break;
+      return Status(StatusCode::kUnavailable,
+                    where + ": the server closed the connection during the handshake (" +
+                        LostStatus().message() + ")");
+    }
+    if (Clock::now() >= deadline) {
+      return Status::TimedOut(where + ": no answer to the authentication proof within " +
+                              std::to_string(options_.connect_timeout.count()) + " ms");
+    }
+    Progress(deadline);
+  }
+  if (hs_state_.load(std::memory_order_acquire) == kHsRefused) return hs_refusal_;
   VLOG(1) << "verbs connected to " << peer_ << ": session " << accept.session_id << ", "
           << regions_.size() << " region(s), " << accept.credits << " credits, READ depth "
-          << int{qattr.max_rd_atomic};
+          << int{qattr.max_rd_atomic} << (windows_ ? ", own memory window" : ", shared rkey");
   return Status::Ok();
 }
 
@@ -669,8 +816,9 @@ Status VerbsListener::Start() {
   if (options_.worker_threads < 1) options_.worker_threads = 1;
   const ibv_device_attr& da = fabric_->device_attr();
   const uint64_t srq_wr = uint64_t{options_.max_connections} * kServerRecvCredits;
-  const uint64_t cqe =
-      uint64_t{options_.max_connections} * (kServerRecvCredits + kServerSendSlots) + 64;
+  const uint64_t cqe = uint64_t{options_.max_connections} *
+                           (kServerRecvCredits + kServerSendSlots + options_.regions.size()) +
+                       64;
   if (srq_wr > static_cast<uint64_t>(da.max_srq_wr) || cqe > static_cast<uint64_t>(da.max_cqe)) {
     return Status::InvalidArgument("max_connections " + std::to_string(options_.max_connections) +
                                    " needs an SRQ of " + std::to_string(srq_wr) + " and a CQ of " +
@@ -678,7 +826,19 @@ Status VerbsListener::Start() {
                                    " allows " + std::to_string(da.max_srq_wr) + " and " +
                                    std::to_string(da.max_cqe));
   }
-  token_digest_ = DigestToken(options_.auth_token);
+  secrets_ = {options_.auth_token, options_.admin_token, options_.loopback_admin};
+  // Per-connection windows need every advertised region to be one this fabric registered (for
+  // MW binding); a region from elsewhere could not be read through a window at all.
+  use_windows_ = fabric_->memory_windows();
+  for (const RegionDescriptor& r : options_.regions) {
+    ibv_mr* mr = fabric_->FindRegistration(r);
+    if (use_windows_ && mr == nullptr) {
+      return Status::InvalidArgument(
+          "a region advertised by the verbs listener was not allocated (AllocateRegion "
+          "kRemoteRead) by this fabric: no memory window can be bound onto it");
+    }
+    region_mrs_.push_back(mr);
+  }
   const std::string where = "verbs " + FormatHostPort(options_.host, options_.port);
   RDKV_ASSIGN_OR_RETURN(sockaddr_storage addr, ResolveAddress(options_.host, options_.port, true));
 
@@ -724,7 +884,10 @@ Status VerbsListener::Start() {
   LOG(INFO) << "verbs listener on " << FormatHostPort(options_.host, port_) << " ("
             << fabric_->Describe() << ", " << options_.worker_threads << " worker(s), up to "
             << options_.max_connections << " connections, " << options_.regions.size()
-            << " region(s))";
+            << " region(s), "
+            << (use_windows_ ? "a type-2 memory window per connection"
+                             : "no memory windows: every client gets the regions' own rkeys")
+            << ")";
   return Status::Ok();
 }
 
@@ -764,7 +927,10 @@ ListenerStats VerbsListener::stats() const {
   s.connections_refused = refused_.load(std::memory_order_relaxed);
   s.requests = requests_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
-  s.connections_open = open_sessions_.load(std::memory_order_relaxed);
+  s.connections_open = authenticated_.load(std::memory_order_relaxed);
+  s.handshakes_evicted = handshakes_evicted_.load(std::memory_order_relaxed);
+  s.handshakes_timed_out = handshakes_timed_out_.load(std::memory_order_relaxed);
+  s.idle_closed = idle_closed_.load(std::memory_order_relaxed);
   return s;  // reads_served/refused: the NIC serves READs; the server never sees them
 }
 
@@ -836,6 +1002,40 @@ void VerbsListener::Reject(CmId id, RejectReason reason, const std::string& text
   // `id` is destroyed here (rdma_destroy_id).
 }
 
+namespace {
+
+// True when `peer` is a loopback address or one of this host's own interface addresses (an
+// RDMA peer on the same machine: the verbs analogue of a loopback peer).
+bool PeerIsThisHost(const sockaddr* peer) {
+  if (peer == nullptr) return false;
+  if (peer->sa_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(peer);
+    if ((ntohl(a->sin_addr.s_addr) >> 24) == 127) return true;
+  } else if (peer->sa_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(peer);
+    if (IN6_IS_ADDR_LOOPBACK(&a->sin6_addr)) return true;
+  } else {
+    return false;
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool local = false;
+  for (ifaddrs* i = list; i != nullptr && !local; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != peer->sa_family) continue;
+    if (peer->sa_family == AF_INET) {
+      local = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+              reinterpret_cast<const sockaddr_in*>(peer)->sin_addr.s_addr;
+    } else {
+      local = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                          &reinterpret_cast<const sockaddr_in6*>(peer)->sin6_addr, 16) == 0;
+    }
+  }
+  freeifaddrs(list);
+  return local;
+}
+
+}  // namespace
+
 void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_param& param,
                                          std::span<const uint8_t> private_data) {
   CmId child = CmId::Adopt(raw_id);
@@ -846,24 +1046,58 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
     LOG(WARNING) << where << ": refused " << who << ": " << text;
     Reject(std::move(child), reason, text);
   };
-  // Authenticate first: nothing about this server (regions, rkeys) reaches an unauthenticated
-  // peer, and the rejection says only why.
+  // The handshake (docs/security.md "The handshake (verbs)"): this request carries the role and
+  // the client's nonce; the accept carries our nonce and our proof; the client's proof comes as
+  // the first SEND on the QP and only then does the WELCOME reveal the regions. Until then the
+  // QP serves no READ (no remote access flags, and no window is bound).
   ConnectRequestData req;
   if (Status s = DecodeConnectRequest(private_data, &req); !s.ok()) {
     return refuse(s.code() == StatusCode::kNotSupported ? RejectReason::kBadVersion
                                                         : RejectReason::kMalformed,
                   s.message());
   }
-  if (!DigestsEqual(req.digest, token_digest_)) {
-    return refuse(RejectReason::kBadToken, "authentication failed (wrong auth token)");
-  }
+  const bool this_host = PeerIsThisHost(rdma_get_peer_addr(raw_id));
+  Result<std::string_view> key = auth::ServerKeyFor(secrets_, req.role, this_host);
+  if (!key.ok()) return refuse(RejectReason::kBadToken, key.status().message());
   if (cm_stop_.load()) return refuse(RejectReason::kShuttingDown, "the server is shutting down");
+  // Handshakes in progress are limited apart, in all (max_handshakes) and per source address
+  // (max_handshakes_per_source): at a limit the oldest is cut, so connects that never prove
+  // cannot keep a client that does out.
+  const std::string source = SourceText(rdma_get_peer_addr(raw_id));
+  ServerSessionImpl* oldest = nullptr;
+  ServerSessionImpl* oldest_same = nullptr;
+  uint32_t pending = 0, same = 0;
+  for (auto& [cid, s] : by_id_) {
+    if (s->dead() || s->auth_state() != ServerSessionImpl::AuthState::kAwaitProof) continue;
+    ++pending;
+    if (oldest == nullptr || s->created_ < oldest->created_) oldest = s.get();
+    if (s->source_ == source) {
+      ++same;
+      if (oldest_same == nullptr || s->created_ < oldest_same->created_) oldest_same = s.get();
+    }
+  }
+  auto evict = [&](ServerSessionImpl* s) {
+    if (s->dead()) return;
+    s->MarkDead();  // counted as refused at its teardown
+    handshakes_evicted_.fetch_add(1, std::memory_order_relaxed);
+  };
+  if (oldest != nullptr && pending >= std::max<uint32_t>(1, options_.max_handshakes)) {
+    evict(oldest);
+  }
+  if (oldest_same != nullptr && same >= std::max<uint32_t>(1, options_.max_handshakes_per_source)) {
+    evict(oldest_same);
+  }
   if (live_sessions_ >= options_.max_connections) {
     return refuse(RejectReason::kTooManyConnections,
                   "too many connections (max " + std::to_string(options_.max_connections) + ")");
   }
   if (raw_id->verbs != fabric_->context()) {
     return refuse(RejectReason::kWrongDevice, "the request arrived on another RDMA device");
+  }
+  Result<auth::Nonce> nonce = auth::RandomNonce();
+  if (!nonce.ok()) {
+    LOG(ERROR) << where << ": " << nonce.status().ToString();
+    return refuse(RejectReason::kServerError, "server cannot make a nonce");
   }
   while (srq_blocks_used_.load() < live_sessions_ + 1) {
     if (Status s = GrowSrq(); !s.ok()) {
@@ -872,12 +1106,32 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
     }
   }
   auto session = std::make_shared<ServerSessionImpl>(next_session_id_++, who, req.max_message);
+  session->role_ = auth::GrantRole(secrets_, req.role, this_host);
+  session->created_ = Clock::now();
+  session->last_active_ = session->created_;
+  session->source_ = source;
+  session->secrets_epoch_ = secrets_epoch_;
   Result<ChunkPool> pool = ChunkPool::Create(fabric_->pd(), kServerSendSlots, kChunkSize, 0);
   if (!pool.ok()) {
     LOG(ERROR) << where << ": send buffers for " << who << ": " << pool.status().ToString();
     return refuse(RejectReason::kServerError, "server out of memory");
   }
   session->send_pool_ = std::move(pool).value();
+  // This connection's windows (bound only once the client has proved itself).
+  session->welcome_regions_ = options_.regions;
+  if (use_windows_) {
+    for (size_t i = 0; i < options_.regions.size(); ++i) {
+      Result<MemoryWindow> mw = MemoryWindow::Create(fabric_->pd());
+      if (!mw.ok()) {
+        LOG(ERROR) << where << ": memory window for " << who << ": " << mw.status().ToString();
+        return refuse(RejectReason::kServerError, "server cannot allocate a memory window");
+      }
+      // The key byte of the rkey changes with each bind (ibv_inc_rkey).
+      session->welcome_regions_[i].rkey = ibv_inc_rkey(mw->get()->rkey);
+      session->windows_.push_back(std::move(mw).value());
+      session->window_mrs_.push_back(region_mrs_[i]);
+    }
+  }
   uint8_t ack_timeout = kAckTimeout;
   if (rdma_set_option(raw_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &ack_timeout,
                       sizeof(ack_timeout)) != 0) {
@@ -888,7 +1142,8 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   attr.send_cq = cq_.get();
   attr.recv_cq = cq_.get();
   attr.srq = srq_.get();
-  attr.cap.max_send_wr = kServerSendSlots;
+  // The SEND slots plus one bind per window.
+  attr.cap.max_send_wr = kServerSendSlots + static_cast<uint32_t>(session->windows_.size());
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
   attr.qp_type = IBV_QPT_RC;
@@ -900,6 +1155,23 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   session->qp_ = std::move(qp).value();
   session->qp_num_ = session->qp_.get()->qp_num;
   session->cm_id_ = std::move(child);
+
+  AcceptData accept;
+  accept.flags = use_windows_ ? kAcceptFlagMemoryWindows : 0;
+  accept.credits = kServerRecvCredits;
+  accept.max_message = static_cast<uint32_t>(options_.max_message_size);
+  accept.session_id = session->id_;
+  accept.server_nonce = *nonce;
+  auto blob = EncodeAccept(accept);  // server_proof still zero: not in the transcript
+  const auto transcript = HandshakeTranscript(
+      std::span<const uint8_t, kConnectRequestSize>(private_data.data(), kConnectRequestSize),
+      std::span<const uint8_t, kAcceptHeadSize>(blob.data(), kAcceptHeadSize));
+  accept.server_proof = auth::ComputeProof(auth::Side::kServer, *key, req.role, req.client_nonce,
+                                           accept.server_nonce, transcript);
+  session->expected_proof_ = auth::ComputeProof(auth::Side::kClient, *key, req.role,
+                                                req.client_nonce, accept.server_nonce, transcript);
+  blob = EncodeAccept(accept);
+
   MsgChannel::Setup setup;
   setup.qp = session->qp_.get();
   setup.send_pool = &session->send_pool_;
@@ -915,13 +1187,6 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   ++live_sessions_;
   open_sessions_.store(live_sessions_, std::memory_order_relaxed);
 
-  // Authenticated: the regions go back in the accept.
-  AcceptData accept;
-  accept.credits = kServerRecvCredits;
-  accept.max_message = static_cast<uint32_t>(options_.max_message_size);
-  accept.session_id = session->id_;
-  accept.regions = options_.regions;
-  const std::vector<uint8_t> blob = EncodeAccept(accept);
   rdma_conn_param out{};
   out.private_data = blob.data();
   out.private_data_len = static_cast<uint8_t>(blob.size());
@@ -938,9 +1203,26 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
     session->MarkDead();  // torn down by ReapSessions
     return;
   }
-  accepted_.fetch_add(1, std::memory_order_relaxed);
-  VLOG(1) << where << ": accepted " << who << " as session " << session->id_ << " (qp "
-          << session->qp_num_ << ", READ depth " << int{out.responder_resources} << ")";
+  // rdma_accept's INIT/RTR/RTS steps give the QP remote READ (from rdma_cm's defaults, which
+  // overwrite earlier flags); take it away until the proof (AdmitSession gives it back, under
+  // the same lock, so whichever runs second wins correctly). With memory windows this is
+  // defence in depth: no window is bound and the MR grants nothing remotely.
+  {
+    MutexLock lk(&session->cm_mu_);
+    if (session->auth_state() == ServerSessionImpl::AuthState::kAwaitProof &&
+        session->qp_.get() != nullptr) {
+      ibv_qp_attr qa{};
+      qa.qp_access_flags = 0;
+      if (int rc = ibv_modify_qp(session->qp_.get(), &qa, IBV_QP_ACCESS_FLAGS); rc != 0) {
+        LOG_FIRST_N(WARNING, 1) << where << ": "
+                                << CallError("ibv_modify_qp(IBV_QP_ACCESS_FLAGS 0)", rc).ToString()
+                                << ": unproven queue pairs keep rdma_cm's remote access flags";
+      }
+    }
+  }
+  VLOG(1) << where << ": handshake with " << who << " as session " << session->id_ << " (qp "
+          << session->qp_num_ << ", READ depth " << int{out.responder_resources} << ", "
+          << session->windows_.size() << " window(s))";
 }
 
 void VerbsListener::Teardown(
@@ -953,20 +1235,62 @@ void VerbsListener::Teardown(
   }
   s->chan_.Close();
   {
+    // Windows first: deallocating invalidates them (the rkey this client was given now refers
+    // to nothing), and they hold the QP and the region's MR.
     MutexLock lk(&s->cm_mu_);
+    s->windows_.clear();
     s->qp_.reset();
     s->send_pool_.reset();
     s->cm_id_.reset();
   }
+  if (s->auth_state() == ServerSessionImpl::AuthState::kReady) {
+    authenticated_.fetch_sub(1, std::memory_order_relaxed);
+  } else if (s->auth_state() == ServerSessionImpl::AuthState::kAwaitProof) {
+    // Gone without proving (left, refused the server's proof, cut at the deadline or evicted);
+    // a wrong proof was counted when it was refused.
+    refused_.fetch_add(1, std::memory_order_relaxed);
+  }
   --live_sessions_;
   open_sessions_.store(live_sessions_, std::memory_order_relaxed);
+}
+
+bool VerbsListener::HandshakeOverdue(const ServerSessionImpl& s, Clock::time_point now) const {
+  // The client can send its proof only once the connection is established, so its deadline
+  // counts from there: in the emulated VM the accept's way back has taken seconds. A connection
+  // that never gets established is cut after kEstablishDeadline (rdma_cm normally reports a
+  // CONNECT_ERROR long before); max_handshakes bounds how many wait meanwhile.
+  if (s.established_) return now - *s.established_ >= options_.handshake_timeout;
+  return now - s.created_ >=
+         std::max<Clock::duration>(options_.handshake_timeout, kEstablishDeadline);
 }
 
 void VerbsListener::ReapSessions() {
   const Clock::time_point now = Clock::now();
   const uint64_t epoch = cq_empty_epoch_.load(std::memory_order_acquire);
   std::vector<std::shared_ptr<ServerSessionImpl>> done;
+  uint64_t timed_out = 0;
   for (auto& [id, s] : by_id_) {
+    if (!s->dead() && s->auth_state() != ServerSessionImpl::AuthState::kReady &&
+        HandshakeOverdue(*s, now)) {
+      // No valid proof within the handshake deadline (or refused and not yet gone): cut.
+      if (s->auth_state() == ServerSessionImpl::AuthState::kAwaitProof) ++timed_out;
+      s->MarkDead();
+    }
+    if (!s->dead() && s->auth_state() == ServerSessionImpl::AuthState::kReady) {
+      // Idle: nothing received for idle_timeout (clients that only READ send keep-alives, see
+      // the WELCOME) and nothing of ours in flight.
+      const uint64_t received = s->received_.load(std::memory_order_relaxed);
+      if (received != s->received_seen_) {
+        s->received_seen_ = received;
+        s->last_active_ = now;
+      } else if (options_.idle_timeout.count() > 0 &&
+                 now - s->last_active_ >= options_.idle_timeout &&
+                 s->chan_.sends_in_flight() == 0) {
+        idle_closed_.fetch_add(1, std::memory_order_relaxed);
+        ++idle_unlogged_;
+        s->MarkDead();
+      }
+    }
     if (!s->dead()) continue;
     if (!s->dying_) {
       s->dying_ = true;
@@ -992,6 +1316,81 @@ void VerbsListener::ReapSessions() {
             << ") closed";
     Teardown(s);
   }
+  // Refusals, reported here (the workers that refuse proofs do not log), at most every 10 s.
+  timed_out_unlogged_ += timed_out;
+  handshakes_timed_out_.fetch_add(timed_out, std::memory_order_relaxed);
+  if (idle_unlogged_ > 0 && now - last_idle_log_ >= std::chrono::seconds(10)) {
+    LOG(INFO) << "verbs listener port " << port_ << ": closed " << idle_unlogged_
+              << " session(s) idle for " << options_.idle_timeout.count() << " ms (idle_timeout)";
+    idle_unlogged_ = 0;
+    last_idle_log_ = now;
+  }
+  const uint64_t refused = proofs_refused_.load(std::memory_order_relaxed);
+  if ((refused != proofs_refused_logged_ || timed_out_unlogged_ > 0) &&
+      now - last_refusal_log_ >= std::chrono::seconds(10)) {
+    LOG(WARNING) << "verbs listener port " << port_ << ": refused "
+                 << refused - proofs_refused_logged_
+                 << " connection(s) whose proof was wrong (a wrong secret for the role, or a "
+                    "replayed handshake) and cut "
+                 << timed_out_unlogged_ << " that did not prove within "
+                 << options_.handshake_timeout.count() << " ms";
+    proofs_refused_logged_ = refused;
+    timed_out_unlogged_ = 0;
+    last_refusal_log_ = now;
+  }
+}
+
+Result<uint64_t> VerbsListener::RotateSecrets(const std::string& auth_token,
+                                              const std::string& admin_token) {
+  MutexLock lk(&rotate_mu_);
+  const uint64_t epoch = ++rotation_.epoch;
+  rotation_.data = auth_token;
+  rotation_.admin = admin_token;
+  cm_wake_.Signal();
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(5);
+  while (rotated_epoch_ < epoch) {
+    if (Clock::now() > until || cm_stop_.load()) {
+      return Status::TimedOut("verbs listener port " + std::to_string(port_) +
+                              ": the cm thread did not apply the new secrets within 5 s");
+    }
+    rotate_cv_.WaitFor(&rotate_mu_, std::chrono::milliseconds(50));
+  }
+  return rotation_.revoked;
+}
+
+void VerbsListener::ApplyRotation() {
+  std::string data, admin;
+  uint64_t epoch = 0;
+  {
+    MutexLock lk(&rotate_mu_);
+    if (rotation_.epoch == rotated_epoch_) return;
+    epoch = rotation_.epoch;
+    data = rotation_.data;
+    admin = rotation_.admin;
+  }
+  const bool data_changed = secrets_.data != data;
+  const bool admin_changed = secrets_.admin != admin;
+  secrets_.data = std::move(data);
+  secrets_.admin = std::move(admin);
+  // Sessions whose key came from a replaced secret: closed now (rdma_disconnect moves the QP
+  // to the error state, so its windows' rkeys read nothing from here on); torn down as usual.
+  uint64_t revoked = 0;
+  for (auto& [id, s] : by_id_) {
+    if (s->dead() || s->secrets_epoch_ >= epoch) continue;
+    const bool changed = s->role_ == SessionRole::kAdmin ? admin_changed : data_changed;
+    if (!changed) continue;
+    if (s->auth_state() == ServerSessionImpl::AuthState::kReady) ++revoked;
+    s->MarkDead();
+  }
+  secrets_epoch_ = epoch;
+  if (revoked > 0) {
+    LOG(INFO) << "verbs listener port " << port_ << ": secrets replaced; closed " << revoked
+              << " session(s) whose credentials were revoked";
+  }
+  MutexLock lk(&rotate_mu_);
+  rotated_epoch_ = epoch;
+  rotation_.revoked = revoked;
+  rotate_cv_.SignalAll();
 }
 
 void VerbsListener::CmThreadMain() {
@@ -1002,6 +1401,7 @@ void VerbsListener::CmThreadMain() {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     if (pfd[1].revents != 0) cm_wake_.Drain();
+    ApplyRotation();
     while (!cm_stop_.load()) {
       rdma_cm_event* ev = nullptr;
       if (rdma_get_cm_event(channel_.get(), &ev) != 0) {
@@ -1030,6 +1430,10 @@ void VerbsListener::CmThreadMain() {
           HandleConnectRequest(id, param, private_data);
           break;
         case RDMA_CM_EVENT_ESTABLISHED:
+          if (ServerSessionImpl* s = session(); s != nullptr && !s->established_) {
+            s->established_ = Clock::now();
+          }
+          break;
         case RDMA_CM_EVENT_TIMEWAIT_EXIT:
           break;
         case RDMA_CM_EVENT_DISCONNECTED:

@@ -1,14 +1,17 @@
 // Datapath of the verbs transport: READ posting and polling, two-sided send/receive with
-// credits, client progress, server workers, Reply. No logging here and no per-operation heap
-// allocation, except: a message that must wait for credits or send buffers is copied into a
-// queue, a multi-fragment request is reassembled into a vector, and Call's response vector grows
-// to the largest response seen. Errors carry short messages (error paths only).
+// credits, client progress, server workers, Reply, and the handshake's messages on the QP (once
+// per connection: the proof check, the window binds, WELCOME). No logging here and no
+// per-operation heap allocation, except: the handshake messages, a message that must wait for
+// credits or send buffers is copied into a queue, a multi-fragment request is reassembled into a
+// vector, and Call's response vector grows to the largest response seen. Errors carry short
+// messages (error paths only).
 #include <poll.h>
 
 #include <algorithm>
 #include <cstring>
 #include <thread>
 
+#include "common/transport/auth.h"
 #include "common/transport/verbs/verbs_internal.h"
 
 namespace rdkv::transport::verbs {
@@ -179,6 +182,12 @@ bool MsgChannel::OnReceivesReposted(uint32_t count) {
   return closed_ || FlushLocked();
 }
 
+bool MsgChannel::SendKeepAlive() {
+  MutexLock lk(&mu_);
+  if (closed_ || !pending_.empty() || credits_ < 2 || free_slots_.empty()) return true;
+  return PostLocked(MsgType::kCredit, 0, 0, 0, nullptr, 0);
+}
+
 void MsgChannel::Close() {
   MutexLock lk(&mu_);
   closed_ = true;
@@ -223,6 +232,7 @@ Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
   } while (!reads_in_flight_.compare_exchange_weak(cur, cur + to_post, std::memory_order_acq_rel,
                                                    std::memory_order_relaxed));
   if (to_post > 0) RDKV_RETURN_IF_ERROR(PostReadBatch(ops));
+  if (keepalive_ns_ > 0) MaybeKeepAlive();
   if (to_post < ops.size()) {
     // Outside every advertised region: what the NIC would refuse, refused here without
     // sending it (a NIC refusal would also kill the queue pair).
@@ -271,6 +281,22 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops) {
   return LostStatus();
 }
 
+namespace {
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void ClientConnection::MaybeKeepAlive() {
+  const int64_t now = SteadyNanos();
+  int64_t last = last_sent_ns_.load(std::memory_order_relaxed);
+  if (now - last < keepalive_ns_) return;
+  // One thread sends it; the others see the new time.
+  if (!last_sent_ns_.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  if (!chan_.SendKeepAlive()) Kill("ibv_post_send of a keep-alive failed");
+}
+
 size_t ClientConnection::PollReads() {
   if (!poll_mu_.TryLock()) return 0;  // another thread is polling; it will set our statuses
   size_t reads = 0;
@@ -283,6 +309,16 @@ size_t ClientConnection::PollReads() {
   poll_mu_.Unlock();
   if (seen > 0) WakeWaiters();
   return reads;
+}
+
+Status ClientConnection::WaitReads(std::span<ReadOp* const> ops, Clock::time_point deadline) {
+  size_t first_pending = 0;
+  while (true) {
+    while (first_pending < ops.size() && ops[first_pending]->done()) ++first_pending;
+    if (first_pending == ops.size()) return Status::Ok();
+    if (Clock::now() >= deadline) return Status::TimedOut("READs not done by the deadline");
+    Progress(deadline);
+  }
 }
 
 Status ClientConnection::ReadAndWait(std::span<ReadOp* const> ops, Clock::time_point deadline) {
@@ -452,15 +488,44 @@ void ClientConnection::HandleReceive(uint32_t index, uint32_t byte_len) {
     return ProtocolError(why);
   }
   if (h.credits > 0 && !chan_.OnCredits(h.credits)) Kill("ibv_post_send failed");
+  if (h.type == MsgType::kCredit) return;
+  if (hs_state_.load(std::memory_order_acquire) != kHsWelcome) {
+    return HandleHandshakeMessage(h, buf + kFragmentHeaderSize);
+  }
   switch (h.type) {
-    case MsgType::kCredit:
-      return;
     case MsgType::kResponse:
     case MsgType::kErrorResponse:
       return DeliverResponse(h, buf + kFragmentHeaderSize);
     default:
-      return ProtocolError("the server sent a request");
+      return ProtocolError("unexpected message type from the server");
   }
+}
+
+void ClientConnection::HandleHandshakeMessage(const FragmentHeader& h, const uint8_t* payload) {
+  // Only during Establish, which waits for this: allocation and strings are fine here.
+  if (hs_state_.load(std::memory_order_acquire) != kHsWaiting) return;
+  if (h.offset != 0 || h.length != h.total) {
+    hs_refusal_ = Status::ProtocolError("verbs " + peer_ + ": fragmented handshake message");
+  } else if (h.type == MsgType::kWelcome) {
+    WelcomeData w;
+    Status st = DecodeWelcome({payload, h.length}, &w);
+    if (st.ok()) {
+      regions_ = std::move(w.regions);
+      windows_ = (w.flags & kAcceptFlagMemoryWindows) != 0;
+      keepalive_ns_ = int64_t{w.keepalive_s} * 1'000'000'000;
+      last_sent_ns_.store(SteadyNanos(), std::memory_order_relaxed);
+      hs_state_.store(kHsWelcome, std::memory_order_release);
+      return;
+    }
+    hs_refusal_ = Status::ProtocolError("verbs " + peer_ + ": " + st.message());
+  } else if (h.type == MsgType::kAuthRefused) {
+    hs_refusal_ = DecodeAuthRefused({payload, h.length}, peer_);
+  } else {
+    hs_refusal_ =
+        Status::ProtocolError("verbs " + peer_ + ": the server answered before the handshake");
+  }
+  hs_state_.store(kHsRefused, std::memory_order_release);
+  Kill("handshake refused");
 }
 
 void ClientConnection::DeliverResponse(const FragmentHeader& h, const uint8_t* payload) {
@@ -567,6 +632,7 @@ Status ClientConnection::Call(std::span<const uint8_t> request, std::vector<uint
     AbandonSlot(index, seq);
     return LostStatus();
   }
+  if (keepalive_ns_ > 0) last_sent_ns_.store(SteadyNanos(), std::memory_order_relaxed);
   CallSlot& slot = slots_[index];
   while (true) {
     if ((slot.word.load(std::memory_order_acquire) & 7) == kDone) {
@@ -715,7 +781,16 @@ void VerbsListener::ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nr
   if (kind == kWrSend) {
     std::shared_ptr<ServerSessionImpl> s = FindSession(wc.qp_num);
     if (s == nullptr) return;  // torn down; its send buffers went with it
-    if (!s->chan_.OnSendCompleted(index) || wc.status != IBV_WC_SUCCESS) s->MarkDead();
+    if (!s->chan_.OnSendCompleted(index) || wc.status != IBV_WC_SUCCESS ||
+        s->close_after_send_.load(std::memory_order_acquire)) {
+      s->MarkDead();  // (a refused handshake: AUTH_REFUSED went out, now the disconnect)
+    }
+    return;
+  }
+  if (kind == kWrBind) {
+    if (wc.status == IBV_WC_SUCCESS) return;
+    std::shared_ptr<ServerSessionImpl> s = FindSession(wc.qp_num);
+    if (s != nullptr) SessionProtocolError(s.get());  // no window: the client could read nothing
     return;
   }
   if (kind != kWrRecv) return;
@@ -739,7 +814,13 @@ void VerbsListener::ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nr
     return QueueRepost(scratch, index, nullptr);
   }
   if (h.credits > 0 && !s->chan_.OnCredits(h.credits)) s->MarkDead();
+  s->received_.fetch_add(1, std::memory_order_relaxed);  // activity, for the idle timeout
   if (h.type == MsgType::kCredit) return QueueRepost(scratch, index, std::move(s));
+  if (s->auth_state() != ServerSessionImpl::AuthState::kReady) {
+    // Before the proof checked out, the only message is AUTH_PROOF: nothing else is served.
+    HandleAuthProof(s, h, buf + kFragmentHeaderSize);
+    return QueueRepost(scratch, index, std::move(s));
+  }
   if (h.type != MsgType::kRequest) {
     SessionProtocolError(s.get());
     return QueueRepost(scratch, index, nullptr);
@@ -783,6 +864,82 @@ void VerbsListener::ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nr
     r.srq_index = -1;
   }
   QueueRepost(scratch, index, std::move(s));
+}
+
+void VerbsListener::HandleAuthProof(const std::shared_ptr<ServerSessionImpl>& s,
+                                    const FragmentHeader& h, const uint8_t* payload) {
+  using AuthState = ServerSessionImpl::AuthState;
+  if (s->auth_state() != AuthState::kAwaitProof || h.type != MsgType::kAuthProof || h.offset != 0 ||
+      h.length != h.total) {
+    return SessionProtocolError(s.get());
+  }
+  Result<auth::AuthProof> proof = auth::DecodeAuthProof({payload, h.length});
+  if (!proof.ok()) return SessionProtocolError(s.get());
+  if (!auth::ProofsEqual(proof->client_proof, s->expected_proof_)) {
+    // Wrong secret, or a replayed/forged proof (it is bound to this connection's fresh server
+    // nonce). Tell the client why, then disconnect once that went out (ProcessCompletion).
+    s->auth_state_.store(AuthState::kRefused, std::memory_order_release);
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    proofs_refused_.fetch_add(1, std::memory_order_relaxed);
+    static constexpr char kReason[] =
+        "authentication failed: wrong secret for the requested role (the client's "
+        "--auth_token_file / --admin_token_file must hold the server's secret)";
+    const std::vector<uint8_t> msg = EncodeAuthRefused(StatusCode::kPermissionDenied, kReason);
+    s->close_after_send_.store(true, std::memory_order_release);
+    bool fatal = false;
+    if (!s->chan_.Send(MsgType::kAuthRefused, 0, msg, &fatal).ok() || fatal) s->MarkDead();
+    return;
+  }
+  if (!AdmitSession(s.get())) s->MarkDead();
+}
+
+bool VerbsListener::AdmitSession(ServerSessionImpl* s) {
+  bool windows = false;
+  {
+    MutexLock lk(&s->cm_mu_);
+    ibv_qp* qp = s->qp_.get();
+    if (qp == nullptr || s->dead()) return false;
+    // The QP may serve READs from now on (through the windows bound next, or the regions'
+    // own rkeys without windows).
+    ibv_qp_attr qa{};
+    qa.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+    if (ibv_modify_qp(qp, &qa, IBV_QP_ACCESS_FLAGS) != 0) return false;
+    // Bind each window onto its region, for this QP only: posted ahead of the WELCOME on the
+    // same send queue, so a bind is done before the client can learn its rkey.
+    const size_t n = s->windows_.size();
+    windows = n > 0;
+    if (n > 0) {
+      ibv_send_wr wrs[kMaxRegions];
+      for (size_t i = 0; i < n; ++i) {
+        const RegionDescriptor& r = s->welcome_regions_[i];
+        ibv_send_wr& wr = wrs[i];
+        wr = ibv_send_wr{};
+        wr.wr_id = MakeWrId(kWrBind, static_cast<uint32_t>(i));
+        wr.opcode = IBV_WR_BIND_MW;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+        wr.bind_mw.mw = s->windows_[i].get();
+        wr.bind_mw.rkey = r.rkey;
+        wr.bind_mw.bind_info.mr = s->window_mrs_[i];
+        wr.bind_mw.bind_info.addr = r.addr;
+        wr.bind_mw.bind_info.length = r.length;
+        wr.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ;
+      }
+      ibv_send_wr* bad = nullptr;
+      if (ibv_post_send(qp, wrs, &bad) != 0) return false;
+    }
+    // Under cm_mu_, so that Teardown (which resets qp_ under it) sees kReady or a null qp_.
+    s->auth_state_.store(ServerSessionImpl::AuthState::kReady, std::memory_order_release);
+    authenticated_.fetch_add(1, std::memory_order_relaxed);
+  }
+  WelcomeData w;
+  w.flags = windows ? kAcceptFlagMemoryWindows : 0;
+  w.keepalive_s = KeepAliveSeconds(options_.idle_timeout);
+  w.regions = s->welcome_regions_;
+  const std::vector<uint8_t> msg = EncodeWelcome(w);
+  accepted_.fetch_add(1, std::memory_order_relaxed);
+  bool fatal = false;
+  return s->chan_.Send(MsgType::kWelcome, 0, msg, &fatal).ok() && !fatal;
 }
 
 void VerbsListener::WaitForCq(int timeout_ms) {

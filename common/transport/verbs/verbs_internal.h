@@ -11,12 +11,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "common/transport/auth.h"
 #include "common/transport/transport.h"
 #include "common/transport/verbs/verbs_fabric.h"
 #include "common/transport/verbs/verbs_objects.h"
@@ -61,7 +63,7 @@ class CmEventSink {
 // ---------------------------------------------------------------------------- READs use the ReadOp
 // pointer itself (8-byte aligned, low bits 0); everything else carries a kind in the low 3 bits and
 // a buffer index above them.
-enum WrKind : uint64_t { kWrRead = 0, kWrSend = 1, kWrRecv = 2, kWrWrite = 3 };
+enum WrKind : uint64_t { kWrRead = 0, kWrSend = 1, kWrRecv = 2, kWrWrite = 3, kWrBind = 4 };
 static_assert(alignof(ReadOp) >= 8, "ReadOp pointers must leave the low 3 bits of wr_id free");
 inline uint64_t MakeWrId(WrKind kind, uint32_t index) { return (uint64_t{index} << 3) | kind; }
 inline WrKind WrKindOf(uint64_t wr_id) { return static_cast<WrKind>(wr_id & 7); }
@@ -93,6 +95,10 @@ class MsgChannel {
   bool OnCredits(uint32_t credits);
   bool OnSendCompleted(uint32_t slot);
   bool OnReceivesReposted(uint32_t count);
+  // A credit-only message (a keep-alive; it also returns what is owed) when a credit beyond the
+  // reserve and a send slot are free; otherwise nothing (the next call tries again). False when
+  // the post failed (fatal, channel closed).
+  bool SendKeepAlive();
   // No more posts; drops queued messages. Idempotent.
   void Close();
   uint32_t sends_in_flight() const { return in_flight_.load(std::memory_order_acquire); }
@@ -129,7 +135,8 @@ class VerbsFabric;
 // ---------------------------------------------------------------------------
 class ClientConnection final : public VerbsConnection, public CmEventSink, public AsyncEventSink {
  public:
-  ClientConnection(VerbsFabric* fabric, const ConnectOptions& options);
+  ClientConnection(VerbsFabric* fabric, const ConnectOptions& options,
+                   VerbsHandshakeTap* tap = nullptr);
   ~ClientConnection() override;
   Status Establish();  // control path: rdma_cm resolve, QP, buffers, connect, handshake
 
@@ -137,6 +144,7 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   Status PostReads(std::span<ReadOp* const> ops) override;
   size_t PollReads() override;
   Status ReadAndWait(std::span<ReadOp* const> ops, Clock::time_point deadline) override;
+  Status WaitReads(std::span<ReadOp* const> ops, Clock::time_point deadline) override;
   Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
               std::chrono::milliseconds timeout) override;
   bool alive() const override { return alive_.load(std::memory_order_acquire); }
@@ -147,6 +155,7 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   void SetLocalReadCheckForTest(bool enabled) override {
     local_read_check_.store(enabled, std::memory_order_relaxed);
   }
+  bool per_connection_windows() const override { return windows_; }
 
   void OnCmEvent(rdma_cm_event_type type, int status) override;
   void OnAsyncEvent(ibv_event_type type) override;
@@ -177,18 +186,34 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   void Progress(Clock::time_point deadline) EXCLUDES(poll_mu_, wait_mu_);
   void WakeWaiters() EXCLUDES(wait_mu_);
   void HandleReceive(uint32_t index, uint32_t byte_len);
+  // WELCOME / AUTH_REFUSED, on the poller (under poll_mu_) during Establish.
+  void HandleHandshakeMessage(const FragmentHeader& h, const uint8_t* payload);
+  // The second half of Establish: the proof on the QP, then WELCOME or AUTH_REFUSED.
+  Status FinishHandshake(Clock::time_point deadline, const std::string& where);
   void DeliverResponse(const FragmentHeader& h, const uint8_t* payload);
   void ProtocolError(const char* why) { Kill(why); }
   bool InRegions(const ReadOp& op) const;
   Status PostReadBatch(std::span<ReadOp* const> ops) EXCLUDES(post_mu_);
+  // A keep-alive when nothing was sent for keepalive_ (the server's idle timeout does not see
+  // READs); called after READs are posted.
+  void MaybeKeepAlive();
   void FreeSlot(uint32_t index, uint64_t seq) EXCLUDES(slots_mu_);
   void AbandonSlot(uint32_t index, uint64_t seq) EXCLUDES(slots_mu_);
   Result<uint32_t> AcquireSlot(Clock::time_point deadline, uint64_t* seq) EXCLUDES(slots_mu_);
 
   VerbsFabric* const fabric_;
   const ConnectOptions options_;
+  VerbsHandshakeTap* const tap_;  // tests only; usually null
   std::string peer_;
+  // Set by the poller from the WELCOME during Establish (published by hs_state_), then fixed.
   std::vector<RegionDescriptor> regions_;
+  bool windows_ = false;
+  int64_t keepalive_ns_ = 0;              // from the WELCOME; 0: none needed
+  std::atomic<int64_t> last_sent_ns_{0};  // steady clock, ns: the last message we sent
+  // Handshake on the QP: 0 waiting, 1 WELCOME received, 2 AUTH_REFUSED received or malformed.
+  enum HandshakeState : int { kHsWaiting = 0, kHsWelcome = 1, kHsRefused = 2 };
+  std::atomic<int> hs_state_{kHsWaiting};
+  Status hs_refusal_;  // written by the poller before hs_state_ turns kHsRefused
   uint32_t max_request_ = 0;
   uint32_t max_read_length_ = 0;
 
@@ -247,9 +272,13 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
  public:
   ServerSessionImpl(uint64_t id, std::string peer, uint32_t peer_max_message)
       : id_(id), peer_(std::move(peer)), peer_max_message_(peer_max_message) {}
+  // Where the handshake of this session stands. Requests are served only in kReady.
+  enum class AuthState : uint8_t { kAwaitProof = 0, kReady = 1, kRefused = 2 };
+  AuthState auth_state() const { return auth_state_.load(std::memory_order_acquire); }
   Status Reply(uint64_t request_id, std::span<const uint8_t> response) override;
   std::string peer() const override { return "verbs " + peer_; }
   uint64_t id() const override { return id_; }
+  SessionRole role() const override { return role_; }
   void OnAsyncEvent(ibv_event_type type) override;
 
   // Marks the session dead: closes the channel and disconnects (QP to error). Idempotent.
@@ -261,12 +290,26 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
   const uint64_t id_;
   const std::string peer_;
   const uint32_t peer_max_message_;
+  SessionRole role_ = SessionRole::kData;  // set by the cm thread before the session is published
+
+  // Handshake (docs/security.md "The handshake (verbs)"). Set by the cm thread before the
+  // session is published, then read-only: the client proof we expect, the regions the WELCOME
+  // carries (with this session's window rkeys) and when the handshake started.
+  auth::Mac expected_proof_{};
+  std::vector<RegionDescriptor> welcome_regions_;
+  Clock::time_point created_{};
+  std::atomic<AuthState> auth_state_{AuthState::kAwaitProof};
+  std::atomic<bool> close_after_send_{false};  // refused: disconnect once AUTH_REFUSED went out
 
   // Serializes rdma_disconnect/rdma_notify with the teardown of cm_id_/qp_ (it guards no
   // field: the cm thread sets them up before the session is published, and alone resets them).
   Mutex cm_mu_;
   CmId cm_id_;
   ChunkPool send_pool_;
+  // One type-2 window per advertised region, bound to qp_ once the client's proof checks out;
+  // deallocated (invalidated) in Teardown before qp_ is destroyed. Empty without windows.
+  std::vector<MemoryWindow> windows_;
+  std::vector<ibv_mr*> window_mrs_;  // the MR each window is bound onto (owned by the regions)
   CmQueuePair qp_;
   uint32_t qp_num_ = 0;
   MsgChannel chan_;
@@ -283,6 +326,17 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
   bool dying_ = false;
   Clock::time_point dead_since_{};
   uint64_t dead_epoch_ = 0;
+  // When rdma_cm reported the connection established (the client can send its proof only
+  // from then on); unset until then. The proof deadline counts from here.
+  std::optional<Clock::time_point> established_;
+  // The peer's address without its port (per-source handshake limit); set before publishing.
+  std::string source_;
+  uint64_t secrets_epoch_ = 0;  // the listener's secrets epoch its key came from (cm thread)
+  // Idle timeout: messages received (workers count, relaxed), and what the cm thread saw of
+  // that count last and when it last changed.
+  std::atomic<uint64_t> received_{0};
+  uint64_t received_seen_ = 0;
+  Clock::time_point last_active_{};
 };
 
 class VerbsListener final : public Listener, public AsyncEventSink {
@@ -294,6 +348,8 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   uint16_t port() const override { return port_; }
   ListenerStats stats() const override;
   void PauseWorkers(bool paused) override;
+  Result<uint64_t> RotateSecrets(const std::string& auth_token,
+                                 const std::string& admin_token) override;
   void OnAsyncEvent(ibv_event_type type) override;
 
  private:
@@ -321,6 +377,10 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   void Reject(CmId id, RejectReason reason, const std::string& text);
   Status GrowSrq();
   void ReapSessions();
+  // Whether an unproven session has run out of time (cm thread).
+  bool HandshakeOverdue(const ServerSessionImpl& s, Clock::time_point now) const;
+  // How long a connection may take to become established before it is cut.
+  static constexpr std::chrono::seconds kEstablishDeadline{30};
   void Teardown(std::shared_ptr<ServerSessionImpl> s);
 
   // Datapath (workers).
@@ -333,10 +393,19 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   void QueueRepost(Scratch* scratch, uint32_t index, std::shared_ptr<ServerSessionImpl> credit_to);
   void FlushReposts(Scratch* scratch);
   void SessionProtocolError(ServerSessionImpl* s);
+  // The client's first message (AUTH_PROOF) on a session in kAwaitProof; worker thread.
+  void HandleAuthProof(const std::shared_ptr<ServerSessionImpl>& s, const FragmentHeader& h,
+                       const uint8_t* payload);
+  // Proof checked: QP may serve READs, windows bound, WELCOME sent. False when that failed.
+  bool AdmitSession(ServerSessionImpl* s);
 
   VerbsFabric* const fabric_;
   ListenOptions options_;
-  TokenDigest token_digest_{};
+  auth::ServerSecrets secrets_;
+  // Per-connection type-2 memory windows (docs/security.md): the MR behind each advertised
+  // region, in options_.regions order. Empty when the device has no type-2 windows.
+  bool use_windows_ = false;
+  std::vector<ibv_mr*> region_mrs_;
   uint16_t port_ = 0;
 
   // Verbs objects, torn down in ~VerbsListener: session QPs and ids, listen id, SRQ, SRQ
@@ -356,6 +425,9 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::unordered_map<rdma_cm_id*, std::shared_ptr<ServerSessionImpl>> by_id_;  // cm thread
   uint32_t live_sessions_ = 0;                                                 // cm thread
   std::atomic<uint32_t> open_sessions_{0};  // live_sessions_ for stats(), from any thread
+  std::atomic<uint64_t> handshakes_evicted_{0}, handshakes_timed_out_{0}, idle_closed_{0};
+  uint64_t idle_unlogged_ = 0;         // cm thread: closed since the last log
+  Clock::time_point last_idle_log_{};  // cm thread
   uint64_t next_session_id_ = 1;
 
   // Workers: one polls (and blocks on the completion channel) at a time; the others wait for
@@ -376,7 +448,27 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   EventFd cm_wake_;
   std::atomic<bool> cm_stop_{false};
 
+  // RotateSecrets hands the new secrets to the cm thread (which alone uses secrets_ and the
+  // sessions' roles) and waits until it has revoked the sessions they concern.
+  struct Rotation {
+    uint64_t epoch = 0;  // asked for; the cm thread has applied up to rotated_epoch
+    std::string data, admin;
+    uint64_t revoked = 0;  // by the latest applied rotation
+  };
+  Mutex rotate_mu_;
+  CondVar rotate_cv_;
+  Rotation rotation_ GUARDED_BY(rotate_mu_);
+  uint64_t rotated_epoch_ GUARDED_BY(rotate_mu_) = 0;
+  uint64_t secrets_epoch_ = 0;  // cm thread: the epoch of secrets_
+  void ApplyRotation();         // cm thread
+
   std::atomic<uint64_t> accepted_{0}, refused_{0}, requests_{0}, protocol_errors_{0};
+  // Proofs refused by the workers, logged (throttled) by the cm thread: no logging on workers.
+  std::atomic<uint64_t> proofs_refused_{0};
+  uint64_t proofs_refused_logged_ = 0;      // cm thread
+  uint64_t timed_out_unlogged_ = 0;         // cm thread
+  Clock::time_point last_refusal_log_{};    // cm thread
+  std::atomic<uint32_t> authenticated_{0};  // sessions in kReady, for stats()
   std::atomic<bool> srq_alarm_logged_{false};
 };
 
@@ -399,6 +491,14 @@ class VerbsFabric final : public Fabric {
   const ibv_port_attr& port_attr() const { return port_attr_; }
   const std::string& device_name() const { return device_name_; }
   rdma_event_channel* cm_channel() const { return cm_channel_.get(); }
+  // True when the device supports type-2 memory windows (IBV_DEVICE_MEM_WINDOW_TYPE_2B):
+  // server regions are then registered without remote access, for windows only.
+  bool memory_windows() const { return memory_windows_; }
+  // The registration of a region this fabric allocated that covers r (same rkey, r inside it),
+  // or null. Regions unregister themselves when destroyed.
+  ibv_mr* FindRegistration(const RegionDescriptor& r);
+  void AddRegistration(ibv_mr* mr);
+  void RemoveRegistration(ibv_mr* mr);
   void RegisterCmSink(rdma_cm_id* id, CmEventSink* sink);
   void UnregisterCmSink(rdma_cm_id* id);
 
@@ -413,7 +513,10 @@ class VerbsFabric final : public Fabric {
   ibv_device_attr device_attr_{};
   ibv_port_attr port_attr_{};
   bool huge_pages_ = true;
+  bool memory_windows_ = false;
   ProtectionDomain pd_;
+  Mutex regions_mu_;
+  std::vector<ibv_mr*> registrations_ GUARDED_BY(regions_mu_);
   EventChannel cm_channel_;  // established client ids, migrated here
   EventFd wake_;
   std::atomic<bool> stop_{false};

@@ -116,6 +116,28 @@ void MemoryRegistration::reset() {
   mr_ = nullptr;
 }
 
+// ---- MemoryWindow ----------------------------------------------------------------------------
+MemoryWindow& MemoryWindow::operator=(MemoryWindow&& o) noexcept {
+  if (this != &o) {
+    reset();
+    mw_ = std::exchange(o.mw_, nullptr);
+  }
+  return *this;
+}
+
+Result<MemoryWindow> MemoryWindow::Create(ibv_pd* pd) {
+  MemoryWindow w;
+  w.mw_ = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+  if (w.mw_ == nullptr) return CallError("ibv_alloc_mw(IBV_MW_TYPE_2)", errno);
+  return w;
+}
+
+void MemoryWindow::reset() {
+  if (mw_ == nullptr) return;
+  if (int rc = ibv_dealloc_mw(mw_); rc != 0) LogDestroyError("ibv_dealloc_mw", rc);
+  mw_ = nullptr;
+}
+
 // ---- CompletionChannel -----------------------------------------------------------------------
 CompletionChannel& CompletionChannel::operator=(CompletionChannel&& o) noexcept {
   if (this != &o) {

@@ -6,8 +6,8 @@
 //   ibv_create_* / ibv_reg_mr / ibv_alloc_pd / rdma_create_event_channel: NULL + errno
 //   ibv_destroy_* / ibv_dealloc_pd / ibv_dereg_mr / ibv_modify_*:          positive errno
 //   rdma_* (create_id, destroy_id, create_qp, ...):                        -1 + errno
-// Destruction order is the owner's job: QP, then CQ (and its completion channel), then MRs,
-// then PD, then the device list (which keeps librdmacm's ibv_context alive).
+// Destruction order is the owner's job: memory windows, QP, then CQ (and its completion channel),
+// then MRs, then PD, then the device list (which keeps librdmacm's ibv_context alive).
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -86,6 +86,28 @@ class MemoryRegistration {
 
  private:
   ibv_mr* mr_ = nullptr;
+};
+
+// A type-2 memory window (ibv_alloc_mw / ibv_dealloc_mw): a remote key of its own onto part of
+// an MR, valid only once bound by an IBV_WR_BIND_MW work request posted on one QP, and then
+// only for READs arriving on that QP. ibv_dealloc_mw invalidates it (its rkey then refers to
+// nothing). Must be reset before the QP it is bound to and before the MR it covers (rxe refuses
+// to deregister an MR with windows bound to it).
+class MemoryWindow {
+ public:
+  MemoryWindow() = default;
+  ~MemoryWindow() { reset(); }
+  MemoryWindow(MemoryWindow&& o) noexcept : mw_(std::exchange(o.mw_, nullptr)) {}
+  MemoryWindow& operator=(MemoryWindow&& o) noexcept;
+  MemoryWindow(const MemoryWindow&) = delete;
+  MemoryWindow& operator=(const MemoryWindow&) = delete;
+
+  static Result<MemoryWindow> Create(ibv_pd* pd);  // IBV_MW_TYPE_2
+  ibv_mw* get() const { return mw_; }
+  void reset();
+
+ private:
+  ibv_mw* mw_ = nullptr;
 };
 
 // A completion channel; its fd is made non-blocking so a waiter can poll() it with a timeout.

@@ -1,0 +1,443 @@
+#include "client/replica_admin.h"
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/kv/admin_wire.h"
+
+namespace rdkv::client {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Name(const cluster::ClusterMap& m, uint32_t id) {
+  const cluster::ServerEntry* e = m.FindServer(id);
+  return "server " + std::to_string(id) + (e != nullptr ? " (" + e->address + ")" : "");
+}
+
+// The newest map the servers of `known` report. A server that does not answer is skipped
+// (said on `progress`): replica changes are how a dead server is taken out. At least one must
+// answer.
+Result<cluster::ClusterMap> NewestMap(AdminChannel& channel, const cluster::ClusterMap& known,
+                                      const MoveProgressFn& progress) {
+  cluster::ClusterMap newest = known;
+  size_t answered = 0;
+  Status last;
+  for (const cluster::ServerEntry& e : known.servers) {
+    uint64_t epoch = 0;
+    std::string body;
+    Status s = channel.Call(e, kv::EncodeMapFetch({}), &epoch, &body);
+    if (!s.ok()) {
+      last = s;
+      if (progress) {
+        progress("  server " + std::to_string(e.id) + " (" + e.address +
+                 ") did not answer for its map: " + s.ToString());
+      }
+      continue;
+    }
+    ++answered;
+    Result<kv::MapAnswer> answer = kv::DecodeMapAnswer(epoch, body);
+    if (!answer.ok()) return answer.status();
+    if (answer->map_json.empty()) {
+      return Status::NotSupported("server " + std::to_string(e.id) + " serves standalone");
+    }
+    Result<cluster::ClusterMap> m = cluster::ParseClusterMap(answer->map_json);
+    if (!m.ok()) return m.status();
+    if (m->epoch > newest.epoch) newest = std::move(m).value();
+  }
+  if (answered == 0) {
+    return Status::Unavailable("no server of the cluster answered for its map (" + last.ToString() +
+                               "); nothing was changed");
+  }
+  newest.NormalizeReplicas();
+  return newest;
+}
+
+Status CheckArgs(const cluster::ClusterMap& m, uint32_t shard, uint32_t server) {
+  if (shard >= m.shards) {
+    return Status::InvalidArgument("shard " + std::to_string(shard) + " is out of range (0.." +
+                                   std::to_string(m.shards - 1) + ")");
+  }
+  if (m.FindServer(server) == nullptr) {
+    return Status::InvalidArgument("server " + std::to_string(server) + " is not in the map");
+  }
+  return Status::Ok();
+}
+
+// Installs `map` on `ids` in order, one after the other. `required` false: a server that cannot
+// be reached is skipped (said on `progress`; it gets a newer map from etcd's watch, or with the
+// next change) instead of failing the call.
+Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
+                 const std::vector<uint32_t>& ids, const MoveProgressFn& progress,
+                 bool required = true) {
+  const std::string json = map.ToJson();
+  for (uint32_t id : ids) {
+    const cluster::ServerEntry* e = map.FindServer(id);
+    if (e == nullptr) continue;
+    uint64_t installed = 0;
+    Status s = channel.Call(*e, kv::EncodeMapInstall({json}), &installed, nullptr);
+    // A server that already has this epoch (an earlier, interrupted run) is fine.
+    const bool unreachable = s.Is(StatusCode::kUnavailable) || s.Is(StatusCode::kConnectionLost) ||
+                             s.Is(StatusCode::kTimedOut);
+    if (!required && unreachable) {
+      if (progress) {
+        progress("  map epoch " + std::to_string(map.epoch) + " not installed on " + Name(map, id) +
+                 " (unreachable: " + s.ToString() + ")");
+      }
+      continue;
+    }
+    if (!s.ok() && !(s.Is(StatusCode::kInvalidArgument) &&
+                     s.message().find("not newer") != std::string::npos)) {
+      return Status(s.code(), "installing map epoch " + std::to_string(map.epoch) + " on " +
+                                  Name(map, id) + ": " + s.message());
+    }
+    if (progress) progress("  map epoch " + std::to_string(map.epoch) + " on " + Name(map, id));
+  }
+  return Status::Ok();
+}
+
+// Every server of `map` not in `first`, in id order.
+std::vector<uint32_t> Others(const cluster::ClusterMap& map, const std::vector<uint32_t>& first) {
+  std::vector<uint32_t> out;
+  for (const cluster::ServerEntry& e : map.servers) {
+    if (std::find(first.begin(), first.end(), e.id) == first.end()) out.push_back(e.id);
+  }
+  return out;
+}
+
+void Erase(std::vector<uint32_t>* v, uint32_t id) { std::erase(*v, id); }
+
+}  // namespace
+
+Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMap& known,
+                                 uint32_t shard, uint32_t server, const MoveProgressFn& progress) {
+  const Clock::time_point start = Clock::now();
+  RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
+  RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
+  ReplicaReport report;
+  report.from_epoch = cur.epoch;
+  const uint32_t old_primary = cur.OwnerOf(shard);
+  if (old_primary == server) {
+    report.to_epoch = cur.epoch;
+    if (progress)
+      progress("shard " + std::to_string(shard) + ": already primary on " + Name(cur, server));
+    return report;
+  }
+  if (!cur.IsBackup(shard, server)) {
+    return Status::InvalidArgument("cannot promote " + Name(cur, server) + " for shard " +
+                                   std::to_string(shard) +
+                                   ": it is not an in-sync backup of it (replicas: " +
+                                   [&] {
+                                     std::string r;
+                                     for (uint32_t id : cur.ReplicasOf(shard))
+                                       r += (r.empty() ? "" : ",") + std::to_string(id);
+                                     return r;
+                                   }() +
+                                   ")");
+  }
+  cluster::ClusterMap next = cur;
+  next.epoch = cur.epoch + 1;
+  next.owners[shard] = server;
+  Erase(&next.backups[shard], server);
+  next.backups[shard].insert(next.backups[shard].begin(), old_primary);
+  if (progress) {
+    progress("promote shard " + std::to_string(shard) + ": " + Name(cur, old_primary) + " -> " +
+             Name(cur, server) + ", map epoch " + std::to_string(next.epoch));
+  }
+  // The old primary first (it clears its bit, waits one lease, then refuses the shard's
+  // writes), then the other replicas (they accept forwards from the new primary from then on),
+  // and the new primary last: before it sets its bit it resends its recently replicated writes
+  // to its backups (docs/design.md "Replication").
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, {old_primary}, progress));
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, Others(next, {old_primary, server}), progress,
+                                 /*required=*/false));
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, {server}, progress));
+  report.to_epoch = next.epoch;
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+namespace {
+
+// Step 2 of adding `server` to `shard` (joining in `joining`): every item the primary holds
+// now, with its version; the replica applies an item only over an older version (and never
+// over a delete it was forwarded meanwhile). Adds to report's counts.
+Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint32_t shard,
+                 uint32_t server, ReplicaReport* out, const MoveProgressFn& progress) {
+  const uint32_t primary = joining.OwnerOf(shard);
+  ReplicaReport report;  // this shard's counts
+  const cluster::ServerEntry* from = joining.FindServer(primary);
+  const cluster::ServerEntry* to = joining.FindServer(server);
+  std::string scratch;
+  uint64_t cursor = 0;
+  const Clock::time_point copy_start = Clock::now();
+  Clock::time_point last_line = copy_start;
+  kv::WireLimits limits;
+  limits.max_value_bytes = kv::kMaxValueBytes;
+  while (cursor != kv::kScanDone) {
+    uint64_t next = 0;
+    std::string body;
+    Status s = channel.Call(*from, kv::EncodeShardScan({shard, cursor}, &scratch), &next, &body);
+    if (!s.ok()) {
+      return Status(s.code(), "copying shard " + std::to_string(shard) + " from " +
+                                  Name(joining, primary) + ": " + s.message() +
+                                  " (run the same command again to resume)");
+    }
+    Result<kv::ShardScanAnswer> answer = kv::DecodeShardScanAnswer(cursor, next, body, limits);
+    if (!answer.ok()) return answer.status();
+    // The batch's items go to the new replica from kImportsInFlight threads at once (items of
+    // one batch are different keys; a replica applies each only over an older version).
+    const std::vector<kv::ScanEntry>& entries = answer->entries;
+    const size_t lanes = std::min(kImportsInFlight, entries.size());
+    std::vector<Status> lane_status(lanes);
+    std::vector<std::thread> senders;
+    for (size_t lane = 0; lane < lanes; ++lane) {
+      senders.emplace_back([&, lane] {
+        for (size_t i = lane; i < entries.size(); i += lanes) {
+          kv::ReplicateRequest m;
+          m.key = entries[i].key;
+          m.value = entries[i].value;
+          m.version = entries[i].version;
+          m.map_epoch = joining.epoch;
+          m.sender_id = primary;
+          Status c = channel.Call(*to, kv::EncodeReplicate(m), nullptr, nullptr);
+          if (c.Is(StatusCode::kVersionMismatch)) c = Status::Ok();  // it has a newer write
+          if (!c.ok()) {
+            lane_status[lane] = c;
+            return;
+          }
+        }
+      });
+    }
+    for (std::thread& t : senders) t.join();
+    for (const Status& c : lane_status) {
+      if (!c.ok()) {
+        return Status(c.code(), "copying shard " + std::to_string(shard) + " into " +
+                                    Name(joining, server) + ": " + c.message() +
+                                    " (run the same command again to resume)");
+      }
+    }
+    for (const kv::ScanEntry& e : entries) {
+      ++report.items_copied;
+      report.bytes_copied += e.key.size() + e.value.size();
+    }
+    cursor = answer->next_cursor;
+    if (progress && Clock::now() - last_line > std::chrono::seconds(1)) {
+      last_line = Clock::now();
+      progress("  copy: " + std::to_string(report.items_copied) + " items");
+    }
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
+  if (progress) {
+    progress("  shard " + std::to_string(shard) + ": copied " +
+             std::to_string(report.items_copied) + " items (" +
+             std::to_string(report.bytes_copied) + " bytes) in " + std::to_string(seconds) + " s");
+  }
+  out->items_copied += report.items_copied;
+  out->bytes_copied += report.bytes_copied;
+  out->copy_seconds += seconds;
+  return Status::Ok();
+}
+
+// "shard 3", or "shards 0,3,5".
+std::string ShardsText(const std::vector<uint32_t>& ids) {
+  std::string out = ids.size() == 1 ? "shard " : "shards ";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i == 0 ? "" : ",") + std::to_string(ids[i]);
+  return out;
+}
+
+}  // namespace
+
+Result<ReplicaReport> RunAddReplica(AdminChannel& channel, const cluster::ClusterMap& known,
+                                    uint32_t shard, uint32_t server,
+                                    const MoveProgressFn& progress) {
+  const uint32_t one[] = {shard};
+  return RunAddReplicas(channel, known, one, server, progress);
+}
+
+Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::ClusterMap& known,
+                                     std::span<const uint32_t> wanted, uint32_t server,
+                                     const MoveProgressFn& progress) {
+  const Clock::time_point start = Clock::now();
+  if (wanted.empty()) return Status::InvalidArgument("no shard to add a replica to");
+  RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
+  for (uint32_t shard : wanted) RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
+  ReplicaReport report;
+  report.from_epoch = cur.epoch;
+  report.to_epoch = cur.epoch;
+  std::vector<uint32_t> shards;     // to add `server` to, in the order given
+  std::vector<uint32_t> primaries;  // theirs, each once
+  for (uint32_t shard : wanted) {
+    if (std::find(shards.begin(), shards.end(), shard) != shards.end()) continue;
+    if (cur.OwnerOf(shard) == server || cur.IsBackup(shard, server)) {
+      if (progress) progress(Name(cur, server) + " already holds shard " + std::to_string(shard));
+      continue;
+    }
+    if (cur.ReplicasOf(shard).size() + cur.joining[shard].size() +
+            (cur.IsJoining(shard, server) ? 0 : 1) >
+        cluster::kMaxReplicas) {
+      return Status::InvalidArgument("shard " + std::to_string(shard) + " would have more than " +
+                                     std::to_string(cluster::kMaxReplicas) + " replicas");
+    }
+    shards.push_back(shard);
+    const uint32_t primary = cur.OwnerOf(shard);
+    if (std::find(primaries.begin(), primaries.end(), primary) == primaries.end()) {
+      primaries.push_back(primary);
+    }
+  }
+  if (shards.empty()) return report;
+  // 1. Joining, for every shard in one map change: the new replica first (it must accept the
+  //    forwards), then the primaries (from here every write of those shards is forwarded to it
+  //    too), then the rest.
+  std::vector<uint32_t> first = {server};
+  for (uint32_t p : primaries) {
+    if (p != server) first.push_back(p);
+  }
+  cluster::ClusterMap joining = cur;
+  std::vector<uint32_t> fresh;  // not joining yet (the others resume an interrupted copy)
+  for (uint32_t shard : shards) {
+    if (!cur.IsJoining(shard, server)) fresh.push_back(shard);
+  }
+  if (!fresh.empty()) {
+    // A replica starts empty: whatever the server holds of a shard is stale (an earlier
+    // replica or move), and an old item of a key deleted since would come back with the copy.
+    // First the newest map (a server that was down missed the change that removed it).
+    RDKV_RETURN_IF_ERROR(InstallOn(channel, cur, {server}, progress));
+    const cluster::ServerEntry* target = cur.FindServer(server);
+    for (uint32_t shard : fresh) {
+      std::string drop_scratch;
+      uint64_t stale = 0;
+      Status d =
+          channel.Call(*target, kv::EncodeDropShard({shard, 0}, &drop_scratch), &stale, nullptr);
+      if (!d.ok()) {
+        return Status(d.code(), "dropping stale data of shard " + std::to_string(shard) + " on " +
+                                    Name(cur, server) + " before it joins: " + d.message());
+      }
+      joining.joining[shard].push_back(server);
+    }
+    joining.epoch = cur.epoch + 1;
+    if (progress) {
+      progress("add replica " + Name(cur, server) + " to " + ShardsText(fresh) +
+               ": joining at map epoch " + std::to_string(joining.epoch));
+    }
+    RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
+    RDKV_RETURN_IF_ERROR(
+        InstallOn(channel, joining, Others(joining, first), progress, /*required=*/false));
+  } else {
+    // Interrupted earlier runs: make sure everyone has its map, then copy again.
+    RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
+  }
+  // 2. Copy each shard.
+  for (uint32_t shard : shards) {
+    RDKV_RETURN_IF_ERROR(CopyShard(channel, joining, shard, server, &report, progress));
+  }
+  // 3. In sync, for every shard in one map change: the primaries first (from here they wait
+  //    for the replica's answers), then the rest.
+  cluster::ClusterMap in_sync = joining;
+  in_sync.epoch = joining.epoch + 1;
+  for (uint32_t shard : shards) {
+    Erase(&in_sync.joining[shard], server);
+    in_sync.backups[shard].push_back(server);
+  }
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, primaries, progress));
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, primaries), progress,
+                                 /*required=*/false));
+  if (progress) {
+    progress(Name(in_sync, server) + " is an in-sync replica of " + ShardsText(shards) +
+             " at map epoch " + std::to_string(in_sync.epoch));
+  }
+  report.to_epoch = in_sync.epoch;
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+Result<ReplicaReport> RunRemoveReplica(AdminChannel& channel, const cluster::ClusterMap& known,
+                                       uint32_t shard, uint32_t server,
+                                       const MoveProgressFn& progress) {
+  const Clock::time_point start = Clock::now();
+  RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
+  RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
+  ReplicaReport report;
+  report.from_epoch = cur.epoch;
+  if (cur.OwnerOf(shard) == server) {
+    return Status::InvalidArgument("cannot remove " + Name(cur, server) + " from shard " +
+                                   std::to_string(shard) +
+                                   ": it is the primary; promote another replica first");
+  }
+  if (!cur.IsBackup(shard, server) && !cur.IsJoining(shard, server)) {
+    report.to_epoch = cur.epoch;
+    if (progress) progress(Name(cur, server) + " is no replica of shard " + std::to_string(shard));
+    return report;
+  }
+  cluster::ClusterMap next = cur;
+  next.epoch = cur.epoch + 1;
+  Erase(&next.backups[shard], server);
+  Erase(&next.joining[shard], server);
+  const uint32_t primary = cur.OwnerOf(shard);
+  // The primary first (it stops waiting for the replica), the replica last. The removed
+  // replica's copy stays until a DROP_SHARD (it is invisible: its bit is clear).
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, {primary}, progress));
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, Others(next, {primary}), progress,
+                                 /*required=*/false));
+  const cluster::ServerEntry* e = next.FindServer(server);
+  std::string scratch;
+  uint64_t dropped = 0;
+  Status d = channel.Call(*e, kv::EncodeDropShard({shard, 0}, &scratch), &dropped, nullptr);
+  if (!d.ok() && progress) progress("  dropping the removed copy failed: " + d.ToString());
+  report.items_dropped = dropped;
+  report.to_epoch = next.epoch;
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterMap& known,
+                                  std::span<const uint32_t> shards, uint32_t to_server,
+                                  const MoveProgressFn& progress) {
+  const Clock::time_point start = Clock::now();
+  if (shards.empty()) return Status::InvalidArgument("no shard to move");
+  RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
+  for (uint32_t shard : shards) RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, to_server));
+  MoveReport report;
+  report.from_epoch = cur.epoch;
+  report.to_server = to_server;
+  for (uint32_t shard : shards) {
+    RDKV_ASSIGN_OR_RETURN(cur, NewestMap(channel, cur, progress));
+    const uint32_t old_primary = cur.OwnerOf(shard);
+    if (old_primary == to_server) {
+      report.skipped.push_back(shard);
+      continue;
+    }
+    if (progress) {
+      progress("shard " + std::to_string(shard) + ": replica move from " + Name(cur, old_primary) +
+               " to " + Name(cur, to_server) + " (add, catch up, promote, remove)");
+    }
+    Clock::time_point t = Clock::now();
+    if (!cur.IsBackup(shard, to_server)) {
+      RDKV_ASSIGN_OR_RETURN(ReplicaReport added,
+                            RunAddReplica(channel, cur, shard, to_server, progress));
+      report.items_copied += added.items_copied;
+      report.bytes_copied += added.bytes_copied;
+    }
+    report.step_seconds[1] += std::chrono::duration<double>(Clock::now() - t).count();
+    t = Clock::now();
+    RDKV_RETURN_IF_ERROR(RunPromote(channel, cur, shard, to_server, progress).status());
+    report.step_seconds[2] += std::chrono::duration<double>(Clock::now() - t).count();
+    t = Clock::now();
+    RDKV_ASSIGN_OR_RETURN(ReplicaReport removed,
+                          RunRemoveReplica(channel, cur, shard, old_primary, progress));
+    report.items_dropped += removed.items_dropped;
+    report.step_seconds[3] += std::chrono::duration<double>(Clock::now() - t).count();
+    report.to_epoch = removed.to_epoch;
+    report.moved.push_back(shard);
+  }
+  if (report.to_epoch == 0) report.to_epoch = cur.epoch;
+  report.total_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+}  // namespace rdkv::client

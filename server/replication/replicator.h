@@ -1,0 +1,164 @@
+// The primary's side of replication: forwards a write (REPLICATE) to the backups of its shard,
+// in parallel, and says whether every in-sync backup applied it (docs/design.md "Replication").
+//
+// One connection per backup server, opened on first use with the cluster's credentials and
+// re-opened after a failure no more often than every `reconnect_interval` (meanwhile forwards
+// to it fail fast with kUnavailable). A forward to a backup whose map is behind the primary's
+// (it answers kBusy "epoch behind") is retried until `forward_timeout`.
+//
+// Batching: each backup has a queue and one sender thread. Forward puts the write on the queue
+// of every backup and waits; a sender takes whatever is queued (up to a batch's size), sends
+// it as one REPLICATE batch (common/kv/admin_wire.h; a single write as a plain REPLICATE),
+// waits for the answer and hands each waiting Forward its entry's result. One batch is in
+// flight per backup; the writes that arrive meanwhile make the next batch, so the cost of a
+// round trip (the thread handoffs of the transport) is shared by every write of the batch.
+// When the first backup has no batch in flight, the Forward sends to it itself (no handoff).
+//
+// The writer pool (Submit): the primary runs its replicated writes there, not on the
+// transport's worker threads, so that a worker is always free to take a REPLICATE: two servers
+// that back each other never wait for each other's workers.
+//
+// Ownership: borrows the fabric (it must outlive the Replicator).
+// Thread-safety: every method may run on many threads at once.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
+#include "common/transport/transport.h"
+#include "common/util/mutex.h"
+#include "rdkv/status.h"
+
+namespace rdkv::server::replication {
+
+struct ReplicatorOptions {
+  // The credential presented to the backups: REPLICATE is an admin op, so the servers' admin
+  // secret with role kAdmin; without one, the data secret (a loopback peer then gets admin).
+  std::string auth_token;
+  transport::SessionRole role = transport::SessionRole::kAdmin;
+  transport::TlsOptions tls;  // client side: TLS to the backups when tls.ca_file is set
+  std::chrono::milliseconds connect_timeout{1000};
+  std::chrono::milliseconds forward_timeout{2000};
+  std::chrono::milliseconds reconnect_interval{200};
+  size_t max_message_size = 0;  // the servers' message limit
+  int sender_threads = 16;      // the writer pool (Submit): replicated writes in flight at once
+  // The largest batch body; also kept within the backups' --max_value_size
+  // (set_max_value_bytes): a write larger than a batch goes alone as a plain REPLICATE.
+  size_t max_batch_bytes = 64 * 1024;
+};
+
+struct ReplicatorStats {
+  uint64_t forwards = 0;         // REPLICATE requests answered OK
+  uint64_t forward_errors = 0;   // to in-sync backups (the write failed)
+  uint64_t joining_errors = 0;   // to joining backups (the write went on)
+  uint64_t epoch_retries = 0;    // a backup's map was behind; retried
+  uint64_t version_retries = 0;  // a backup had a newer version of the key; retried above it
+  uint64_t batches = 0;          // REPLICATE requests sent (a batch or a single write)
+  uint64_t batched_writes = 0;   // writes they carried
+};
+
+class Replicator {
+ public:
+  Replicator(transport::Fabric* fabric, ReplicatorOptions options);
+  ~Replicator();  // runs the queued jobs, then joins the writer pool and the senders
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // The backups' value limit (the servers of a cluster share --max_value_size): batch bodies
+  // stay within it. Call before the first Forward.
+  void set_max_value_bytes(size_t bytes) { max_batch_bytes_ = std::min(max_batch_bytes_, bytes); }
+
+  // Runs `job` on the writer pool, in submission order as threads free up.
+  void Submit(std::function<void()> job) EXCLUDES(jobs_mu_);
+
+  // Forwards `m` to every backup of `shard` in `map` (in sync and joining) and waits for their
+  // answers. OK when every in-sync backup applied it. Errors: kUnavailable naming the first
+  // in-sync backup that failed and why (the write must not be acknowledged; its outcome is
+  // unknown: some backups may have applied it). A joining backup's failure is only counted.
+  // A backup that holds a newer version of the key answers kVersionMismatch: then *newer is
+  // the highest such version (0 otherwise) and the status is kVersionMismatch; the caller
+  // forwards again with a version above it.
+  Status Forward(const cluster::ClusterMap& map, uint32_t shard, const kv::ReplicateRequest& m,
+                 uint64_t* newer);
+
+  ReplicatorStats stats() const;
+
+  // The credential for connections opened from now on (the servers' secrets were rotated:
+  // kvserver's SIGHUP). Open connections stay until the backup revokes them.
+  void SetCredential(std::string auth_token, transport::SessionRole role) EXCLUDES(cred_mu_);
+
+  // Forwards to joining backup `id` of `shard` that failed since the last reset. A joining
+  // backup that missed a write must not become in sync (its copy may have read the key before
+  // the write): the install that would make it so is refused while this is not zero.
+  uint64_t JoiningFailures(uint32_t shard, uint32_t id) const EXCLUDES(joining_mu_);
+  // A new copy of `shard` starts (a SHARD_SCAN from its first slot): earlier misses are moot.
+  void ResetJoiningFailures(uint32_t shard) EXCLUDES(joining_mu_);
+  // Each backup this primary has talked to: connected now, seconds since its last failed
+  // forward (negative: never), and its lag: writes queued for it or in a batch it has not
+  // answered yet (`pending`), and how long the oldest of them has waited (`oldest_pending_s`,
+  // 0 when none; at most about forward_timeout, when the write fails). For STATS and /metrics.
+  struct PeerState {
+    uint32_t id = 0;
+    bool connected = false;
+    double last_failure_s_ago = -1;
+    uint64_t pending = 0;
+    double oldest_pending_s = 0;
+  };
+  std::vector<PeerState> Peers() const EXCLUDES(peers_mu_);
+
+ private:
+  struct Peer;
+  struct Item;
+  // A connection to `peer` (opened when there is none); kUnavailable while it failed less than
+  // reconnect_interval ago, or when it cannot be opened.
+  Result<std::shared_ptr<transport::Connection>> ConnectionTo(Peer* peer);
+  // Sends `items` (one REPLICATE, batched when more than one) and fills in their results,
+  // retrying entries answered kBusy (epoch behind) until their deadlines.
+  void SendBatch(Peer* peer, std::vector<Item*>& items);
+  // Hands each item's result to the Forward waiting for it.
+  static void Complete(const std::vector<Item*>& items);
+  // Peer `id` at `address`, its sender started; a peer whose address changed is replaced (its
+  // sender drains its queue and stops).
+  std::shared_ptr<Peer> PeerFor(uint32_t id, const std::string& address) EXCLUDES(peers_mu_);
+  void SenderLoop(std::shared_ptr<Peer> peer);
+  void WriterLoop() EXCLUDES(jobs_mu_);
+
+  transport::Fabric* const fabric_;
+  const ReplicatorOptions options_;
+
+  size_t max_batch_bytes_;
+
+  mutable Mutex cred_mu_;
+  std::string auth_token_ GUARDED_BY(cred_mu_);
+  transport::SessionRole role_ GUARDED_BY(cred_mu_);
+
+  mutable Mutex peers_mu_;
+  std::map<uint32_t, std::shared_ptr<Peer>> peers_ GUARDED_BY(peers_mu_);
+  std::vector<std::shared_ptr<Peer>> retired_ GUARDED_BY(peers_mu_);  // replaced; joined at exit
+
+  Mutex jobs_mu_;
+  CondVar jobs_cv_;
+  std::deque<std::function<void()>> jobs_ GUARDED_BY(jobs_mu_);
+  bool stopping_ GUARDED_BY(jobs_mu_) = false;
+  std::vector<std::thread> writers_;
+
+  mutable Mutex joining_mu_;
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> joining_failures_ GUARDED_BY(joining_mu_);
+
+  std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
+      version_retries_{0}, batches_{0}, batched_writes_{0};
+};
+
+}  // namespace rdkv::server::replication

@@ -1,0 +1,756 @@
+// Replication (docs/design.md "Replication"): three in-process servers over tcp with R = 2 or
+// 3. Writes reach every in-sync backup before they are acknowledged and before a GET can see
+// them; retried writes apply once; backups refuse forwards from other epochs; promotion and
+// replica changes keep every acknowledged write.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/kv/admin_wire.h"
+#include "common/kv/wire.h"
+#include "rdkv/admin.h"
+#include "tests/support/cluster_fixture.h"
+
+namespace rdkv {
+namespace {
+
+using testing::ClusterTest;
+
+constexpr uint32_t kShards = 6;
+
+struct Item {
+  std::string value;
+  uint64_t version = 0;
+  bool operator==(const Item&) const = default;
+};
+using Content = std::map<std::string, Item>;
+
+class ReplicationTest : public ClusterTest {
+ protected:
+  ReplicationTest() : ClusterTest("replication", kShards) {}
+
+  // Servers 0..2 with every shard on `r` of them (primary s % 3, then the next ones).
+  void StartReplicated(uint32_t r) {
+    PickPorts(3);
+    std::vector<std::string> addrs;
+    for (int i = 0; i < 3; ++i) addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
+    map_ = cluster::MakeUniformMap(addrs, kShards, r);
+    StartServers(3);
+  }
+
+  server::ServerOptions Options(uint32_t id) const override {
+    server::ServerOptions o = ClusterTest::Options(id);
+    o.worker_threads = workers_;
+    o.replication_timeout = std::chrono::milliseconds(1000);
+    return o;
+  }
+  int workers_ = 8;
+
+  // Installs `m` on server `id` alone (a raw MAP_INSTALL, as an operator's tool sends it).
+  Status InstallOn(int id, const cluster::ClusterMap& m) {
+    return Call(id, kv::EncodeMapInstall({m.ToJson()})).status;
+  }
+
+  // What server `id` holds of `shard` (SHARD_SCAN), key -> value and version.
+  Content ScanOf(int id, uint32_t shard) {
+    Content out;
+    auto c = Raw(id);
+    if (c == nullptr) return out;
+    std::string scratch;
+    uint64_t cursor = 0;
+    while (cursor != kv::kScanDone) {
+      kv::Response r = Call(*c, kv::EncodeShardScan({shard, cursor}, &scratch));
+      EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+      if (!r.status.ok()) break;
+      auto a = kv::DecodeShardScanAnswer(cursor, r.version, r.body, kv::WireLimits{});
+      EXPECT_TRUE(a.ok()) << a.status().ToString();
+      if (!a.ok()) break;
+      for (const auto& e : a->entries) {
+        out[std::string(e.key)] = Item{std::string(e.value), e.version};
+      }
+      cursor = a->next_cursor;
+    }
+    return out;
+  }
+
+  // A raw write to server `id` with a request id.
+  kv::Response RawWrite(int id, kv::Op op, std::string_view key, std::string_view value,
+                        uint64_t expected, uint64_t client_id, uint64_t seq) {
+    kv::Request r{op, key, value, expected};
+    r.client_id = client_id;
+    r.request_seq = seq;
+    return Call(id, r);
+  }
+};
+
+TEST_F(ReplicationTest, EveryInSyncBackupHasEachAcknowledgedWrite) {
+  StartReplicated(3);
+  auto client = NewClient(0);
+  ASSERT_NE(client, nullptr);
+  std::map<std::string, Item> expected;
+  for (int i = 0; i < 300; ++i) {
+    std::string key = "k" + std::to_string(i % 100);
+    switch (i % 5) {
+      case 0:
+      case 1:
+      case 2: {
+        std::string value = "v" + std::to_string(i);
+        auto v = client->Put(key, value);
+        ASSERT_TRUE(v.ok()) << v.status().ToString();
+        expected[key] = {value, *v};
+        break;
+      }
+      case 3: {
+        auto it = expected.find(key);
+        if (it == expected.end()) break;
+        std::string value = "cas" + std::to_string(i);
+        auto v = client->Cas(key, it->second.version, value);
+        ASSERT_TRUE(v.ok()) << v.status().ToString();
+        it->second = {value, *v};
+        break;
+      }
+      case 4:
+        if (expected.erase(key) > 0) {
+          ASSERT_TRUE(client->Delete(key).ok());
+        }
+        break;
+    }
+  }
+  // The replication counters (STATS and /metrics read them) moved with the traffic.
+  uint64_t forwarded = 0, applied = 0;
+  for (int id = 0; id < 3; ++id) {
+    server::ServerStats st = servers_[id]->stats();
+    EXPECT_EQ(st.backup_shards, 2 * kShards / 3) << "server " << id;  // R=3: 2 of 3 replicas
+    EXPECT_FALSE(st.fenced);
+    forwarded += st.replicated_writes;
+    applied += st.replicas_applied;
+  }
+  EXPECT_GE(forwarded, 180u);         // every successful write (the 180 puts at least)
+  EXPECT_EQ(applied, 2 * forwarded);  // each on both backups
+  // Versions carry the epoch (replicated map, epoch 1).
+  for (const auto& [k, item] : expected) EXPECT_GT(item.version, cluster::EpochVersionFloor(1));
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    Content want;
+    for (const auto& [k, item] : expected) {
+      if (ShardOfKey(k) == shard) want[k] = item;
+    }
+    for (int id = 0; id < 3; ++id) {
+      EXPECT_EQ(ScanOf(id, shard), want) << "server " << id << " shard " << shard;
+    }
+  }
+}
+
+TEST_F(ReplicationTest, WriteWaitsForBackupAndIsInvisibleUntilThen) {
+  StartReplicated(2);
+  const std::string key = KeyIn(0, 1);  // shard 0: primary 0, backup 1
+  auto client = NewClient(0);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put(key, "old").ok());
+  servers_[1]->PauseWorkers(true);  // the backup takes no requests
+  std::atomic<bool> done{false};
+  Status put_status;
+  std::thread writer([&] {
+    auto c = NewClient(0);
+    put_status = c->Put(key, "new").status();
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done) << "the write was answered before its backup applied it";
+  auto got = client->Get(key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->value, "old") << "a GET saw a write its backup does not have";
+  servers_[1]->PauseWorkers(false);
+  writer.join();
+  // The backup answered late or not at all: either way the write was not acknowledged while
+  // the backup lacked it, and the replicas agree afterwards.
+  if (put_status.ok()) {
+    EXPECT_EQ(ScanOf(1, 0)[key].value, "new");
+  } else {
+    EXPECT_TRUE(put_status.Is(StatusCode::kUnavailable)) << put_status.ToString();
+  }
+  EXPECT_EQ(ScanOf(0, 0), ScanOf(1, 0));
+}
+
+TEST_F(ReplicationTest, BackupDownFailsWritesNotGets) {
+  StartReplicated(2);
+  const std::string key = KeyIn(0, 2);
+  auto client = NewClient(0);
+  ASSERT_TRUE(client->Put(key, "kept").ok());
+  servers_[1].reset();  // shard 0's backup
+  auto put = client->Put(key, "lost?");
+  ASSERT_FALSE(put.ok());
+  EXPECT_TRUE(put.status().Is(StatusCode::kUnavailable)) << put.status().ToString();
+  EXPECT_NE(put.status().message().find("backup server 1"), std::string::npos)
+      << put.status().ToString();
+  auto got = client->Get(key);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "kept");
+  // Shards whose replicas are all up keep taking writes (shard 2: servers 2 and 0).
+  EXPECT_TRUE(client->Put(KeyIn(2, 3), "x").ok());
+}
+
+TEST_F(ReplicationTest, RetriedWriteAppliesOnceAndCasRetrySucceeds) {
+  StartReplicated(2);
+  const std::string key = KeyIn(0, 4);
+  kv::Response first = RawWrite(0, kv::Op::kPut, key, "a", 0, 77, 1);
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  kv::Response again = RawWrite(0, kv::Op::kPut, key, "a", 0, 77, 1);
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.version, first.version) << "a retried PUT was applied again";
+  kv::Response cas = RawWrite(0, kv::Op::kCas, key, "b", first.version, 77, 2);
+  ASSERT_TRUE(cas.status.ok()) << cas.status.ToString();
+  // The CAS's answer was "lost": its retry must not fail with a version mismatch.
+  kv::Response cas_retry = RawWrite(0, kv::Op::kCas, key, "b", first.version, 77, 2);
+  EXPECT_TRUE(cas_retry.status.ok()) << cas_retry.status.ToString();
+  EXPECT_EQ(cas_retry.version, cas.version);
+  // Another id is a new write.
+  kv::Response other = RawWrite(0, kv::Op::kCas, key, "c", first.version, 77, 3);
+  EXPECT_TRUE(other.status.Is(StatusCode::kVersionMismatch));
+  // The backup learned the ids with the writes: after a promotion the retry still gets the
+  // first answer from the new primary.
+  auto client = NewClient(0);
+  Admin admin(*client);
+  auto promoted = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  kv::Response after = RawWrite(1, kv::Op::kCas, key, "b", first.version, 77, 2);
+  EXPECT_TRUE(after.status.ok()) << after.status.ToString();
+  EXPECT_EQ(after.version, cas.version);
+  auto got = client->Get(key);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->value, "b");
+  EXPECT_EQ(got->version, cas.version);
+}
+
+TEST_F(ReplicationTest, BackupRefusesForwardsOfOtherEpochsAndNonBackups) {
+  StartReplicated(2);
+  const std::string key = KeyIn(0, 5);  // backup: server 1; server 2 holds no replica
+  uint64_t n = 0;
+  auto forward = [&](int to, uint64_t epoch, uint32_t sender) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = "x";
+    m.version = cluster::EpochVersionFloor(epoch) + 10 + n++;
+    m.map_epoch = epoch;
+    m.sender_id = sender;
+    return Call(to, kv::EncodeReplicate(m)).status;
+  };
+  EXPECT_TRUE(forward(1, 1, 0).ok());
+  EXPECT_TRUE(forward(1, 2, 0).ok()) << "the same primary under a newer epoch";
+  EXPECT_TRUE(forward(1, 2, 2).Is(StatusCode::kBusy))
+      << "another primary under a newer epoch than the backup's: wait for its install";
+  EXPECT_TRUE(forward(1, 1, 2).Is(StatusCode::kWrongOwner)) << "server 2 is not the primary";
+  EXPECT_TRUE(forward(2, 1, 0).Is(StatusCode::kWrongOwner)) << "server 2 is no backup of shard 0";
+  EXPECT_TRUE(forward(0, 1, 0).Is(StatusCode::kWrongOwner)) << "the primary is no backup";
+  // After a promotion (epoch 2: primary 1, backup 0) the old primary is fenced.
+  auto client = NewClient(0);
+  Admin admin(*client);
+  ASSERT_TRUE(admin.Promote(0, 1, nullptr).ok());
+  EXPECT_TRUE(forward(0, 1, 0).Is(StatusCode::kWrongOwner)) << "a forward of the old primary";
+  EXPECT_TRUE(forward(0, 2, 1).ok()) << "the new primary's forward";
+}
+
+TEST_F(ReplicationTest, PromoteUnderLoadLosesNoAcknowledgedWrite) {
+  StartReplicated(3);
+  std::atomic<bool> stop{false};
+  std::vector<std::map<std::string, Item>> acked(4);
+  std::vector<std::thread> writers;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      auto c = NewClient(t % 3);
+      for (int i = 0; !stop; ++i) {
+        std::string key = "w" + std::to_string(t) + "-" + std::to_string(i % 50);
+        std::string value = std::to_string(t) + ":" + std::to_string(i);
+        auto v = c->Put(key, value);
+        if (v.ok()) {
+          acked[t][key] = {value, *v};
+        } else {
+          ++failures;
+          if (failures < 5) ADD_FAILURE() << key << ": " << v.status().ToString();
+          acked[t].erase(key);  // unknown outcome: not checked
+        }
+      }
+    });
+  }
+  auto admin_client = NewClient(0);
+  Admin admin(*admin_client);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    const uint32_t next = (shard + 1) % 3;  // its first backup
+    auto r = admin.Promote(shard, next, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->to_epoch, r->from_epoch + 1);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  stop = true;
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(failures.load(), 0) << "writes failed during promotions (clients retry them)";
+  auto reader = NewClient(2);
+  size_t checked = 0;
+  for (const auto& per : acked) {
+    for (const auto& [key, item] : per) {
+      auto got = reader->Get(key);
+      ASSERT_TRUE(got.ok()) << key << ": " << got.status().ToString();
+      EXPECT_EQ(got->value, item.value) << key;
+      EXPECT_EQ(got->version, item.version) << key;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100u);
+  // Every replica agrees with the others, shard by shard.
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    Content a = ScanOf(0, shard);
+    EXPECT_EQ(ScanOf(1, shard), a) << "shard " << shard;
+    EXPECT_EQ(ScanOf(2, shard), a) << "shard " << shard;
+  }
+}
+
+TEST_F(ReplicationTest, AddReplicaCatchesUpUnderWritesAndRemoveReplicaDrops) {
+  StartReplicated(2);  // shard 0 on servers 0 and 1
+  std::atomic<bool> stop{false};
+  std::map<std::string, Item> acked;
+  std::set<std::string> deleted;
+  std::thread writer([&] {
+    auto c = NewClient(0);
+    for (int i = 0; !stop; ++i) {
+      std::string key = KeyIn(0, i % 200, "add");
+      if (i % 7 == 6) {
+        Status d = c->Delete(key);
+        if (d.ok() || d.Is(StatusCode::kNotFound)) {
+          acked.erase(key);
+          deleted.insert(key);
+        }
+        continue;
+      }
+      auto v = c->Put(key, "v" + std::to_string(i));
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      acked[key] = {"v" + std::to_string(i), *v};
+      deleted.erase(key);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto admin_client = NewClient(0);
+  Admin admin(*admin_client);
+  auto added = admin.AddReplica(0, 2, nullptr);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(added->to_epoch, added->from_epoch + 2);
+  EXPECT_GT(added->items_copied, 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  writer.join();
+  Content primary = ScanOf(0, 0);
+  EXPECT_EQ(ScanOf(2, 0), primary) << "the new replica differs from the primary";
+  EXPECT_EQ(ScanOf(1, 0), primary);
+  for (const auto& [k, item] : acked) EXPECT_EQ(primary[k], item) << k;
+  for (const std::string& k : deleted) EXPECT_EQ(primary.count(k), 0u) << k << " came back";
+  // Remove the original backup: writes go on without it, and its copy is dropped.
+  auto removed = admin.RemoveReplica(0, 1, nullptr);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_TRUE(ScanOf(1, 0).empty());
+  servers_[1].reset();
+  EXPECT_TRUE(admin_client->Put(KeyIn(0, 999, "add"), "after").ok());
+  // Promoting a server that is no in-sync backup is refused.
+  auto bad = admin.Promote(0, 1, nullptr);
+  EXPECT_FALSE(bad.ok());
+}
+
+// What the coordinator does for a returning server: one call adds it to several shards in two
+// map changes in all, copying each under writes.
+TEST_F(ReplicationTest, AddReplicaToShardsAddsAServerToSeveralShardsInTwoMapChanges) {
+  StartReplicated(2);  // shards 0 and 3 on servers 0 and 1; shard 1 on servers 1 and 2
+  std::atomic<bool> stop{false};
+  std::map<std::string, Item> acked;
+  std::thread writer([&] {
+    auto c = NewClient(0);
+    for (int i = 0; !stop; ++i) {
+      std::string key = KeyIn(i % 2 == 0 ? 0 : 3, i % 100, "batch");
+      auto v = c->Put(key, "v" + std::to_string(i));
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      acked[key] = {"v" + std::to_string(i), *v};
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto admin_client = NewClient(0);
+  Admin admin(*admin_client);
+  std::vector<std::string> lines;
+  const uint32_t shards[] = {0, 3, 1};  // server 2 already holds shard 1: skipped
+  auto added =
+      admin.AddReplicaToShards(shards, 2, [&](std::string_view l) { lines.emplace_back(l); });
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(added->to_epoch, added->from_epoch + 2) << "not two map changes in all";
+  EXPECT_GT(added->items_copied, 0u);
+  bool skipped = false;
+  for (const std::string& l : lines)
+    skipped |= l.find("already holds shard 1") != std::string::npos;
+  EXPECT_TRUE(skipped);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  writer.join();
+  Content both;
+  for (uint32_t shard : {0u, 3u}) {
+    Content primary = ScanOf(0, shard);
+    EXPECT_FALSE(primary.empty());
+    EXPECT_EQ(ScanOf(2, shard), primary) << "shard " << shard << ": the new replica differs";
+    EXPECT_EQ(ScanOf(1, shard), primary) << "shard " << shard;
+    both.insert(primary.begin(), primary.end());
+  }
+  for (const auto& [k, item] : acked) EXPECT_EQ(both[k], item) << k;
+  // Both shards have server 2 in sync: a write now waits for it (its copy has it at once).
+  const std::string k = KeyIn(3, 555, "batch");
+  auto v = admin_client->Put(k, "after");
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(ScanOf(2, 3)[k], (Item{"after", *v}));
+  // Nothing to do: the same call again changes no map.
+  auto again = admin.AddReplicaToShards(shards, 2, nullptr);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->to_epoch, again->from_epoch);
+  const uint32_t none[] = {99};
+  EXPECT_EQ(admin.AddReplicaToShards(none, 2, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(ReplicationTest, MoveOfAReplicatedShardKeepsServingGetsAndWrites) {
+  StartReplicated(2);  // shard 0: servers 0 and 1; shard 3: servers 0 and 1
+  const std::vector<std::string> keys = {KeyIn(0, 1, "mv"), KeyIn(0, 2, "mv"), KeyIn(3, 1, "mv"),
+                                         KeyIn(3, 2, "mv")};
+  std::atomic<bool> stop{false};
+  std::atomic<int> write_failures{0}, read_failures{0}, writes{0}, reads{0};
+  std::map<std::string, Item> acked;
+  std::thread writer([&] {
+    auto c = NewClient(1);
+    for (int i = 0; !stop; ++i) {
+      const std::string& key = keys[i % keys.size()];
+      auto v = c->Put(key, "v" + std::to_string(i));
+      if (v.ok()) {
+        acked[key] = {"v" + std::to_string(i), *v};
+        ++writes;
+      } else {
+        ++write_failures;
+        ADD_FAILURE() << key << ": " << v.status().ToString();
+      }
+    }
+  });
+  std::thread reader([&] {
+    auto c = NewClient(2);
+    for (int i = 0; !stop; ++i) {
+      auto g = c->Get(keys[i % keys.size()]);
+      if (g.ok() || g.status().Is(StatusCode::kNotFound)) {
+        ++reads;
+      } else {
+        ++read_failures;
+      }
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto admin_client = NewClient(0);
+  Admin admin(*admin_client);
+  const uint32_t shards[] = {0, 3};
+  auto moved = admin.MoveShards(shards, 2, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  writer.join();
+  reader.join();
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_EQ(moved->moved, std::vector<uint32_t>({0, 3}));
+  EXPECT_EQ(write_failures.load(), 0);
+  EXPECT_EQ(read_failures.load(), 0) << "GETs failed during the replica move";
+  EXPECT_GT(writes.load(), 20);
+  EXPECT_GT(reads.load(), 20);
+  // Server 2 is the primary now, its backup is the old backup (server 1); server 0 holds none.
+  for (uint32_t shard : shards) {
+    Content primary = ScanOf(2, shard);
+    EXPECT_EQ(ScanOf(1, shard), primary) << "shard " << shard;
+    EXPECT_TRUE(ScanOf(0, shard).empty()) << "shard " << shard << ": the old copy stayed";
+    for (const auto& [k, item] : acked) {
+      if (ShardOfKey(k) == shard) {
+        EXPECT_EQ(primary[k], item) << k;
+      }
+    }
+  }
+}
+
+TEST_F(ReplicationTest, APromotedBackupResendsWhatOnlyItHasBeforeServing) {
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  const std::string key = KeyIn(0, 7, "only");
+  // A write whose forward reached server 1 only (the primary failed it): server 1 holds it.
+  kv::ReplicateRequest m;
+  m.key = key;
+  m.value = "only-on-1";
+  m.version = cluster::EpochVersionFloor(1) + 100000;
+  m.map_epoch = 1;
+  m.sender_id = 0;
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(m)).status.ok());
+  EXPECT_EQ(ScanOf(2, 0).count(key), 0u);
+  auto c = NewClient(0);
+  Admin admin(*c);
+  auto r = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Server 1 serves it now, so every replica must have it: a later failover keeps it.
+  auto got = c->Get(key);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "only-on-1");
+  // Resent before it served (or, when that forward failed, e.g. a first connection slower than
+  // --replication_timeout on a loaded sanitizer build, kept for repair and sent by the repair
+  // pass within a few of its 100 ms rounds).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (ScanOf(2, 0)[key].value != "only-on-1" || ScanOf(0, 0)[key].value != "only-on-1")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(ScanOf(2, 0)[key].value, "only-on-1") << "the promoted backup did not resend it";
+  EXPECT_EQ(ScanOf(0, 0)[key].value, "only-on-1");
+}
+
+// Repair (docs/design.md "Replication", repair): a write whose forward reached server 1 and was
+// refused by server 2 is not applied by the primary; the primary keeps it and, once server 2
+// answers again, brings it to every replica, applies it itself and remembers its request id.
+TEST_F(ReplicationTest, AWriteThatFailedAtOneBackupIsRepairedOnEveryReplica) {
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  const std::string key = KeyIn(0, 11, "repair");
+  auto client = NewClient(0);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Put(key, "old").ok());
+  // The fault: server 2's own map (epoch 2) no longer lists it as a backup of shard 0, so it
+  // refuses the primary's forwards (kWrongOwner) while server 1 applies them.
+  cluster::ClusterMap cut = map_;
+  cut.epoch = 2;
+  cut.backups[0] = {1};
+  ASSERT_TRUE(InstallOn(2, cut).ok());
+  kv::Response failed = RawWrite(0, kv::Op::kPut, key, "new", 0, 4242, 1);
+  ASSERT_TRUE(failed.status.Is(StatusCode::kUnavailable)) << failed.status.ToString();
+  Content on1 = ScanOf(1, 0);
+  ASSERT_EQ(on1[key].value, "new") << "the fault did not leave the write on server 1";
+  const uint64_t version = on1[key].version;
+  EXPECT_EQ(ScanOf(2, 0)[key].value, "old");
+  // The primary does not publish it: GETs still see the old value, and the write awaits repair.
+  auto got = client->Get(key);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "old");
+  EXPECT_NE(servers_[0]->StatsJson().find("\"repairs_pending\":1"), std::string::npos)
+      << servers_[0]->StatsJson();
+  // While server 2 still refuses, the key's next write fails before it changes anything: the
+  // repair goes first.
+  kv::Response blocked = RawWrite(0, kv::Op::kPut, key, "newer", 0, 4242, 2);
+  EXPECT_TRUE(blocked.status.Is(StatusCode::kUnavailable)) << blocked.status.ToString();
+  EXPECT_EQ(ScanOf(1, 0)[key].value, "new");
+  // Healed: the original replica sets again (epoch 3) on every server. The repair pass brings
+  // the write to server 2, then the primary applies it.
+  cluster::ClusterMap healed = map_;
+  healed.epoch = 3;
+  for (int id = 0; id < 3; ++id) ASSERT_TRUE(InstallOn(id, healed).ok()) << "server " << id;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Content primary;
+  while (std::chrono::steady_clock::now() < deadline) {
+    primary = ScanOf(0, 0);
+    if (primary[key].value == "new" && ScanOf(2, 0)[key].value == "new") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(primary[key], (Item{"new", version})) << "the primary did not apply the repaired write";
+  EXPECT_EQ(ScanOf(1, 0), primary);
+  EXPECT_EQ(ScanOf(2, 0), primary) << "the backup that missed the write was not repaired";
+  got = client->Get(key);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "new");
+  EXPECT_EQ(got->version, version);
+  EXPECT_NE(servers_[0]->StatsJson().find("\"repairs_pending\":0"), std::string::npos);
+  // The write's retry gets its first answer: applied once, with the version the replicas hold.
+  kv::Response retry = RawWrite(0, kv::Op::kPut, key, "new", 0, 4242, 1);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+  EXPECT_EQ(retry.version, version);
+  // A promotion of either backup serves what clients read from the primary.
+  Admin admin(*client);
+  for (uint32_t to : {2u, 1u}) {
+    auto promoted = admin.Promote(0, to, nullptr);
+    ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+    got = client->Get(key);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->value, "new") << "after promoting server " << to;
+    EXPECT_EQ(got->version, version) << "after promoting server " << to;
+  }
+  EXPECT_TRUE(client->Put(key, "after").ok());
+  for (int id = 0; id < 3; ++id) EXPECT_EQ(ScanOf(id, 0)[key].value, "after") << "server " << id;
+}
+
+// Known gap 4 closed: with 2 workers each, three servers that all back each other took writes
+// on every worker and waited for each other's workers to take their forwards (a stall of
+// --replication_timeout each time). Replicated writes now wait on the writer pool, and a
+// worker is always free for REPLICATE.
+TEST_F(ReplicationTest, ServersBackingEachOtherWithTwoWorkersDoNotStall) {
+  workers_ = 2;
+  StartReplicated(3);  // every server: primary of 2 shards, backup of the other 4
+  // 16 writers, 30 writes each, at most 20 s (a stall costs --replication_timeout, 1 s, and
+  // fails forwards; the count, not the rate, is checked, so slow sanitizer builds pass).
+  constexpr int kWriters = 16, kEach = 30;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::atomic<int> writes{0}, failures{0};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kWriters; ++t) {
+    writers.emplace_back([&, t] {
+      auto c = NewClient(t % 3);
+      if (c == nullptr) return;
+      for (int i = 0; i < kEach && std::chrono::steady_clock::now() < deadline; ++i) {
+        auto v = c->Put("stall" + std::to_string(t) + "-" + std::to_string(i), "v");
+        if (v.ok()) {
+          ++writes;
+        } else if (++failures < 5) {
+          ADD_FAILURE() << v.status().ToString();
+        }
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  uint64_t forward_errors = 0;
+  for (int id = 0; id < 3; ++id) forward_errors += servers_[id]->stats().forward_errors;
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(forward_errors, 0u) << "forwards timed out: the servers waited for each other";
+  EXPECT_EQ(writes.load(), kWriters * kEach) << "not every write was done within 20 s";
+}
+
+// A REPLICATE batch (what the primary's senders send when several writes wait for a backup):
+// applied in order, one result per entry, each entry checked on its own.
+TEST_F(ReplicationTest, ABackupAppliesABatchInOrderWithOneResultPerWrite) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1; shard 1: primary 1, backup 2
+  const std::string a = KeyIn(0, 1, "batch"), b = KeyIn(0, 2, "batch"), c = KeyIn(1, 1, "batch");
+  const uint64_t v = cluster::EpochVersionFloor(1) + 500;
+  auto entry = [&](const std::string& key, std::string_view value, uint64_t version,
+                   bool is_delete) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.version = version;
+    m.is_delete = is_delete;
+    return m;
+  };
+  kv::ReplicateBatchBuilder builder(64 * 1024);
+  ASSERT_TRUE(builder.Add(entry(a, "a1", v, false)));
+  ASSERT_TRUE(builder.Add(entry(b, "b1", v + 1, false)));
+  ASSERT_TRUE(builder.Add(entry(c, "c1", v + 2, false)));  // server 1 is shard 1's primary
+  ASSERT_TRUE(builder.Add(entry(a, "", v + 3, true)));
+  ASSERT_TRUE(builder.Add(entry(b, "b0", v, false)));  // older than what server 1 holds
+  kv::Response r = Call(1, builder.Encode(1, 0));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  auto results = kv::DecodeReplicateBatchAnswer(r.version, r.body, 5);
+  ASSERT_TRUE(results.ok()) << results.status().ToString();
+  const std::vector<StatusCode> want = {StatusCode::kOk, StatusCode::kOk, StatusCode::kWrongOwner,
+                                        StatusCode::kOk, StatusCode::kVersionMismatch};
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ((*results)[i].code, want[i]) << "entry " << i;
+  }
+  EXPECT_EQ((*results)[0].version, v);
+  EXPECT_EQ((*results)[4].version, v + 1) << "a mismatch carries the newer version";
+  Content on1 = ScanOf(1, 0);
+  EXPECT_EQ(on1.count(a), 0u) << "the delete after the put did not apply in order";
+  EXPECT_EQ(on1[b], (Item{"b1", v + 1}));
+  EXPECT_TRUE(ScanOf(1, 1).count(c) == 0);
+  // A batch from a server that is no primary of the shard is refused entry by entry.
+  kv::ReplicateBatchBuilder other(1024);
+  ASSERT_TRUE(other.Add(entry(a, "x", v + 10, false)));
+  ASSERT_TRUE(other.Add(entry(b, "y", v + 10, false)));
+  r = Call(1, other.Encode(1, 2));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  results = kv::DecodeReplicateBatchAnswer(r.version, r.body, 2);
+  ASSERT_TRUE(results.ok());
+  EXPECT_EQ((*results)[0].code, StatusCode::kWrongOwner);
+  EXPECT_EQ((*results)[1].code, StatusCode::kWrongOwner);
+}
+
+// The batch encoding (common/kv/admin_wire.h): round trip through the frame, and the bounds.
+TEST(ReplicateBatchWire, RoundTripsAndRefusesWhatBreaksItsBounds) {
+  const std::string long_key(kv::kMaxKeyBytes, 'x');
+  std::vector<kv::ReplicateRequest> in(3);
+  in[0].key = "k0";
+  in[0].value = "value zero";
+  in[0].version = 7;
+  in[0].client_id = 11;
+  in[0].request_seq = 12;
+  in[1].key = "k1";
+  in[1].version = 8;
+  in[1].is_delete = true;
+  in[2].key = long_key;
+  in[2].value = "";
+  in[2].version = 9;
+  kv::ReplicateBatchBuilder builder(4096);
+  for (const auto& m : in) ASSERT_TRUE(builder.Add(m));
+  std::vector<uint8_t> bytes;
+  kv::EncodeRequest(builder.Encode(5, 3), &bytes);
+  auto frame = kv::DecodeRequest(bytes, kv::WireLimits{});
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  ASSERT_TRUE(kv::IsReplicateBatch(*frame));
+  EXPECT_FALSE(kv::DecodeReplicate(*frame).ok()) << "a batch is no single REPLICATE";
+  auto batch = kv::DecodeReplicateBatch(*frame, kv::WireLimits{});
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  EXPECT_EQ(batch->map_epoch, 5u);
+  EXPECT_EQ(batch->sender_id, 3u);
+  ASSERT_EQ(batch->entries.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    const kv::ReplicateRequest& m = batch->entries[i];
+    EXPECT_EQ(m.key, in[i].key);
+    EXPECT_EQ(m.value, in[i].value);
+    EXPECT_EQ(m.version, in[i].version);
+    EXPECT_EQ(m.is_delete, in[i].is_delete);
+    EXPECT_EQ(m.client_id, in[i].client_id);
+    EXPECT_EQ(m.request_seq, in[i].request_seq);
+    EXPECT_EQ(m.map_epoch, 5u);
+    EXPECT_EQ(m.sender_id, 3u);
+  }
+  // A smaller key limit refuses the long key.
+  EXPECT_TRUE(kv::DecodeReplicateBatch(*frame, kv::WireLimits{16, 4096})
+                  .status()
+                  .Is(StatusCode::kInvalidArgument));
+  // Bounds of the builder: body size and entry count.
+  kv::ReplicateBatchBuilder small(kv::kReplicateBatchEntryHeaderBytes + 12);
+  EXPECT_TRUE(small.Add(in[0]));
+  EXPECT_FALSE(small.Add(in[1])) << "past max_body_bytes";
+  EXPECT_EQ(small.count(), 1u);
+  kv::ReplicateBatchBuilder many(1 << 20);
+  size_t added = 0;
+  while (many.Add(in[1])) ++added;
+  EXPECT_EQ(added, kv::kMaxReplicateBatchEntries);
+  // Malformed bodies.
+  auto decode_body = [](std::string body) {
+    kv::Request r{kv::Op::kReplicate, kv::kReplicateBatchKey, body, 0};
+    r.map_epoch = 1;
+    return kv::DecodeReplicateBatch(r, kv::WireLimits{}).status();
+  };
+  std::string good = builder.body();
+  EXPECT_TRUE(decode_body(good).ok());
+  EXPECT_TRUE(decode_body(good.substr(0, good.size() - 1)).Is(StatusCode::kProtocolError));
+  EXPECT_TRUE(decode_body(good.substr(0, 20)).Is(StatusCode::kProtocolError));
+  EXPECT_TRUE(decode_body("").Is(StatusCode::kProtocolError)) << "no entry";
+  std::string bad_flags = good;
+  bad_flags[0] = 2;
+  EXPECT_TRUE(decode_body(bad_flags).Is(StatusCode::kProtocolError));
+  std::string delete_with_value = good;
+  delete_with_value[0] = 1;  // entry 0 has a value
+  EXPECT_TRUE(decode_body(delete_with_value).Is(StatusCode::kProtocolError));
+  std::string version_zero = good;
+  std::fill(version_zero.begin() + 9, version_zero.begin() + 17, '\0');
+  EXPECT_TRUE(decode_body(version_zero).Is(StatusCode::kInvalidArgument));
+  kv::Request wrong_key{kv::Op::kReplicate, "k0", good, 0};
+  wrong_key.map_epoch = 1;
+  EXPECT_FALSE(kv::DecodeReplicateBatch(wrong_key, kv::WireLimits{}).ok());
+  kv::Request no_epoch{kv::Op::kReplicate, kv::kReplicateBatchKey, good, 0};
+  EXPECT_TRUE(kv::DecodeReplicateBatch(no_epoch, kv::WireLimits{})
+                  .status()
+                  .Is(StatusCode::kInvalidArgument));
+  // Answers.
+  std::string answer;
+  kv::AppendReplicateBatchResult(StatusCode::kOk, 7, &answer);
+  kv::AppendReplicateBatchResult(StatusCode::kVersionMismatch, 99, &answer);
+  auto results = kv::DecodeReplicateBatchAnswer(2, answer, 2);
+  ASSERT_TRUE(results.ok());
+  EXPECT_EQ((*results)[1].code, StatusCode::kVersionMismatch);
+  EXPECT_EQ((*results)[1].version, 99u);
+  EXPECT_FALSE(kv::DecodeReplicateBatchAnswer(2, answer, 3).ok());
+  EXPECT_FALSE(kv::DecodeReplicateBatchAnswer(3, answer, 2).ok());
+  answer[0] = static_cast<char>(200);
+  EXPECT_FALSE(kv::DecodeReplicateBatchAnswer(2, answer, 2).ok()) << "an unknown status code";
+}
+
+}  // namespace
+}  // namespace rdkv
