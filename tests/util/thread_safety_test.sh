@@ -3,7 +3,9 @@
 # vacuous: tests/util/thread_safety/guarded_ok.cc must compile with the preset's flags
 # (-Wthread-safety -Wthread-safety-beta -Werror), and each *_bad.cc (a locking-rule violation:
 # an unguarded read, a REQUIRES call without the lock, a write under a shared lock, two locks
-# against their ACQUIRED_BEFORE order) must fail to, with a thread-safety diagnostic.
+# against their ACQUIRED_BEFORE order) must fail to, with a thread-safety diagnostic. And
+# tests/util/syntax_check.py (how the tsa stage compiles the tree) must fail a tree holding one
+# such unit and pass a clean one.
 #
 #   tests/util/thread_safety_test.sh [CLANGXX] [SOURCE_ROOT]
 #
@@ -39,4 +41,39 @@ for f in "$DIR"/*_bad.cc; do
     failed=1
   fi
 done
+
+# The tsa stage runs the whole tree through tests/util/syntax_check.py: it must fail when one
+# unit breaks a rule and pass when none does.
+if command -v python3 >/dev/null 2>&1; then
+  tmp=$(mktemp -d)
+  bad=$(ls "$DIR"/*_bad.cc | head -1)
+  write_db() {  # write_db FILE...: a compile_commands.json of these units in $tmp
+    local first=1
+    printf '[' >"$tmp/compile_commands.json"
+    for f in "$@"; do
+      ((first)) || printf ',' >>"$tmp/compile_commands.json"
+      first=0
+      printf '{"directory":"%s","file":"%s","output":"%s.o","command":"%s -std=c++20 -Wthread-safety -Wthread-safety-beta -Werror -I%s -o %s.o -c %s"}' \
+        "$tmp" "$f" "$f" "$CXX" "$ROOT" "$tmp/x" "$f" >>"$tmp/compile_commands.json"
+    done
+    printf ']' >>"$tmp/compile_commands.json"
+  }
+  write_db "$DIR/guarded_ok.cc" "$bad"
+  if out=$(python3 "$ROOT/tests/util/syntax_check.py" "$tmp" 2 2>&1); then
+    echo "FAIL: syntax_check.py passed a tree holding $(basename "$bad")"; failed=1
+  elif grep -q "FAILED $bad" <<<"$out" && grep -q "1/2 translation units passed" <<<"$out"; then
+    echo "ok: syntax_check.py fails the tree on $(basename "$bad")"
+  else
+    echo "FAIL: syntax_check.py failed without naming $(basename "$bad"):"; echo "$out"; failed=1
+  fi
+  write_db "$DIR/guarded_ok.cc"
+  if out=$(python3 "$ROOT/tests/util/syntax_check.py" "$tmp" 2 2>&1); then
+    echo "ok: syntax_check.py passes a clean tree"
+  else
+    echo "FAIL: syntax_check.py refused a clean tree:"; echo "$out"; failed=1
+  fi
+  rm -rf "$tmp"
+else
+  echo "FAIL: python3 not found: cannot check tests/util/syntax_check.py"; failed=1
+fi
 exit $failed
