@@ -11,7 +11,7 @@ build_pkgs=(
   librocksdb-dev libgflags-dev libgoogle-glog-dev libgtest-dev libgmock-dev
   libxxhash-dev nlohmann-json3-dev libreadline-dev prometheus-cpp-dev
   libcurl4-openssl-dev libssl-dev openssl etcd-server etcd-client
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev lld
   iproute2 procps psmisc python3 systemd
 )
 # The Soft-RoCE VM harness (tests/rxe/): qemu under TCG, a busybox initramfs, the Debian kernel.
