@@ -108,9 +108,13 @@ echo "server 1 restarted: every key served again"
 # restarted: errors only for server 2's keys, then it reconnects by itself.
 {
   for k in $(seq $N); do echo "put key$k live$k"; done
-  sleep 0.5
+  # Kill only once every put has its answer (a slow, sanitized client may still be working).
+  for _ in $(seq 600); do
+    [ "$(wc -l <"$work/live.out" 2>/dev/null || echo 0)" -ge $N ] && break
+    sleep 0.1
+  done
   kill "${pids[2]}"
-  sleep 0.5
+  for _ in $(seq 100); do kill -0 "${pids[2]}" 2>/dev/null || break; sleep 0.1; done
   for k in $(seq $N); do echo "get key$k"; done
   start 2
   echo "${pids[2]}" >"$work/pid2"
