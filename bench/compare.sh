@@ -78,7 +78,7 @@ missing_backends() {
 }
 build_targets() {
   local targets=(kvbench kvserver)
-  if cmake --build "$BUILD" --target help 2>/dev/null | grep -q '^kvcli:'; then targets+=(kvcli); fi
+  if cmake --build "$BUILD" --target help 2>/dev/null | grep '^kvcli:' >/dev/null; then targets+=(kvcli); fi
   cmake --build "$BUILD" -j "$(nproc)" --target "${targets[@]}" >&2
 }
 

@@ -215,7 +215,7 @@ run 1 get dirkey
 # ASan and TSan reserve terabytes of shadow address space: no address-space limit for such a build (the
 # error message below still shows the limit was applied while reading).
 asan=0
-if ldd "$kvcli" 2>/dev/null | grep -qE "lib(asan|tsan)"; then asan=1; fi
+if ldd "$kvcli" 2>/dev/null | grep -E "lib(asan|tsan)" >/dev/null; then asan=1; fi  # no -q (SIGPIPE under pipefail)
 (
   if ((!asan)); then ulimit -v 524288; fi
   timeout 30 "$kvcli" --server="$server" --transport=tcp put zerokey @/dev/zero >"$work/out" 2>"$work/err"
