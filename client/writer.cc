@@ -28,6 +28,15 @@ bool RetryWithSameId(const Status& s, bool from_server) {
   return s.Is(StatusCode::kConnectionLost) || (from_server && s.Is(StatusCode::kUnavailable));
 }
 
+// A retry that timed out after the server had refused the write (kUnavailable: a replicated
+// primary could not get it acknowledged) keeps that refusal's reason: the timeout alone would
+// hide it (a backup that cannot be reached, servers whose admin secrets differ). The code stays
+// kTimedOut; both leave the write's outcome unknown.
+Status WithEarlierRefusal(Status last, const Status& refused) {
+  if (!last.Is(StatusCode::kTimedOut) || refused.ok()) return last;
+  return Status(last.code(), last.message() + "; the attempt before: " + refused.ToString());
+}
+
 constexpr std::chrono::milliseconds kRetryPause{20};
 // A retry needs at least this much of op_timeout left; otherwise the last error stands (a
 // retry with 1 ms left would only turn it into kTimedOut).
@@ -58,6 +67,7 @@ Result<uint64_t> Writer::Write(kv::Op op, std::string_view key, std::string_view
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
   };
+  Status refused;  // the server's last kUnavailable answer (WithEarlierRefusal)
   if (!router_->cluster()) {
     for (;;) {
       bool from_server = false;
@@ -65,8 +75,9 @@ Result<uint64_t> Writer::Write(kv::Op op, std::string_view key, std::string_view
       if (s.ok()) return version;
       if (!RetryWithSameId(s, from_server) ||
           Clock::now() + kRetryPause + kMinRetryBudget >= deadline) {
-        return s;
+        return WithEarlierRefusal(std::move(s), refused);
       }
+      if (from_server) refused = s;
       std::this_thread::sleep_for(kRetryPause);
     }
   }
@@ -76,7 +87,9 @@ Result<uint64_t> Writer::Write(kv::Op op, std::string_view key, std::string_view
   router_->RunRouted([&](const Routing& rt) -> Link* {
     Link* link = rt.owners[kv::ShardOf(hash, rt.map->shards)];
     bool from_server = false;
-    result = caller_->Call(*link, req, &version, nullptr, left(), &from_server);
+    result = WithEarlierRefusal(caller_->Call(*link, req, &version, nullptr, left(), &from_server),
+                                refused);
+    if (from_server && result.Is(StatusCode::kUnavailable)) refused = result;
     // The owner cannot be reached (it died or is cut off), or what answers at its address is
     // no rdkv server. In a cluster a failover coordinator manages (docs/design.md "Failover")
     // one is under way: ask the map again and retry, with the same id, until op_timeout.

@@ -43,7 +43,8 @@ DEFINE_string(admin_token_file, "",
               "installs, IMPORT, SHARD_SCAN, DROP_SHARD) need. Else $RDKV_ADMIN_TOKEN. Neither: "
               "admin requests are accepted only from loopback clients.");
 DEFINE_string(auth_token, "",
-              "DEPRECATED (visible in ps): use --auth_token_file or $RDKV_AUTH_TOKEN.");
+              "Refused (a secret here is visible in ps): use --auth_token_file or "
+              "$RDKV_AUTH_TOKEN.");
 // ---- TLS (tcp transport only; docs/security.md "TLS (tcp)") ----
 DEFINE_string(tls_cert_file, "",
               "tcp: PEM certificate chain of this server; with --tls_key_file turns TLS 1.3 on "
@@ -403,9 +404,9 @@ int main(int argc, char** argv) {
   {
     auto data =
         rdkv::LoadSecret(FLAGS_auth_token_file, "RDKV_AUTH_TOKEN", FLAGS_auth_token, "auth_token");
-    if (!data.ok()) return fail("--auth_token_file: " + data.status().message());
+    if (!data.ok()) return fail(data.status().message());
     auto admin = rdkv::LoadSecret(FLAGS_admin_token_file, "RDKV_ADMIN_TOKEN", "", "admin_token");
-    if (!admin.ok()) return fail("--admin_token_file: " + admin.status().message());
+    if (!admin.ok()) return fail(admin.status().message());
     o.auth_token = std::move(data).value();
     o.admin_token = std::move(admin).value();
     if (FLAGS_max_connections < 1) return fail("--max_connections must be at least 1");

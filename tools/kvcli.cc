@@ -74,7 +74,9 @@ DEFINE_string(admin_token_file, "",
               "File holding the servers' admin secret, for admin commands (else "
               "$RDKV_ADMIN_TOKEN). Without it admin commands work only on loopback servers "
               "that have no admin secret.");
-DEFINE_string(auth_token, "", "DEPRECATED (visible in ps): use --auth_token_file.");
+DEFINE_string(auth_token, "",
+              "Refused (a secret here is visible in ps): use --auth_token_file or "
+              "$RDKV_AUTH_TOKEN.");
 // TLS (tcp only; docs/security.md "TLS (tcp)").
 DEFINE_string(tls_ca_file, "",
               "PEM CA that signed the servers' certificates: turns TLS on (for servers started "

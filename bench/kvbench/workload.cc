@@ -166,7 +166,7 @@ const std::vector<std::pair<std::string, std::string>>& KnownProperties() {
       {"rdkv.transport", "rdkv: auto, tcp or verbs (default auto)"},
       {"rdkv.device", "rdkv: RDMA device for verbs (default: the first active)"},
       {"rdkv.auth_token_file", "rdkv: file with the servers' data secret (else $RDKV_AUTH_TOKEN)"},
-      {"rdkv.auth_token", "rdkv: DEPRECATED, the secret itself (use rdkv.auth_token_file)"},
+      {"rdkv.auth_token", "rdkv: refused (visible in ps; use rdkv.auth_token_file)"},
       {"rdkv.tls_ca_file", "rdkv: PEM CA of the servers' certificates: TLS on (tcp only)"},
       {"rdkv.tls_cert_file", "rdkv: PEM client certificate (servers requiring one)"},
       {"rdkv.tls_key_file", "rdkv: PEM key of rdkv.tls_cert_file"},

@@ -24,7 +24,13 @@ Result<std::string> Checked(std::string secret, const std::string& where) {
 }  // namespace
 
 Result<std::string> LoadSecret(const std::string& file, const char* env_name,
-                               const std::string& deprecated_value, const char* deprecated_flag) {
+                               const std::string& command_line_value, const char* flag) {
+  if (!command_line_value.empty()) {
+    return Status::InvalidArgument(std::string("--") + flag +
+                                   " is refused: a secret on the command line is visible in `ps` "
+                                   "and shell history. Put it in a file (--" +
+                                   flag + "_file=PATH, mode 0600) or in $" + env_name + ".");
+  }
   if (!file.empty()) {
     std::ifstream in(file, std::ios::binary);
     if (!in) {
@@ -52,15 +58,6 @@ Result<std::string> LoadSecret(const std::string& file, const char* env_name,
   }
   if (const char* env = std::getenv(env_name); env != nullptr && env[0] != '\0') {
     return Checked(env, std::string("$") + env_name);
-  }
-  if (!deprecated_value.empty()) {
-    const std::string msg = std::string("--") + deprecated_flag +
-                            " is deprecated and insecure: the secret is visible in `ps` and "
-                            "shell history. Use --" +
-                            deprecated_flag + "_file=PATH (mode 0600) or $" + env_name +
-                            " instead.";
-    std::fprintf(stderr, "WARNING: %s\n", msg.c_str());
-    return Checked(deprecated_value, std::string("--") + deprecated_flag);
   }
   return std::string();
 }

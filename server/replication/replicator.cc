@@ -38,6 +38,11 @@ struct Replicator::Peer {
   std::shared_ptr<transport::Connection> conn GUARDED_BY(mu);
   Clock::time_point last_failure GUARDED_BY(mu){};
   bool failed_ever GUARDED_BY(mu) = false;
+  // Why it last failed: the forwards refused meanwhile (reconnect_interval) carry it, so a
+  // client's error and the repair log name the cause (a wrong admin secret, a refused
+  // connection), not only that the backup failed recently.
+  std::string last_error GUARDED_BY(mu);
+  Clock::time_point last_logged GUARDED_BY(mu){};  // connect failures: a line per 10 s per cause
 
   Mutex queue_mu;
   CondVar queue_cv;  // the sender waits for: queued writes and no batch in flight, or stopping
@@ -198,8 +203,8 @@ Result<std::shared_ptr<transport::Connection>> Replicator::ConnectionTo(Peer* pe
   if (peer->conn != nullptr) return peer->conn;
   if (peer->failed_ever && Clock::now() - peer->last_failure < options_.reconnect_interval) {
     return Status::Unavailable(peer->who + " failed less than " +
-                               std::to_string(options_.reconnect_interval.count()) +
-                               " ms ago; not retried yet");
+                               std::to_string(options_.reconnect_interval.count()) + " ms ago (" +
+                               peer->last_error + "); not retried yet");
   }
   transport::ConnectOptions co;
   Status hp = ParseHostPort(peer->address, &co.host, &co.port);
@@ -214,9 +219,16 @@ Result<std::shared_ptr<transport::Connection>> Replicator::ConnectionTo(Peer* pe
   if (options_.max_message_size > 0) co.max_message_size = options_.max_message_size;
   Result<std::unique_ptr<transport::Connection>> c = fabric_->Connect(co);
   if (!c.ok()) {
+    const Clock::time_point now = Clock::now();
+    std::string why = "unreachable: " + c.status().message();
+    if (why != peer->last_error || now - peer->last_logged >= std::chrono::seconds(10)) {
+      LOG(WARNING) << "replication: " << peer->who << " " << why;
+      peer->last_logged = now;
+    }
     peer->failed_ever = true;
-    peer->last_failure = Clock::now();
-    return Status::Unavailable(peer->who + " unreachable: " + c.status().message());
+    peer->last_failure = now;
+    peer->last_error = why;
+    return Status::Unavailable(peer->who + " " + why);
   }
   peer->conn = std::move(*c);
   LOG(INFO) << "replication: connected to " << peer->who;
@@ -292,6 +304,7 @@ void Replicator::SendBatch(Peer* peer, std::vector<Item*>& items) {
         if (peer->conn == *conn) peer->conn.reset();
         peer->failed_ever = true;
         peer->last_failure = Clock::now();
+        peer->last_error = "did not confirm: " + called.ToString();
       }
       for (size_t i = 0; i < sent; ++i) {
         todo[i]->result = Status::Unavailable(peer->who + " did not confirm: " + called.ToString());

@@ -721,6 +721,36 @@ TEST_F(FakeClientTest, WriteErrorsAndValidation) {
   EXPECT_EQ(c->stats().reconnects, 0u);
 }
 
+// A write the server refused (kUnavailable: a replicated primary could not get it acknowledged,
+// e.g. its backup has another admin secret) is retried with the same id; when that retry times
+// out, the error keeps the refusal's reason instead of a bare timeout (seen with kvcli in
+// tests/security/session_cluster_secrets_test.sh on a loaded host).
+TEST_F(FakeClientTest, AWriteRetryThatTimesOutKeepsTheServersRefusal) {
+  auto c = MustConnect();
+  ASSERT_NE(c, nullptr);
+  int calls = 0;
+  server_.on_call = [&calls]() -> Status {
+    if (++calls == 1) {
+      return Status::Unavailable(
+          "shard 0: the write was not acknowledged: backup server 1 could not prove the admin "
+          "secret");
+    }
+    return Status::TimedOut("fake: no response within 80 ms (the request may have been applied)");
+  };
+  auto p = c->Put("k", "v");
+  server_.on_call = nullptr;
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(p.status().code(), StatusCode::kTimedOut) << p.status().ToString();
+  EXPECT_NE(p.status().message().find("no response within 80 ms"), std::string::npos)
+      << p.status().ToString();
+  EXPECT_NE(p.status().message().find("Unavailable: shard 0: the write was not acknowledged"),
+            std::string::npos)
+      << p.status().ToString();
+  EXPECT_NE(p.status().message().find("could not prove the admin secret"), std::string::npos)
+      << p.status().ToString();
+}
+
 TEST_F(FakeClientTest, MultiGetBatchesAndMissingKeys) {
   ClientOptions o;
   o.max_batch_reads = 7;  // several bucket batches, candidate batches split by op count

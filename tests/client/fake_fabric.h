@@ -256,6 +256,9 @@ class FakeServer {
   std::atomic<uint64_t> reads{0};       // READs served
   std::atomic<uint64_t> calls{0};
   std::atomic<bool> calls_time_out{false};
+  // Set before connecting or while no call runs: called for each Call; an error is what the
+  // call gets instead (kTimedOut: no answer; any other code: the server's answer), OK handles it.
+  std::function<Status()> on_call;
   uint32_t rkey = 0x5eed;
   // The layout version the transport advertises for the region (a test of the refusal sets an
   // older one); the region header carries its own.
@@ -343,6 +346,14 @@ class FakeConnection : public transport::Connection {
               std::chrono::milliseconds) override {
     if (!alive()) return Status::ConnectionLost("fake: connection closed");
     if (s_->calls_time_out) return Status::TimedOut("fake: no response");
+    if (s_->on_call) {
+      Status injected = s_->on_call();
+      if (injected.Is(StatusCode::kTimedOut)) return injected;
+      if (!injected.ok()) {
+        kv::EncodeResponse(injected, 0, {}, response);
+        return Status::Ok();
+      }
+    }
     s_->HandleCall(request, response);
     return Status::Ok();
   }

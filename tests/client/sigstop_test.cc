@@ -47,9 +47,10 @@ class SigstopTest : public ::testing::Test {
     ASSERT_GE(pid_, 0);
     if (pid_ == 0) {
       std::string pf = "--port_file=" + port_file_;
+      setenv("RDKV_AUTH_TOKEN", "sigstop", 1);  // never on the command line
       std::string host = "--host=" + addr_;
       execl(RDKV_KVSERVER_PATH, "kvserver", "--transport=verbs", host.c_str(), "--port=0",
-            pf.c_str(), "--memory=64MiB", "--auth_token=sigstop", static_cast<char*>(nullptr));
+            pf.c_str(), "--memory=64MiB", static_cast<char*>(nullptr));
       _exit(127);
     }
     std::string port;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Secrets end to end with a real kvserver and kvcli (docs/security.md): token files keep the
 # secrets out of `ps`; the wrong data secret is refused; admin commands need the admin secret
-# (this server has one, so loopback gets no upgrade); the deprecated --auth_token warns; SIGHUP
-# re-reads the token files (the old data secret refused, the new one admitted, a broken file
+# (this server has one, so loopback gets no upgrade); a secret on the command line
+# (--auth_token) is refused by both programs; SIGHUP re-reads the token files (the old data secret refused, the new one admitted, a broken file
 # changes nothing).
 #
 #   session_kvserver_test.sh KVCLI KVSERVER
@@ -48,9 +48,17 @@ out=$(kv --auth_token_file="$work/data" snapshot s1)
   fail "snapshot with the data role was not denied naming --admin_token_file: $out"
 out=$(kv --admin_token_file="$work/admin" snapshot s1)
 [[ $out != *PermissionDenied* ]] || fail "snapshot with the admin secret was denied: $out"
-# The deprecated flag still works, loudly.
-out=$(kv --auth_token="$data_secret" get k) || fail "deprecated --auth_token: $out"
-grep -q "deprecated" "$work/err" || fail "--auth_token printed no deprecation warning"
+# A secret on the command line is refused (visible in ps), by kvcli and by kvserver, with exit 2
+# and a message naming the file flag; it is never used.
+rc=0
+out=$(kv --auth_token="$data_secret" get k) || rc=$?
+out="$out $(cat "$work/err")"
+[[ $rc == 2 && $out == *"--auth_token is refused"* && $out == *auth_token_file* ]] ||
+  fail "kvcli --auth_token was not refused with exit 2: rc=$rc $out"
+rc=0
+out=$("$kvserver" --port=0 --memory=8MiB --auth_token="$data_secret" 2>&1) || rc=$?
+[[ $rc == 2 && $out == *"--auth_token is refused"* ]] ||
+  fail "kvserver --auth_token was not refused with exit 2: rc=$rc $out"
 # The server log never holds a secret.
 if grep -F -e "$data_secret" -e "$admin_secret" "$work/server.log" >/dev/null; then
   fail "a secret is in the server log"

@@ -80,7 +80,10 @@ out=$(kv --tls_ca_file="$pki/ca.pem" --tls_cert_file="$pki/client.pem" \
 stop_server
 
 # ---- replication between TLS servers (mutual TLS: each server presents its certificate) ----
-base=$((20000 + RANDOM % 20000))
+# Free ports below the ephemeral range (a random base in 20000-39999 once collided with one).
+# shellcheck source=../deploy/lib.sh
+base=$(source "$(dirname "${BASH_SOURCE[0]}")/../deploy/lib.sh" && free_base_port 2) ||
+  { echo "FAIL: no free port range found" >&2; exit 1; }
 cat >"$work/map.json" <<JSON
 {"epoch": 1, "shards": 2,
  "servers": [{"id": 0, "address": "127.0.0.1:$base"}, {"id": 1, "address": "127.0.0.1:$((base + 1))"}],
