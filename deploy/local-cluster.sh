@@ -37,6 +37,10 @@
 #                      none, replica sets change only by hand). With 1 or more, a failed or
 #                      restarted server is replaced automatically and the map's
 #                      replication_factor restored (docs/design.md "Failover")
+#   RDKV_COORD_METRICS_BASE_PORT  coordinator i serves Prometheus /metrics on this + i
+#                      (default: RDKV_BASE_PORT + 2N + 2, the ports after the servers', their
+#                      /metrics ports and the local etcd's two; "off": none, which is also the
+#                      default with RDKV_METRICS_BASE_PORT=off)
 #   RDKV_ETCD_LEASE_TTL  the servers' and coordinators' etcd lease TTL in seconds (default: the
 #                      programs' own, 2): how long a dead server goes undetected at most
 #   RDKV_TRANSPORT     auto | tcp | verbs (default tcp)
@@ -49,6 +53,7 @@
 #   RDKV_ADMIN_TOKEN   admin secret for moves, snapshots, map installs (default: none: admin
 #                      requests only from loopback). Written to DIR/admin_token likewise
 #   RDKV_EXTRA_FLAGS   more kvserver flags, word-split (e.g. "--worker_threads=1")
+#   RDKV_COORD_EXTRA_FLAGS  more kvcoord flags, word-split (e.g. "--poll_ms=500")
 #   RDKV_START_TIMEOUT seconds to wait for every server to answer (default 30)
 #   RDKV_STOP_TIMEOUT  seconds between SIGTERM and SIGKILL (default 10)
 #
@@ -179,6 +184,19 @@ do_start() {
     die "RDKV_METRICS_BASE_PORT=$metrics_base: ports $metrics_base..$((metrics_base + N - 1)) must lie in 1..65535 (or off)"
   [[ $shards =~ ^[0-9]+$ ]] && ((shards >= 1 && shards <= 4096)) ||
     die "RDKV_SHARDS=$shards must be 1..4096"
+  # Coordinators: checked before anything starts. Their /metrics ports follow the local etcd's.
+  local ncoord=${RDKV_COORDINATORS:-0}
+  [[ $ncoord =~ ^[0-9]+$ ]] || die "RDKV_COORDINATORS=$ncoord must be a number"
+  ((ncoord == 0)) || [[ -n $etcd ]] || die "RDKV_COORDINATORS needs RDKV_ETCD (the coordinators work through etcd)"
+  local coord_metrics_base=${RDKV_COORD_METRICS_BASE_PORT:-}
+  if [[ -z $coord_metrics_base ]]; then
+    coord_metrics_base=$((base + 2 * N + 2))
+    [[ $metrics_base == off ]] && coord_metrics_base=off
+  fi
+  ((ncoord > 0)) || coord_metrics_base=off
+  [[ $coord_metrics_base == off ]] ||
+    { [[ $coord_metrics_base =~ ^[0-9]+$ ]] && ((coord_metrics_base >= 1 && coord_metrics_base + ncoord - 1 <= 65535)); } ||
+    die "RDKV_COORD_METRICS_BASE_PORT=$coord_metrics_base: ports $coord_metrics_base..$((coord_metrics_base + ncoord - 1)) must lie in 1..65535 (or off)"
   case $transport in auto | tcp | verbs) ;; *) die "RDKV_TRANSPORT=$transport: auto, tcp or verbs" ;; esac
   case $durability in sync | async | none) ;; *) die "RDKV_DURABILITY=$durability: sync, async or none" ;; esac
 
@@ -213,6 +231,12 @@ do_start() {
     ports+=($((base + i)))
     [[ $metrics_base == off ]] || ports+=($((metrics_base + i)))
   done
+  if [[ $coord_metrics_base != off ]]; then
+    for ((i = 0; i < ncoord; i++)); do ports+=($((coord_metrics_base + i))); done
+  fi
+  local dups
+  dups=$(printf '%s\n' "${ports[@]}" | sort -n | uniq -d | tr '\n' ' ')
+  [[ -z $dups ]] || die "port(s) ${dups% } given twice: the servers', their /metrics and the coordinators' /metrics ports must not overlap (RDKV_BASE_PORT, RDKV_METRICS_BASE_PORT, RDKV_COORD_METRICS_BASE_PORT)"
   for port in "${ports[@]}"; do
     who=$(who_listens "$port")
     if [[ -n $who ]]; then
@@ -279,6 +303,8 @@ do_start() {
       pport=$((cport + 1))
       for port in $cport $pport; do
         [[ -z $(who_listens "$port") ]] || die "etcd port $port is in use (set RDKV_ETCD_PORT)"
+        [[ $coord_metrics_base == off ]] || ((port < coord_metrics_base || port >= coord_metrics_base + ncoord)) ||
+          die "etcd port $port is also a coordinator's /metrics port (set RDKV_ETCD_PORT or RDKV_COORD_METRICS_BASE_PORT)"
       done
       mkdir -p "$DIR/etcd"
       ETCD_PID_FILE=$DIR/etcd/pid
@@ -360,7 +386,11 @@ do_start() {
     mkdir -p "$sd/data"
     rm -f "$sd/port" "$sd/pid"
     local args=("${common[@]}" --port=$((base + i)) --port_file="$sd/port")
-    [[ $metrics_base == off ]] || args+=(--metrics_port=$((metrics_base + i)))
+    if [[ $metrics_base != off ]]; then
+      # On the servers' own address, which is what the printed URL names.
+      args+=(--metrics_port=$((metrics_base + i)))
+      has_flag metrics_host && args+=(--metrics_host="$host")
+    fi
     ((has_id)) && args+=(--server_id="$i")
     ((has_data)) && args+=(--data_dir="$sd/data")
     args+=("${extra[@]}")
@@ -414,6 +444,11 @@ do_start() {
       echo "metrics: server $i: http://$host:$((metrics_base + i))/metrics"
     done
   fi
+  if [[ $coord_metrics_base != off ]]; then
+    for ((i = 0; i < ncoord; i++)); do
+      echo "metrics: coordinator $i: http://$host:$((coord_metrics_base + i))/metrics"
+    done
+  fi
   if [[ -n $KVCLI ]]; then
     local t=""
     [[ $transport != auto ]] && t=" --transport=$transport"
@@ -425,26 +460,53 @@ do_start() {
   fi
 }
 
-# start_coordinators: RDKV_COORDINATORS kvcoord processes for an etcd cluster.
+# start_coordinators: RDKV_COORDINATORS kvcoord processes for an etcd cluster (do_start's
+# ncoord, coord_metrics_base, host, cluster_name). With /metrics, waits until each serves it.
 start_coordinators() {
-  local n=${RDKV_COORDINATORS:-0} i
-  [[ $n =~ ^[0-9]+$ ]] || die "RDKV_COORDINATORS=$n must be a number"
+  local n=$ncoord i
   ((n > 0)) || return 0
   [[ -n ${ETCD_ENDPOINTS:-} ]] || die "RDKV_COORDINATORS needs RDKV_ETCD (the coordinators work through etcd)"
   local kvcoord
   kvcoord=$(find_bin kvcoord coordinator) || die "kvcoord not found next to kvserver (build the kvcoord target)"
+  if [[ $coord_metrics_base != off ]] && ! grep -qE -- "^[[:space:]]+-metrics_port \(" <<<"$("$kvcoord" --help 2>&1 || true)"; then
+    warn "this kvcoord has no --metrics_port: the coordinators serve no /metrics"
+    coord_metrics_base=off
+  fi
   local args=(--etcd="$ETCD_ENDPOINTS" --cluster_name="$cluster_name" --transport="$TRANSPORT")
   [[ $TRANSPORT == tcp ]] || args+=(--probe_ms=0)
   [[ -n ${RDKV_ETCD_LEASE_TTL:-} ]] && args+=(--lease_ttl_s="$RDKV_ETCD_LEASE_TTL")
   [[ -n $AUTH_TOKEN_FILE ]] && args+=(--auth_token_file="$AUTH_TOKEN_FILE")
   [[ -n $ADMIN_TOKEN_FILE ]] && args+=(--admin_token_file="$ADMIN_TOKEN_FILE")
+  # shellcheck disable=SC2206  # word-split on purpose, like RDKV_EXTRA_FLAGS
+  [[ -n ${RDKV_COORD_EXTRA_FLAGS:-} ]] && args+=(${RDKV_COORD_EXTRA_FLAGS})
+  local pids=()
   for ((i = 0; i < n; i++)); do
-    local cd=$DIR/coord-$i
+    local cd=$DIR/coord-$i cargs=("${args[@]}" --name="coord-$i")
+    [[ $coord_metrics_base == off ]] || cargs+=(--metrics_host="$host" --metrics_port=$((coord_metrics_base + i)))
     mkdir -p "$cd"
-    echo "=== $(date '+%F %T') $PROG start: $kvcoord ${args[*]} --name=coord-$i" >>"$cd/kvcoord.log"
-    setsid "$kvcoord" "${args[@]}" --name="coord-$i" </dev/null >>"$cd/kvcoord.log" 2>&1 &
-    echo $! >"$cd/pid"
+    echo "=== $(date '+%F %T') $PROG start: $kvcoord ${cargs[*]}" >>"$cd/kvcoord.log"
+    setsid "$kvcoord" "${cargs[@]}" </dev/null >>"$cd/kvcoord.log" 2>&1 &
+    pids[i]=$!
+    echo "${pids[i]}" >"$cd/pid"
   done
+  # /metrics is served from the start (before the election): it shows the coordinator is up.
+  if [[ $coord_metrics_base != off ]]; then
+    local deadline=$((SECONDS + ${RDKV_START_TIMEOUT:-30})) port
+    for ((i = 0; i < n; i++)); do
+      port=$((coord_metrics_base + i))
+      until tcp_open "$host" "$port"; do
+        if ! child_alive "${pids[i]}" || ((SECONDS >= deadline)); then
+          echo "$PROG: error: coordinator $i (pid ${pids[i]}) does not serve /metrics on $host:$port; last lines of $DIR/coord-$i/kvcoord.log:" >&2
+          tail -n 15 "$DIR/coord-$i/kvcoord.log" | sed 's/^/    /' >&2
+          stop_coordinators >/dev/null
+          stop_all 5 >/dev/null
+          stop_etcd >/dev/null
+          exit 1
+        fi
+        sleep 0.1
+      done
+    done
+  fi
   say "$n failover coordinator(s) (kvcoord) started; logs in $DIR/coord-*/kvcoord.log"
 }
 

@@ -9,8 +9,10 @@
 #       A 3-server cluster of the real kvserver from BUILD_DIR over tcp: start, status, each
 #       server answers (kvcli ping, else a TCP connect), put/get with kvcli when it exists, stop,
 #       status says dead, stop again; with durability=sync: restart keeps the data, kvcli
-#       cluster move, and a restart keeps the moved map. Exits 77 (SKIPPED) when this kvserver cannot serve over tcp
-#       yet.
+#       cluster move, and a restart keeps the moved map; with etcd installed: the map in a local
+#       etcd and two kvcoord coordinators (RDKV_COORDINATORS), each serving /metrics where
+#       start prints, one of them elected. Exits 77 (SKIPPED) when this kvserver cannot serve
+#       over tcp yet.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 ROOT=$DEPLOY_TEST_ROOT
@@ -265,6 +267,70 @@ test_real() {
     done
     check "  ... every key written before the move is there" test $all_there = 1
     expect_rc 0 "  ... stop" "$LC" stop "$p"
+  fi
+
+  # The map in etcd (started here) and two failover coordinators, each with its /metrics.
+  if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
+    echo "SKIPPED: coordinators: etcd and etcdctl are not installed (deploy/install-deps.sh installs them)"
+  elif [[ ! -x $kvcli ]]; then
+    echo "SKIPPED: coordinators: no kvcli in $BUILD/tools (it imports the map into etcd)"
+  elif [[ ! -x $BUILD/coordinator/kvcoord ]]; then
+    bad "no kvcoord in $BUILD/coordinator (build the kvcoord target)"
+  else
+    local e=$WORK/c3 cpids=() leaders
+    # 2 servers, their 2 /metrics, etcd's client and peer ports, 2 coordinators' /metrics.
+    base=$(free_base_port 8) || skip "no free port range found"
+    export RDKV_BASE_PORT=$base
+    RDKV_ETCD=local RDKV_COORDINATORS=2 RDKV_CLUSTER_NAME=lc expect_rc 0 \
+      "start 2 servers with the map in a local etcd and 2 coordinators" "$LC" start 2 "$e"
+    contains "  ... prints each coordinator's /metrics URL" \
+      "metrics: coordinator 1: http://127.0.0.1:$((base + 7))/metrics"
+    for i in 0 1; do
+      check "  ... coordinator $i serves rdkv_coordinator_* metrics on port $((base + 6 + i))" \
+        bash -c "curl -fsS 'http://127.0.0.1:$((base + 6 + i))/metrics' | grep -q '^rdkv_coordinator_terms_total '"
+      cpids+=("$(cat "$e/coord-$i/pid" 2>/dev/null)")
+    done
+    # Both stand for election; the metrics say which one won (the other keeps 0).
+    leaders=0
+    for _ in $(seq 1 100); do
+      leaders=0
+      for i in 0 1; do
+        curl -fsS "http://127.0.0.1:$((base + 6 + i))/metrics" 2>/dev/null |
+          grep -q '^rdkv_coordinator_is_leader 1' && leaders=$((leaders + 1))
+      done
+      ((leaders == 1)) && break
+      sleep 0.1
+    done
+    check "  ... exactly one reports rdkv_coordinator_is_leader 1 (within 10 s)" test "$leaders" = 1
+    expect_rc 0 "  ... stop" "$LC" stop "$e"
+    contains "  ... stops the coordinators" "coordinator coord-1 (pid ${cpids[1]}): stopped"
+    check "  ... every server process is gone" pids_gone "$e"
+    check "  ... and both coordinators" bash -c '! kill -0 "$1" 2>/dev/null && ! kill -0 "$2" 2>/dev/null' _ "${cpids[@]}"
+  fi
+
+  # Secrets (docs/security.md "Secrets: files, not command lines"): RDKV_AUTH_TOKEN and
+  # RDKV_ADMIN_TOKEN become mode-0600 files in the cluster dir, never command-line arguments.
+  if [[ -x $kvcli ]]; then
+    local sd=$WORK/c4 data_secret=lc-data-$RANDOM$RANDOM admin_secret=lc-admin-$RANDOM$RANDOM
+    base=$(free_base_port 4) || skip "no free port range found"
+    export RDKV_BASE_PORT=$base
+    RDKV_AUTH_TOKEN=$data_secret RDKV_ADMIN_TOKEN=$admin_secret expect_rc 0 \
+      "start 2 servers with RDKV_AUTH_TOKEN and RDKV_ADMIN_TOKEN" "$LC" start 2 "$sd"
+    check "  ... no secret on any command line (ps)" \
+      bash -c '! ps -eo args | grep -v grep | grep -F -e "$1" -e "$2" >/dev/null' _ "$data_secret" "$admin_secret"
+    check "  ... the secret files are mode 600" \
+      bash -c '[[ $(stat -c %a "$1/auth_token") == 600 && $(stat -c %a "$1/admin_token") == 600 ]]' _ "$sd"
+    expect_rc 2 "  ... a client without the data secret is refused" \
+      "$kvcli" --transport=tcp --server="127.0.0.1:$base" put lc-key lc-value
+    contains "  ... with PermissionDenied" "PermissionDenied"
+    expect_rc 0 "  ... a client with the secret file writes" \
+      "$kvcli" --transport=tcp --server="127.0.0.1:$base" --auth_token_file="$sd/auth_token" put lc-key lc-value
+    expect_rc 0 "  ... and reads" \
+      "$kvcli" --transport=tcp --server="127.0.0.1:$((base + 1))" --auth_token_file="$sd/auth_token" get lc-key
+    contains "  ... the value" "lc-value"
+    check "  ... no secret in the servers' logs" \
+      bash -c '! grep -F -e "$1" -e "$2" "$3"/server-*/kvserver.log >/dev/null' _ "$data_secret" "$admin_secret" "$sd"
+    expect_rc 0 "  ... stop" "$LC" stop "$sd"
   fi
 }
 
