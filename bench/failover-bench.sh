@@ -19,7 +19,10 @@
 #
 # --pin-keys: 8 keys, 16 load threads, thread i on key i % 8 only (history_load --pin_keys),
 # threads 0-7 GETs only (one per 3 ms at most each: --get_only_pause_us=3000; at full speed they
-# take the host's CPU, and lincheck's search of a key with ~60,000 GETs runs out of memory), so that a thread waiting on an affected key holds up no other key, and a write
+# take the host's CPU, and lincheck's search of a key with ~60,000 GETs runs out of memory),
+# threads 8-15 the mix with a 2 ms pause after each operation (--pause_us=2000: on a quiet host
+# they made 200,000 operations per key in 6 rounds, beyond lincheck's memory budget), so that a
+# thread waiting on an affected key holds up no other key, and a write
 # waiting holds up no GET (closed-loop threads on random keys all end up waiting on the affected
 # keys within a few operations; the analysis counts only the readers' GETs).
 #
@@ -52,7 +55,7 @@ export RDKV_FAILOVER_SERVERS=$servers
 # every kill leaves shards unaffected (bench/failover_analysis.py measures them).
 export RDKV_FAILOVER_REBALANCE=1
 [[ -n $pin ]] &&
-  export RDKV_FAILOVER_LOAD_FLAGS="--pin_keys --keys=8 --threads=16 --get_only_threads=8 --get_only_pause_us=3000"
+  export RDKV_FAILOVER_LOAD_FLAGS="--pin_keys --keys=8 --threads=16 --get_only_threads=8 --get_only_pause_us=3000 --pause_us=2000"
 echo "failover-bench: $rounds rounds, $servers servers, durability $durability${pin:+, keys pinned to threads}, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); outputs in $out"
 set +e
 "$ROOT/tests/cluster/failover_kill_test.sh" "$build" "$build/tests/history/history_load" \

@@ -18,6 +18,15 @@ build=$1 load=$2 lincheck=$3 rounds=${4:-4} durability=${5:-none} out_dir=${6:-}
 # In the Soft-RoCE VM (tests/rxe/verbs-suite.sh): RDKV_FAILOVER_TRANSPORT=verbs and
 # RDKV_FAILOVER_HOST=the rxe address; the coordinators then detect by the lease alone (no probes).
 transport=${RDKV_FAILOVER_TRANSPORT:-tcp} host=${RDKV_FAILOVER_HOST:-127.0.0.1}
+# The VM's CPU is emulated (20-50x slower): there the suite sets a longer etcd lease TTL
+# (RDKV_FAILOVER_LEASE_TTL; at 2 s the servers could not renew in time and fenced themselves
+# over and over), multiplies every deadline of this test by RDKV_FAILOVER_TIME_SCALE, polls etcd
+# every RDKV_FAILOVER_POLL_S (each poll starts etcdctl and python3) and passes
+# RDKV_COORD_EXTRA_FLAGS (e.g. a slower coordinator poll) to deploy/local-cluster.sh.
+lease_ttl=${RDKV_FAILOVER_LEASE_TTL:-2} scale=${RDKV_FAILOVER_TIME_SCALE:-1}
+poll_s=${RDKV_FAILOVER_POLL_S:-0.05}
+[[ $lease_ttl =~ ^[1-9][0-9]*$ && $scale =~ ^[1-9][0-9]*$ ]] ||
+  { echo "FAIL: RDKV_FAILOVER_LEASE_TTL and RDKV_FAILOVER_TIME_SCALE must be positive integers"; exit 1; }
 # bench/failover-bench.sh: RDKV_FAILOVER_SERVERS (3..6; 2 shards each), extra history_load
 # flags (RDKV_FAILOVER_LOAD_FLAGS, e.g. --pin_keys) and RDKV_FAILOVER_REBALANCE=1 (primaries
 # spread again before each kill) for the unaffected shards' throughput.
@@ -45,7 +54,7 @@ base=$(free_base_port 8) || skip "no free port range found"
 export RDKV_BIN=$build RDKV_HOST=$host RDKV_BASE_PORT=$base RDKV_METRICS_BASE_PORT=off
 export RDKV_SHARDS=$((2 * nservers)) RDKV_TRANSPORT=$transport RDKV_MEMORY=64MiB RDKV_DURABILITY=$durability
 export RDKV_REPLICATION=3 RDKV_ETCD=local RDKV_ETCD_PORT=$((base + 6)) RDKV_CLUSTER_NAME=fo
-export RDKV_COORDINATORS=2 RDKV_ETCD_LEASE_TTL=2
+export RDKV_COORDINATORS=2 RDKV_ETCD_LEASE_TTL=$lease_ttl
 unset RDKV_CLUSTER_DIR RDKV_EXTRA_FLAGS RDKV_AUTH_TOKEN RDKV_ADMIN_TOKEN
 expect_rc 0 "start $nservers servers, R=3, map in etcd, 2 coordinators, durability $durability" \
   "$LC" start "$nservers" "$work/c"
@@ -59,11 +68,11 @@ m=json.load(sys.stdin); sh=m['shards']; reps=m.get('replicas') or [[o] for o in 
 joining=sum(len(v) for v in (m.get('joining') or {}).values())
 print($1)" 2>/dev/null
 }
-wait_for() {  # wait_for SECONDS PYTHON_CONDITION -> 0 when it held in time
-  local deadline=$((SECONDS + $1))
+wait_for() {  # wait_for SECONDS PYTHON_CONDITION -> 0 when it held in time (SECONDS x scale)
+  local deadline=$((SECONDS + $1 * scale))
   while ((SECONDS < deadline)); do
     [[ $(map_query "$2") == True ]] && return 0
-    sleep 0.05
+    sleep "$poll_s"
   done
   return 1
 }
@@ -114,16 +123,21 @@ for ((r = 1; r <= rounds; r++)); do
   fi
   echo "=== $(date '+%F %T') failover_kill_test: SIGKILL to pid $pid" >>"$work/c/server-$victim/kvserver.log"
   if ! wait_for 15 "m['epoch'] > $epoch and all(o != $victim for o in m['owners']) and all($victim not in x for x in reps)"; then
-    bad "round $r: server $victim's shards were not promoted within 15 s"
+    bad "round $r: server $victim's shards were not promoted within $((15 * scale)) s"
     break
   fi
   t_promoted=$(now_ns)
   sleep 0.5
   t_restart=$(now_ns)
-  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  # Until it is gone or a zombie (in the VM nothing reaps it: kill -0 alone waited forever).
+  while :; do
+    st=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || st=gone
+    [[ $st =~ ^(Z|X|gone|)$ ]] && break
+    sleep 0.05
+  done
   "$LC" restart "$victim" "$work/c" >/dev/null || { bad "round $r: restart server $victim"; break; }
   if ! wait_for 60 "$full and all(s.get('incarnation', 0) for s in m['servers'])"; then
-    bad "round $r: the replication factor was not restored within 60 s: $(map_json)"
+    bad "round $r: the replication factor was not restored within $((60 * scale)) s: $(map_json)"
     break
   fi
   t_full=$(now_ns)
@@ -160,7 +174,7 @@ cat "$work/load.out"
 check "history_load exited 0" test "$rc" = 0
 ops=$(wc -l <"$work/h.jsonl")
 check "history_load recorded ops ($ops)" test "$ops" -gt 100
-expect_rc 0 "lincheck: linearizable across $rounds kills" timeout 300 "$lincheck" "$work/h.jsonl"
+expect_rc 0 "lincheck: linearizable across $rounds kills" timeout $((300 * scale)) "$lincheck" "$work/h.jsonl"
 head -n 12 <<<"$OUT"
 # Failover times: kill -> the promoted map seen in etcd, kill -> writes answered again (the end
 # of the longest gap without a definite write answer: what clients see), restart -> R restored.

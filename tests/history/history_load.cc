@@ -58,6 +58,9 @@ DEFINE_int32(get_only_threads, 0,
 DEFINE_int32(get_only_pause_us, 0,
              "Those threads pause this long after each GET (0: none), so that readers do not "
              "take the CPU from everything else on a small host.");
+DEFINE_int32(pause_us, 0,
+             "Every other thread pauses this long after each operation (0: none): a lighter "
+             "load, and a shorter history, for a slow host such as the emulated Soft-RoCE VM.");
 DEFINE_string(keys_out, "",
               "Also write the hot keys, one line each: the key and its KeyHash in decimal (the "
               "shard is ShardOf(hash, shards), common/kv/limits.h), for analyses by shard.");
@@ -214,6 +217,8 @@ void RunClient(int index, rdkv::history::HistoryRecorder* recorder, Shared* sh, 
     log.Record(std::move(op));
     if (index < FLAGS_get_only_threads && FLAGS_get_only_pause_us > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(FLAGS_get_only_pause_us));
+    } else if (index >= FLAGS_get_only_threads && FLAGS_pause_us > 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(FLAGS_pause_us));
     }
   }
   log.Flush();

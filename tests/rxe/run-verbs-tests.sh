@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${1:-build/ci}
 for bin in tests/conformance_test tests/verbs_smoke_test tests/verbs_write_refused_test tests/verbs_auth_test tests/sigstop_test \
-           server/kvserver tools/kvcli; do
+           server/kvserver tools/kvcli coordinator/kvcoord tests/history/history_load tests/history/lincheck; do
   [[ -x $B/$bin ]] || { echo "run-verbs-tests: $B/$bin is missing: build first (tests/run-all.sh build)" >&2; exit 1; }
 done
 rc=0
