@@ -17,6 +17,10 @@
 #   --worker-threads N kvserver --worker_threads (default 16: a primary's worker waits for its
 #                      backups' answers, so more workers keep more writes in flight)
 #   --memory SIZE      kvserver --memory (default 256MiB)
+#   --server-cpus A/B/C pin server 0, 1, 2 to these CPU lists (taskset -c; e.g. 0-3/4-7/8-11):
+#                      a machine per server on one many-core host, so that a backup's work is
+#                      not taken from its primary's cores; default: no pinning
+#   --client-cpus LIST pin kvbench and kvcli to this CPU list (e.g. 12-15); default: no pinning
 #   --build DIR        build dir with server/kvserver, tools/kvcli, bench/kvbench/kvbench
 #                      (default build/ci, else build/default); nothing is built
 #   --out DIR          keep every raw output there (kvbench reports, kvcli JSON, server logs,
@@ -42,7 +46,7 @@ cd "$(dirname "$0")/.."
 PROG=replication-bench.sh
 
 RECORDS=10000 OPS=20000 THREADS=16 SHARDS=24 REPEAT=3 COPY_RECORDS=200000 WORKERS=16
-MEMORY=256MiB BUILD="" OUT="" ROLES=1
+MEMORY=256MiB BUILD="" OUT="" ROLES=1 SERVER_CPUS="" CLIENT_CPUS=""
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 note() { echo "$PROG: $*" >&2; }
 usage() { sed -n '2,/^[^#]/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "$1"; }
@@ -51,9 +55,10 @@ while (($# > 0)); do
     -h | --help) usage 0 ;;
     --no-roles) ROLES=0; shift; continue ;;
     --records | --ops | --threads | --shards | --repeat | --copy-records | --worker-threads | \
-      --memory | --build | --out)
+      --memory | --build | --out | --server-cpus | --client-cpus)
       (($# >= 2)) || die "$1 needs a value (usage: --help)"
       case $1 in
+        --server-cpus) SERVER_CPUS=$2 ;; --client-cpus) CLIENT_CPUS=$2 ;;
         --records) RECORDS=$2 ;; --ops) OPS=$2 ;; --threads) THREADS=$2 ;;
         --shards) SHARDS=$2 ;; --repeat) REPEAT=$2 ;; --copy-records) COPY_RECORDS=$2 ;;
         --worker-threads) WORKERS=$2 ;; --memory) MEMORY=$2 ;; --build) BUILD=$2 ;;
@@ -72,6 +77,26 @@ uint --shards "$SHARDS" 1
 uint --repeat "$REPEAT" 1
 uint --copy-records "$COPY_RECORDS" 0
 uint --worker-threads "$WORKERS" 1
+
+# Pinning: PIN_SRV[i] and PIN_CLI are command prefixes (empty: not pinned).
+declare -a PIN_SRV=("" "" "")
+PIN_CLI=()
+if [[ -n $SERVER_CPUS$CLIENT_CPUS ]]; then
+  command -v taskset >/dev/null || die "--server-cpus/--client-cpus need taskset (util-linux)"
+fi
+cpulist_ok() { [[ $1 =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]]; }
+if [[ -n $SERVER_CPUS ]]; then
+  IFS=/ read -r -a _sc <<<"$SERVER_CPUS"
+  ((${#_sc[@]} == 3)) || die "--server-cpus=$SERVER_CPUS: three CPU lists separated by '/'"
+  for i in 0 1 2; do
+    cpulist_ok "${_sc[i]}" || die "--server-cpus: '${_sc[i]}' is not a CPU list (e.g. 0-3 or 0,2)"
+    PIN_SRV[i]="taskset -c ${_sc[i]}"
+  done
+fi
+if [[ -n $CLIENT_CPUS ]]; then
+  cpulist_ok "$CLIENT_CPUS" || die "--client-cpus=$CLIENT_CPUS is not a CPU list (e.g. 12-15)"
+  PIN_CLI=(taskset -c "$CLIENT_CPUS")
+fi
 
 if [[ -z $BUILD ]]; then
   BUILD=build/ci
@@ -183,7 +208,8 @@ start_cluster_once() {
   cp "$d/map.json" "$OUT/$name-map.json"
   for i in 0 1 2; do
     mkdir -p "$d/server-$i"
-    "$KVSERVER" --host=127.0.0.1 --port="${PORTS[i]}" --port_file="$d/server-$i/port" \
+    # shellcheck disable=SC2086  # the pinning prefix splits on purpose
+    ${PIN_SRV[i]} "$KVSERVER" --host=127.0.0.1 --port="${PORTS[i]}" --port_file="$d/server-$i/port" \
       --transport=tcp --memory="$MEMORY" --cluster_map="$d/map.json" --server_id="$i" \
       --data_dir="$d/server-$i" --durability=none --worker_threads="$WORKERS" \
       </dev/null >"$OUT/$name-server-$i.log" 2>&1 &
@@ -237,17 +263,19 @@ srv_ticks_each() {
 }
 
 # kvb NAME ARGS...: one kvbench run against SEED (its report to $OUT/NAME.txt); sets SRV_CPU and
-# CLI_CPU (CPU seconds of the servers and of kvbench during it), SRV_CPU_EACH (each server's, 
-# space-separated) and SRV_CSW (the servers' context switches during it).
+# CLI_CPU (CPU seconds of the servers and of kvbench during it), SRV_CPU_EACH (each server's,
+# space-separated), SRV_CSW (the servers' context switches during it) and WALL (its seconds).
 kvb() {
   local name=$1 before after csw_before rc each_before
   shift
   before=$(srv_ticks)
   each_before=$(srv_ticks_each)
   csw_before=$(srv_switches)
+  local t0 t1
+  t0=$(date +%s.%N)
   set +e
   (
-    "$KVB" "$@" -db rdkv -p rdkv.seed="$SEED" -p rdkv.transport=tcp -p status.interval=0 \
+    "${PIN_CLI[@]}" "$KVB" "$@" -db rdkv -p rdkv.seed="$SEED" -p rdkv.transport=tcp -p status.interval=0 \
       >"$OUT/$name.txt" 2>"$OUT/$name.err"
     rc=$?
     times >"$work/times"
@@ -255,6 +283,8 @@ kvb() {
   )
   rc=$?
   set -e
+  t1=$(date +%s.%N)
+  WALL=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')
   after=$(srv_ticks)
   SRV_CPU_EACH=$(awk -v a="$each_before" -v b="$(srv_ticks_each)" -v hz="$HZ" 'BEGIN {
     n = split(a, x, " "); split(b, y, " ")
@@ -276,8 +306,10 @@ field() { awk -F', ' -v s="[$2]" -v n="$3" '$1 == s && $2 == n {print $3; exit}'
 
 # --- the R runs ------------------------------------------------------------------------------
 echo "host: $(nproc) CPUs, $(uname -r); uptime before: $(uptime)"
+echo "pinning: servers ${SERVER_CPUS:-none} (0/1/2), client ${CLIENT_CPUS:-none}"
 echo "settings: $RECORDS records of 10 x 100 B, $OPS operations per run, $THREADS client threads, $SHARDS shards, 3 servers (tcp, durability none, $WORKERS worker threads), $REPEAT round(s)"
 ROWS=$work/rows  # lines: workload op R round ops/s p50 p99 srv_us/op cli_us/op errors srv_csw/op
+#   srv_cores busiest_srv_cores cli_cores (CPUs busy: CPU seconds / wall seconds)
 : >"$ROWS"
 WORKLOADS=(update "-P bench/workloads/workloada -p readproportion=0 -p updateproportion=1 -p requestdistribution=uniform"
   A "-P bench/workloads/workloada"
@@ -304,7 +336,10 @@ for ((round = 1; round <= REPEAT; round++)); do
         echo "$wl $op $r $round $(awk -v t="$tput" -v o="$opn" -v n="$nops" 'BEGIN {printf "%.1f", t * o / n}') $p50 $p99 \
 $(awk -v c="$SRV_CPU" -v n="$nops" 'BEGIN {printf "%.1f", 1e6 * c / n}') \
 $(awk -v c="$CLI_CPU" -v n="$nops" 'BEGIN {printf "%.1f", 1e6 * c / n}') $errs \
-$(awk -v c="$SRV_CSW" -v n="$nops" 'BEGIN {printf "%.1f", c / n}')" >>"$ROWS"
+$(awk -v c="$SRV_CSW" -v n="$nops" 'BEGIN {printf "%.1f", c / n}') \
+$(awk -v s="$SRV_CPU" -v e="$SRV_CPU_EACH" -v c="$CLI_CPU" -v w="$WALL" 'BEGIN {
+  n = split(e, x, " "); m = 0; for (i = 1; i <= n; i++) if (x[i] + 0 > m) m = x[i] + 0
+  printf "%.2f %.2f %.2f", s / w, m / w, c / w }')" >>"$ROWS"
       done
       note "round $round R=$r $wl: $tput ops/s (servers ${SRV_CPU} CPU-s, client ${CLI_CPU} CPU-s)"
     done
@@ -326,10 +361,11 @@ awk '
     if (!(($1 SUBSEP $2) in seen)) { seen[$1 SUBSEP $2] = 1; order[++no] = $1 SUBSEP $2 }
     add(k SUBSEP "t", $5); add(k SUBSEP "p50", $6); add(k SUBSEP "p99", $7)
     add(k SUBSEP "s", $8); add(k SUBSEP "c", $9); err[k] += $10; add(k SUBSEP "x", $11)
+    add(k SUBSEP "sb", $12); add(k SUBSEP "mb", $13); add(k SUBSEP "cb", $14)
   }
   END {
-    print "| workload | op | R | ops/s | p50 us | p99 us | ops/s vs R=1 | p50 vs R=1 | p99 vs R=1 | servers CPU us/op | client CPU us/op | servers switches/op | errors |"
-    print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    print "| workload | op | R | ops/s | p50 us | p99 us | ops/s vs R=1 | p50 vs R=1 | p99 vs R=1 | servers CPU us/op | client CPU us/op | servers switches/op | errors | servers CPUs busy | busiest server CPUs busy | client CPUs busy |"
+    print "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for (i = 1; i <= no; i++) {
       split(order[i], wo, SUBSEP)
       b = order[i] SUBSEP 1
@@ -338,9 +374,10 @@ awk '
         k = order[i] SUBSEP r
         if (!((k SUBSEP "t") in vals)) continue
         t = median(k SUBSEP "t"); p50 = median(k SUBSEP "p50"); p99 = median(k SUBSEP "p99")
-        printf "| %s | %s | %d | %.0f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d |\n",
+        printf "| %s | %s | %d | %.0f | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %d | %.2f | %.2f | %.2f |\n",
           wo[1], wo[2], r, t, p50, p99, (bt > 0 ? t / bt : 0), (b50 > 0 ? p50 / b50 : 0),
-          (b99 > 0 ? p99 / b99 : 0), median(k SUBSEP "s"), median(k SUBSEP "c"), median(k SUBSEP "x"), err[k]
+          (b99 > 0 ? p99 / b99 : 0), median(k SUBSEP "s"), median(k SUBSEP "c"), median(k SUBSEP "x"), err[k],
+          median(k SUBSEP "sb"), median(k SUBSEP "mb"), median(k SUBSEP "cb")
       }
     }
   }' "$ROWS" >"$TABLE"
@@ -398,7 +435,7 @@ if ((COPY_RECORDS > 0)); then
     -p fieldlength=100 -threads "$THREADS"
   load_tput=$(field "$OUT/copy-load.txt" OVERALL "Throughput(ops/sec)")
   # The update load during the copy: runs until killed, a status line every second.
-  "$KVB" run -db rdkv -p rdkv.seed="$SEED" -p rdkv.transport=tcp -P bench/workloads/workloada \
+  "${PIN_CLI[@]}" "$KVB" run -db rdkv -p rdkv.seed="$SEED" -p rdkv.transport=tcp -P bench/workloads/workloada \
     -p readproportion=0 -p updateproportion=1 -p requestdistribution=uniform \
     -p recordcount="$COPY_RECORDS" -p fieldcount=1 -p fieldlength=100 -p operationcount=0 \
     -p maxexecutiontime=3600 -p status.interval=1 -threads 4 \
@@ -410,7 +447,7 @@ if ((COPY_RECORDS > 0)); then
   : >"$OUT/copy-add-replica.json"
   for ((s = 0; s < SHARDS; s++)); do
     to=$(((s + 2) % 3))
-    if ! timeout 600 "$KVCLI" --seed="$SEED" --transport=tcp --json cluster add-replica "$s" "$to" \
+    if ! timeout 600 "${PIN_CLI[@]}" "$KVCLI" --seed="$SEED" --transport=tcp --json cluster add-replica "$s" "$to" \
       >"$work/add.json" 2>"$work/add.err"; then
       cat "$work/add.json" "$work/add.err" >&2
       die "kvcli cluster add-replica $s $to failed"
@@ -454,7 +491,7 @@ fi
   cat "$TABLE"
   echo
   echo "ops/s: of that op type (its share of the run's throughput); p50/p99: kvbench's latency per op type;"
-  echo "CPU: CPU microseconds per operation of the whole run (= ms per 1000 operations; servers: all 3 summed, from /proc/PID/stat; client: the kvbench process; 10 ms ticks); switches: context switches of all the servers' threads per operation; errors: failed operations over all rounds."
+  echo "CPU: CPU microseconds per operation of the whole run (= ms per 1000 operations; servers: all 3 summed, from /proc/PID/stat; client: the kvbench process; 10 ms ticks); switches: context switches of all the servers' threads per operation; errors: failed operations over all rounds; CPUs busy: CPU seconds / wall seconds of the run (all servers, the busiest server, kvbench): a process near the CPUs it is pinned to bounds the run."
   if ((ROLES)); then
     echo
     echo "## role split: 100 % updates, every shard's primary on server 0, backups on 1..R-1 (medians of $REPEAT round(s))"

@@ -18,8 +18,16 @@ for b in server/kvserver tools/kvcli bench/kvbench/kvbench; do
   fi
 done
 
+# Pinned to every CPU (taskset -c 0-N): the pinning path runs without changing the schedule.
+pin=()
+if command -v taskset >/dev/null; then
+  all=0-$(($(nproc) - 1))
+  pin=(--server-cpus "$all/$all/$all" --client-cpus "$all")
+else
+  echo "pinning not exercised: no taskset"
+fi
 rc=0
-"$src/bench/replication-bench.sh" --records 300 --ops 400 --threads 4 --shards 3 --repeat 1 \
+"$src/bench/replication-bench.sh" "${pin[@]}" --records 300 --ops 400 --threads 4 --shards 3 --repeat 1 \
   --copy-records 600 --worker-threads 8 --memory 64MiB --build "$build" --out "$work/out" \
   >"$work/stdout" 2>"$work/stderr" || rc=$?
 if ((rc != 0)); then
@@ -28,7 +36,8 @@ if ((rc != 0)); then
 fi
 out=$(cat "$work/stdout")
 
-# One row per workload, op type and R: | workload | op | R | ops/s | p50 | p99 | 3 ratios | CPU x2 | switches | errors |
+# One row per workload, op type and R: | workload | op | R | ops/s | p50 | p99 | 3 ratios | CPU x2 |
+# switches | errors | CPUs busy x3 |
 for row in "update UPDATE" "A READ" "A UPDATE" "C READ"; do
   read -r wl op <<<"$row"
   for r in 1 2 3; do
@@ -38,8 +47,8 @@ for row in "update UPDATE" "A READ" "A UPDATE" "C READ"; do
       continue
     fi
     IFS='|' read -r -a cells <<<"$line"
-    ((${#cells[@]} == 14)) || { fail "row '$line' has ${#cells[@]} cells, not 14"; continue; }
-    for c in 4 5 6 7 8 9 10 11 12 13; do
+    ((${#cells[@]} == 17)) || { fail "row '$line' has ${#cells[@]} cells, not 17"; continue; }
+    for c in 4 5 6 7 8 9 10 11 12 13 14 15 16; do
       [[ ${cells[c]// /} =~ ^[0-9]+(\.[0-9]+)?$ ]] || fail "$wl $op R=$r: cell $c '${cells[c]}' is not a number"
     done
     awk -v t="${cells[4]}" 'BEGIN {exit !(t > 0)}' || fail "$wl $op R=$r: no throughput"
@@ -94,6 +103,12 @@ done
 rc=0
 "$src/bench/replication-bench.sh" --records 0 >/dev/null 2>"$work/err" || rc=$?
 [[ $rc == 2 ]] || fail "--records 0 exited $rc"
+rc=0
+"$src/bench/replication-bench.sh" --server-cpus 0-1/2 >/dev/null 2>"$work/err" || rc=$?
+[[ $rc == 2 && $(cat "$work/err") == *"three CPU lists"* ]] || fail "--server-cpus 0-1/2 exited $rc: $(cat "$work/err")"
+if ((${#pin[@]} > 0)); then
+  [[ $out == *"pinning: servers $all/$all/$all (0/1/2), client $all"* ]] || fail "the pinning is not recorded"
+fi
 
 if ((failures > 0)); then
   echo "--- stdout:" >&2
