@@ -12,7 +12,8 @@ namespace rdkv::client {
 
 struct Counters {
   std::atomic<uint64_t> gets{0}, get_reads{0}, get_round_trips{0}, get_retries{0}, cache_hits{0},
-      torn_reads{0}, writes{0}, errors{0}, cache_misses{0}, slow_reads{0}, reconnects{0};
+      torn_reads{0}, writes{0}, errors{0}, cache_misses{0}, slow_reads{0}, reconnects{0},
+      retired_accepts{0};
 
   // The totals as the public struct.
   ClientStats Snapshot() const {
@@ -28,6 +29,7 @@ struct Counters {
     s.cache_misses = cache_misses.load(std::memory_order_relaxed);
     s.slow_reads = slow_reads.load(std::memory_order_relaxed);
     s.reconnects = reconnects.load(std::memory_order_relaxed);
+    s.retired_accepts = retired_accepts.load(std::memory_order_relaxed);
     return s;
   }
 };

@@ -37,13 +37,17 @@ bool IntactItem(const uint8_t* bytes, size_t n) {
 }  // namespace
 
 Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::string_view* value,
-                     uint64_t* version, bool* torn) {
+                     uint64_t* version, bool* torn, Reach reach, bool* live) {
   *torn = false;
+  if (live != nullptr) *live = false;
   switch (kv::CheckItem(bytes, n, key, value, version)) {
     case kv::ItemCheck::kOk:
+      if (live != nullptr) *live = true;
       return Verdict::kAccept;
     case kv::ItemCheck::kDead:
-      return Verdict::kRetry;  // the key's item, retired: the key was replaced or deleted
+      // The key's item, not LIVE: replaced or deleted since (DEAD), or just linked (PENDING).
+      // Through a slot READ first it was the current value when the slot was read.
+      return reach == Reach::kSlotReadFirst ? Verdict::kAccept : Verdict::kRetry;
     case kv::ItemCheck::kBadChecksum:
       *torn = true;
       return Verdict::kRetry;
@@ -973,18 +977,28 @@ GetTask GetEngine::JudgeCandidates(OwnerRun& run, bool* any_retry) {
       std::string_view value;
       uint64_t version = 0;
       bool torn = false;
-      Verdict v = ClassifyItem(item, x->batch[n]->length, job.key, &value, &version, &torn);
+      bool live = false;
+      // Candidates are READ only after their buckets' batch completed (IndexChunk), and this
+      // one within read_deadline of t0: the slot was read first.
+      Verdict v = ClassifyItem(item, x->batch[n]->length, job.key, &value, &version, &torn,
+                               Reach::kSlotReadFirst, &live);
       if (torn) {
         Add(counters_->torn_reads);
         job.problem = Problem::kTorn;
       }
       if (v == Verdict::kAccept) {
         if (LeaseAllows(session, job, now)) {
-          const kv::SlotFields f = kv::UnpackSlot(SlotWord(x->buckets + job.images, tag.candidate));
-          job.link->cache.Store(
-              job.hash, CachedLocation{f.offset_units, f.units,
-                                       static_cast<uint8_t>(tag.candidate / kv::kSlotsPerBucket),
-                                       job.contended});
+          // A retired item is an answer but not a location worth remembering.
+          if (live) {
+            const kv::SlotFields f =
+                kv::UnpackSlot(SlotWord(x->buckets + job.images, tag.candidate));
+            job.link->cache.Store(
+                job.hash, CachedLocation{f.offset_units, f.units,
+                                         static_cast<uint8_t>(tag.candidate / kv::kSlotsPerBucket),
+                                         job.contended});
+          } else {
+            Add(counters_->retired_accepts);
+          }
           Accept(job, value, version);
           continue;
         }

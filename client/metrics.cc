@@ -7,6 +7,9 @@
 
 namespace rdkv {
 
+// Twelve counters, one sample each below: a field added to ClientStats must be added here.
+static_assert(sizeof(ClientStats) == 12 * sizeof(uint64_t), "a ClientStats field has no sample");
+
 std::vector<MetricSample> ClientMetricSamples(const ClientStats& s) {
   auto d = [](uint64_t v) { return static_cast<double>(v); };
   return {
@@ -28,6 +31,9 @@ std::vector<MetricSample> ClientMetricSamples(const ClientStats& s) {
        "Failed calls (not found, already exists and version mismatch are answers, not errors)",
        d(s.errors)},
       {"rdkv_client_reconnects_total", "Connections replaced after a failure", d(s.reconnects)},
+      {"rdkv_client_retired_accepts_total",
+       "GETs answered with the item their slot READ found, already replaced when it was READ",
+       d(s.retired_accepts)},
   };
 }
 

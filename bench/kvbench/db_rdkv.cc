@@ -72,6 +72,7 @@ class RdkvBackend final : public Backend {
         {"Writes", static_cast<double>(a.writes - b.writes)},
         {"ClientErrors", static_cast<double>(a.errors - b.errors)},
         {"Reconnects", static_cast<double>(a.reconnects - b.reconnects)},
+        {"RetiredAccepts", static_cast<double>(a.retired_accepts - b.retired_accepts)},
     };
     return r;
   }

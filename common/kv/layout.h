@@ -168,7 +168,9 @@ uint64_t HeaderChecksum(const RegionHeader& h);
 enum class ItemCheck : uint8_t { kOk, kTooShort, kBadLengths, kWrongKey, kBadChecksum, kDead };
 
 // Validates `bytes` (what a READ returned for a slot of `units` units) as a live item of
-// `key`. On kOk, *value points into `bytes` and *version is the item's version.
+// `key`. On kOk and kDead (intact, the key's, not LIVE), *value points into `bytes` and
+// *version is the item's version; whether a kDead item may be returned is the reader's rule
+// (docs/design.md "index path, found").
 ItemCheck CheckItem(const uint8_t* bytes, size_t n, std::string_view key, std::string_view* value,
                     uint64_t* version);
 

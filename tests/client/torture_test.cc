@@ -121,6 +121,10 @@ void RunTorture(const TortureConfig& cfg) {
   // Highest version any completed GET returned, per key.
   std::unique_ptr<std::atomic<uint64_t>[]> floor(new std::atomic<uint64_t>[kKeys]);
   for (int k = 0; k < kKeys; ++k) floor[k].store(0);
+  // Per key, the lowest version a GET that starts now may return: the last acknowledged
+  // write's version (after an acknowledged delete, one above the deleted item's).
+  std::unique_ptr<std::atomic<uint64_t>[]> acked(new std::atomic<uint64_t>[kKeys]);
+  for (int k = 0; k < kKeys; ++k) acked[k].store(0);
 
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> gets{0}, found{0}, not_found{0}, invalid{0}, stale{0}, errors{0}, writes{0},
@@ -175,6 +179,7 @@ void RunTorture(const TortureConfig& cfg) {
           continue;
         }
         if (deleted) {
+          acked[k].store(current[k] + 1);
           current[k] = 0;
           auto v = wc.Put(sync_key, "x");  // a delete may or may not advance the counter
           if (!v.ok()) {
@@ -192,11 +197,13 @@ void RunTorture(const TortureConfig& cfg) {
         }
         current[k] = *r;
         counter = *r;
+        acked[k].store(*r);
       }
     });
   }
 
-  auto judge = [&](int k, uint64_t floor_before, const Result<GetResult>& r) {
+  auto judge = [&](int k, uint64_t floor_before, uint64_t acked_before,
+                   const Result<GetResult>& r) {
     if (r.ok()) {
       found.fetch_add(1, std::memory_order_relaxed);
       std::string why = CheckValue(KeyName(k), r->version, r->value);
@@ -210,6 +217,11 @@ void RunTorture(const TortureConfig& cfg) {
         stale.fetch_add(1);
         report("STALE read of " + KeyName(k) + ": version " + std::to_string(r->version) +
                " after a completed GET returned " + std::to_string(floor_before));
+      } else if (r->version < acked_before) {
+        stale.fetch_add(1);
+        report("STALE read of " + KeyName(k) + ": version " + std::to_string(r->version) +
+               " after a write that left version " + std::to_string(acked_before) +
+               " or newer was acknowledged");
       }
       uint64_t f = floor[k].load();
       while (f < r->version && !floor[k].compare_exchange_weak(f, r->version)) {
@@ -228,17 +240,21 @@ void RunTorture(const TortureConfig& cfg) {
       std::vector<std::string> names;
       for (int k = 0; k < kKeys; ++k) names.push_back(KeyName(k));
       std::vector<std::string_view> all(names.begin(), names.end());
-      std::vector<uint64_t> floors(kKeys);
+      std::vector<uint64_t> floors(kKeys), ackeds(kKeys);
       while (gets.load(std::memory_order_relaxed) < target_gets) {
         if (rng() % 50 == 0) {
-          for (int k = 0; k < kKeys; ++k) floors[k] = floor[k].load();
+          for (int k = 0; k < kKeys; ++k) {
+            floors[k] = floor[k].load();
+            ackeds[k] = acked[k].load();
+          }
           auto results = rc.MultiGet(all);
-          for (int k = 0; k < kKeys; ++k) judge(k, floors[k], results[k]);
+          for (int k = 0; k < kKeys; ++k) judge(k, floors[k], ackeds[k], results[k]);
           gets.fetch_add(kKeys, std::memory_order_relaxed);
         } else {
           int k = static_cast<int>(rng() % kKeys);
           uint64_t f = floor[k].load();
-          judge(k, f, rc.Get(names[k]));
+          uint64_t a = acked[k].load();
+          judge(k, f, a, rc.Get(names[k]));
           gets.fetch_add(1, std::memory_order_relaxed);
         }
       }
@@ -265,7 +281,7 @@ void RunTorture(const TortureConfig& cfg) {
       "torture: %llu GETs (%llu found, %llu not found, %llu errors), %llu writes (%llu failed); "
       "invalid %llu, stale %llu\n"
       "reader client: %llu READs (%.3f per GET), %.3f round trips per GET, %llu cache hits, %llu cache misses, %llu retries, "
-      "%llu torn, %llu slow\n",
+      "%llu torn, %llu slow, %llu retired items accepted\n",
       (unsigned long long)gets.load(), (unsigned long long)found.load(),
       (unsigned long long)not_found.load(), (unsigned long long)errors.load(),
       (unsigned long long)writes.load(), (unsigned long long)write_errors.load(),
@@ -274,7 +290,7 @@ void RunTorture(const TortureConfig& cfg) {
       s.gets ? double(s.get_round_trips) / double(s.gets) : 0.0,
       (unsigned long long)s.cache_hits, (unsigned long long)s.cache_misses,
       (unsigned long long)s.get_retries, (unsigned long long)s.torn_reads,
-      (unsigned long long)s.slow_reads);
+      (unsigned long long)s.slow_reads, (unsigned long long)s.retired_accepts);
   for (const auto& r : reports) std::printf("  %s\n", r.c_str());
   std::fflush(stdout);
   ::testing::Test::RecordProperty("gets", std::to_string(gets.load()));

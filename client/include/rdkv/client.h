@@ -117,6 +117,10 @@ struct ClientStats {
   uint64_t cache_misses = 0;  // cached locations that no longer held the key (fell back)
   uint64_t slow_reads = 0;    // attempts restarted because they exceeded read_deadline
   uint64_t reconnects = 0;    // connections replaced after a failure
+  // GETs answered with an item that a write replaced (or just linked) between the GET's slot
+  // READ and its item READ: the value of the key at the slot READ (docs/design.md "index path,
+  // found"); high on keys rewritten faster than a round trip.
+  uint64_t retired_accepts = 0;
 };
 
 // The client's counters for an application's own metrics (docs/operations.md "Metrics"): a
