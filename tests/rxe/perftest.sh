@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The Soft-RoCE baseline for one-sided READs, measured with perftest inside the rdkv VM:
-# ib_read_lat -R and ib_read_bw -R, server in the background + client in the same guest, both
-# against $RDKV_RXE_ADDR on $RDKV_RXE_DEVICE. Prints one machine-readable line per test:
+# The Soft-RoCE baseline for one-sided READs and two-sided SENDs, measured with perftest inside
+# the rdkv VM: ib_read_lat -R, ib_send_lat -R and ib_read_bw -R, server in the background +
+# client in the same guest, both against $RDKV_RXE_ADDR on $RDKV_RXE_DEVICE. Prints one
+# machine-readable line per test:
 #   perftest ib_read_lat size=64 p50_us=... p99_us=... avg_us=... (then p999_us min_us max_us stdev_us iters)
+#   perftest ib_send_lat size=64 p50_us=... p99_us=... avg_us=... rtt_p50_us=... (same fields)
 #   perftest ib_read_bw size=64 reads_per_s=... (then bw_avg_MBps bw_peak_MBps iters)
-# p50_us is perftest's t_typical (the median). MB is perftest's MB (2^20 bytes).
+# p50_us is perftest's t_typical (the median). ib_send_lat reports one way (half of its
+# ping-pong round trip); rtt_p50_us is twice that: the raw SEND/RECV round trip that a two-sided
+# request and its answer take. MB is perftest's MB (2^20 bytes).
 #
 # Usage (from the host):
 #   tests/rxe/vm.sh --out OUTDIR -- tests/rxe/perftest.sh [-s SIZE] [--lat-iters N] [--bw-iters N]
@@ -24,7 +28,7 @@ bw_iters=20000
 json=""
 verbose=0
 usage() {
-  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 while (($# > 0)); do
@@ -92,6 +96,12 @@ measure ib_read_lat 18515 "$lat_iters" 9 -F
 read -r _ _ l_min l_max l_typ l_avg l_stdev l_p99 l_p999 _ <<<"$ROW"
 echo "perftest ib_read_lat size=$size p50_us=$l_typ p99_us=$l_p99 avg_us=$l_avg p999_us=$l_p999 min_us=$l_min max_us=$l_max stdev_us=$l_stdev iters=$lat_iters"
 
+# ib_send_lat: the same columns, one-way latency (half the ping-pong round trip).
+measure ib_send_lat 18517 "$lat_iters" 9 -F
+read -r _ _ s_min s_max s_typ s_avg s_stdev s_p99 s_p999 _ <<<"$ROW"
+s_rtt=$(awk -v t="$s_typ" 'BEGIN { printf "%.2f", 2 * t }')
+echo "perftest ib_send_lat size=$size p50_us=$s_typ p99_us=$s_p99 avg_us=$s_avg rtt_p50_us=$s_rtt p999_us=$s_p999 min_us=$s_min max_us=$s_max stdev_us=$s_stdev iters=$lat_iters"
+
 # ib_read_bw: #bytes #iterations BW_peak BW_average MsgRate   (MB/sec, Mpps)
 measure ib_read_bw 18516 "$bw_iters" 5
 read -r _ _ b_peak b_avg b_mpps _ <<<"$ROW"
@@ -106,6 +116,7 @@ if [[ -n $json ]]; then
   "addr": "$RXE_ADDR",
   "size": $size,
   "ib_read_lat": {"iters": $lat_iters, "p50_us": $l_typ, "p99_us": $l_p99, "p999_us": $l_p999, "avg_us": $l_avg, "min_us": $l_min, "max_us": $l_max, "stdev_us": $l_stdev},
+  "ib_send_lat": {"iters": $lat_iters, "p50_us": $s_typ, "rtt_p50_us": $s_rtt, "p99_us": $s_p99, "p999_us": $s_p999, "avg_us": $s_avg, "min_us": $s_min, "max_us": $s_max, "stdev_us": $s_stdev},
   "ib_read_bw": {"iters": $bw_iters, "reads_per_s": $reads, "bw_avg_MBps": $b_avg, "bw_peak_MBps": $b_peak}
 }
 EOF
