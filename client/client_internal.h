@@ -25,8 +25,10 @@ enum class Reach : uint8_t {
   // A remembered location (cache path, or a contended key's item READ beside its buckets):
   // only a LIVE item proves it is the key's current value.
   kCachedLocation,
-  // A slot word whose READ completed before this item READ was posted, within read_deadline:
-  // the item was the key's current value when the slot was read, whatever its state now.
+  // A slot word whose READ completed before this item READ was posted, within read_deadline,
+  // on a server that owned the key's shard before that slot READ: the item was the key's
+  // current value when the slot was read, so a retired (DEAD) one is an answer too. PENDING is
+  // not: only a grace period longer than read_deadline would make it the slot's item.
   kSlotReadFirst,
 };
 // `torn` is set when the item failed its checksum (for the torn_reads counter); `live` (when

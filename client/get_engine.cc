@@ -45,9 +45,11 @@ Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::
       if (live != nullptr) *live = true;
       return Verdict::kAccept;
     case kv::ItemCheck::kDead:
-      // The key's item, not LIVE: replaced or deleted since (DEAD), or just linked (PENDING).
-      // Through a slot READ first it was the current value when the slot was read.
+      // The key's item, replaced or deleted since. Through a slot READ first it was the current
+      // value when the slot was read.
       return reach == Reach::kSlotReadFirst ? Verdict::kAccept : Verdict::kRetry;
+    case kv::ItemCheck::kPending:
+      return Verdict::kRetry;  // just linked: LIVE a few stores later
     case kv::ItemCheck::kBadChecksum:
       *torn = true;
       return Verdict::kRetry;
@@ -677,10 +679,15 @@ void GetEngine::Retry(KeyJob& job, bool* any_retry) {
 void GetEngine::NotFound(const Session& session, KeyJob& job, Clock::time_point completed,
                          bool* any_retry) {
   job.link->cache.Erase(job.hash);
-  if (LeaseAllows(session, job, completed)) {
-    Finish(job, Status::NotFound("key not found"));  // short: no allocation
-  } else if (!job.done) {
+  if (!LeaseAllows(session, job, completed)) {
+    if (!job.done) Retry(job, any_retry);  // else re-routed (kWrongOwner)
+  } else if (!job.owned_before_slots) {
+    // Cluster: the slots may have been read before this server owned the shard (its lease
+    // comes from this very batch): they prove nothing yet. Again, under that lease.
+    job.problem = Problem::kLease;
     Retry(job, any_retry);
+  } else {
+    Finish(job, Status::NotFound("key not found"));  // short: no allocation
   }
 }
 
@@ -866,6 +873,19 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
   const size_t ncached = x->batch.size() - nreads;
   uint8_t* own = x->items + OwnershipOffset(*x);
   if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
+  // Cluster: did an ownership READ that completed before this batch show the shard owned? The
+  // probe above is READ after the buckets (a QP runs READs in order), so its lease may begin
+  // after the slots were read: enough for a LIVE item (current when READ, after it) but not for
+  // a retired item or NotFound, which speak of the moment the slots were read.
+  if (router_->cluster()) {
+    const Clock::time_point posting = Clock::now();
+    for (size_t k = i; k < j; ++k) {
+      KeyJob& job = jobs[k];
+      if (job.done || job.t0 != t0) continue;
+      job.owned_before_slots =
+          session.CheckLease(job.shard, posting, lease_) == Session::LeaseVerdict::kOk;
+    }
+  }
   RDKV_CO_RETURN_IF_ERROR(co_await Batch{&run});
   const Clock::time_point buckets_done = run.completed;
   if (probe) session.UpdateLease(t0, own);
@@ -980,8 +1000,9 @@ GetTask GetEngine::JudgeCandidates(OwnerRun& run, bool* any_retry) {
       bool live = false;
       // Candidates are READ only after their buckets' batch completed (IndexChunk), and this
       // one within read_deadline of t0: the slot was read first.
-      Verdict v = ClassifyItem(item, x->batch[n]->length, job.key, &value, &version, &torn,
-                               Reach::kSlotReadFirst, &live);
+      Verdict v = ClassifyItem(
+          item, x->batch[n]->length, job.key, &value, &version, &torn,
+          job.owned_before_slots ? Reach::kSlotReadFirst : Reach::kCachedLocation, &live);
       if (torn) {
         Add(counters_->torn_reads);
         job.problem = Problem::kTorn;

@@ -62,6 +62,9 @@ struct KeyJob {
   bool contended = false;
   // The current index attempt.
   std::chrono::steady_clock::time_point t0;
+  // Standalone, or an ownership READ completed before this attempt's slots were posted showed
+  // the shard owned (IndexChunk): a retired item or NotFound may then be the answer.
+  bool owned_before_slots = true;
   uint32_t images = 0;               // where its bucket images lie in the scratch's buckets
   uint8_t ncand = 0;                 // candidates found in its buckets (at most 128)
   uint8_t unresolved = 0;            // candidates not yet read and judged

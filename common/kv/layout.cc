@@ -48,6 +48,7 @@ ItemCheck CheckItem(const uint8_t* bytes, size_t n, std::string_view key, std::s
   if (std::string_view(k, h.key_bytes) != key) return ItemCheck::kWrongKey;
   std::string_view v(k + h.key_bytes, h.value_bytes);
   if (ItemChecksum(h, key, v) != h.checksum) return ItemCheck::kBadChecksum;
+  if (h.state != kStateLive && h.state != kStateDead) return ItemCheck::kPending;
   *value = v;
   *version = h.version;
   return h.state == kStateLive ? ItemCheck::kOk : ItemCheck::kDead;

@@ -164,13 +164,22 @@ inline uint64_t RestateChecksum(uint64_t sum, uint32_t from, uint32_t to) {
 uint64_t HeaderChecksum(const RegionHeader& h);
 
 // Why a read item was rejected (for stats and tests).
-// kDead: intact but not LIVE (retired, or written and not yet current).
-enum class ItemCheck : uint8_t { kOk, kTooShort, kBadLengths, kWrongKey, kBadChecksum, kDead };
+// kDead: intact, retired (DEAD): it was the key's current value until a later write or delete.
+// kPending: intact, written and not yet current (PENDING; or a state no server writes).
+enum class ItemCheck : uint8_t {
+  kOk,
+  kTooShort,
+  kBadLengths,
+  kWrongKey,
+  kBadChecksum,
+  kDead,
+  kPending
+};
 
 // Validates `bytes` (what a READ returned for a slot of `units` units) as a live item of
-// `key`. On kOk and kDead (intact, the key's, not LIVE), *value points into `bytes` and
-// *version is the item's version; whether a kDead item may be returned is the reader's rule
-// (docs/design.md "index path, found").
+// `key`. On kOk and kDead, *value points into `bytes` and *version is the item's version;
+// whether a kDead item may be returned is the reader's rule (docs/design.md "index path,
+// found").
 ItemCheck CheckItem(const uint8_t* bytes, size_t n, std::string_view key, std::string_view* value,
                     uint64_t* version);
 

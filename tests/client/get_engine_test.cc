@@ -224,6 +224,67 @@ TEST_F(GetEngineTest, ResultsWaitForAValidOwnershipLease) {
   EXPECT_EQ(Resolve("absent").status().code(), StatusCode::kNotFound);
 }
 
+// A retired item is an answer only when the shard's ownership was READ before the slot that
+// led to it (docs/design.md "index path, found"): a lease from the ownership READ that rides
+// in the slots' own batch may begin after the slots were read.
+TEST_F(GetEngineTest, ARetiredItemNeedsALeaseFromBeforeItsSlotRead) {
+  options_.location_cache_entries = 0;  // every GET through the index
+  options_.ownership_lease = 10s;
+  StartCluster();
+  SetOwnership(true);
+  Put("k", "old");
+  int races = 1;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && races > 0) {
+      --races;
+      Put("k", "new");  // retires the item this READ copied: copy it again, DEAD
+      std::memcpy(op.local, reinterpret_cast<const void*>(op.remote_addr), op.length);
+    }
+    return transport::ReadStatus::kOk;
+  };
+  // No lease before the first attempt: its retired "old" is not taken; the second attempt,
+  // under the lease the first one READ, finds "new".
+  auto g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(stats().get_retries, 1u);
+  EXPECT_EQ(stats().retired_accepts, 0u);
+  // Under a lease READ earlier: the retired item is the answer, at once.
+  races = 1;
+  g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(stats().get_retries, 1u);
+  EXPECT_EQ(stats().retired_accepts, 1u);
+  server_.on_read = nullptr;
+}
+
+// The same for NotFound: slots read before the server owned the shard prove nothing. Here the
+// shard arrives (the key imported, the ownership bit set) after the buckets were READ and
+// before the ownership READ of the same batch: the GET must not answer NotFound.
+TEST_F(GetEngineTest, NotFoundNeedsALeaseFromBeforeItsSlotRead) {
+  options_.location_cache_entries = 0;
+  options_.ownership_lease = 10s;
+  StartCluster();
+  SetOwnership(false);
+  int bucket_reads = 0;
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    if (!IsItemRead(offset) && offset != kv::kOwnershipOffset && ++bucket_reads == 2) {
+      Put("k", "moved-in");  // both bucket images are copied: neither shows it
+      SetOwnership(true);
+    }
+    return transport::ReadStatus::kOk;
+  };
+  auto g = Resolve("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "moved-in");
+  EXPECT_EQ(stats().get_retries, 1u);
+  server_.on_read = nullptr;
+  // With the lease READ earlier, an absent key is NotFound in one attempt.
+  EXPECT_EQ(Resolve("absent").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(stats().get_retries, 1u);
+}
+
 TEST_F(GetEngineTest, ShardNotServedIsWrongOwner) {
   StartCluster();
   SetOwnership(false);
