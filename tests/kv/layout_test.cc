@@ -195,7 +195,7 @@ TEST(LayoutTest, RestatingTheChecksumEqualsRecomputingIt) {
   auto pending = MakeItem("key", "value", 9, kStatePending);
   std::string_view v;
   uint64_t ver;
-  EXPECT_EQ(CheckItem(pending.data(), pending.size(), "key", &v, &ver), ItemCheck::kDead)
+  EXPECT_EQ(CheckItem(pending.data(), pending.size(), "key", &v, &ver), ItemCheck::kPending)
       << "a PENDING item is not returned";
 }
 
