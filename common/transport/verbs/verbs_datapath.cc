@@ -19,10 +19,24 @@ namespace rdkv::transport::verbs {
 namespace {
 
 constexpr int kPollBatch = 32;
-constexpr int kSpinPolls = 128;  // empty polls before an idle server worker blocks
+// How long the polling server worker keeps polling an empty CQ before it blocks on the
+// completion channel: twice the recent average idle gap when that is within kServerSpinMax
+// (the next request is likely to come while it spins: no wake-up on the request's path), else
+// kServerSpinMin (requests come too seldom for spinning to catch them: an idle server uses no
+// CPU beyond that). A fixed count of 128 polls was a few microseconds under Soft-RoCE in an
+// emulated VM, so a client sending its next request a round trip later always found the worker
+// asleep.
+constexpr auto kServerSpinMin = std::chrono::microseconds(20);
+constexpr auto kServerSpinMax = std::chrono::microseconds(300);
+static_assert(kServerSpinMin <= kServerSpinMax);
 // How long a waiting client thread keeps polling before it blocks on the completion channel:
-// longer than a READ round trip on real NICs (~2 us), short enough not to matter as CPU.
-constexpr auto kClientSpin = std::chrono::microseconds(50);
+// twice its recent waits, at least kClientSpinMin (far longer than a READ round trip on real
+// NICs, ~2 us) and at most kClientSpinMax. A completion that arrives after the spin costs a
+// completion-channel wake-up (a system call and a scheduler round trip: under Soft-RoCE in an
+// emulated VM, where a READ takes 40-60 us, a fixed 50 us spin made most GETs block).
+constexpr auto kClientSpinMin = std::chrono::microseconds(50);
+constexpr auto kClientSpinMax = std::chrono::microseconds(300);
+static_assert(kClientSpinMin <= kClientSpinMax);
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);  // longest single sleep of a waiter
 
 inline void CpuRelax() {
@@ -447,20 +461,32 @@ void ClientConnection::WakeWaiters() {
   }
 }
 
+Clock::duration ClientConnection::SpinBudget() const {
+  return std::clamp<Clock::duration>(2 * wait_avg_, kClientSpinMin, kClientSpinMax);
+}
+
+void ClientConnection::NoteWait(Clock::duration waited) {
+  // An average over about the last eight waits; one stall moves it by an eighth at most of
+  // kMaxBlock, and the budget stays within its bounds whatever it holds.
+  wait_avg_ += (std::min<Clock::duration>(waited, kMaxBlock) - wait_avg_) / 8;
+}
+
 void ClientConnection::Progress(Clock::time_point deadline) {
   const uint64_t seen_epoch = epoch_.load();
   if (poll_mu_.TryLock()) {
     size_t reads = 0;
     size_t n = PollCq(&reads);
     if (n == 0) {
-      const Clock::time_point spin_until = Clock::now() + kClientSpin;
+      const Clock::time_point start = Clock::now();
+      const Clock::time_point spin_until = start + SpinBudget();
       for (int spin = 1; n == 0; ++spin) {
         CpuRelax();
         n = PollCq(&reads);
         if ((spin & 15) == 0 && Clock::now() >= spin_until) break;
       }
+      if (n == 0) n = BlockOnCq(std::min(deadline, Clock::now() + kMaxBlock), &reads);
+      if (n > 0) NoteWait(Clock::now() - start);  // a wait that ended in nothing says nothing
     }
-    if (n == 0) n = BlockOnCq(std::min(deadline, Clock::now() + kMaxBlock), &reads);
     poll_mu_.Unlock();
     WakeWaiters();  // others re-check their state, and one of them may take over polling
     return;
@@ -954,7 +980,9 @@ void VerbsListener::WaitForCq(int timeout_ms) {
 }
 
 size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
-  int idle = 0;
+  int idle = 0;                  // empty polls since the CQ was last found non-empty
+  Clock::time_point idle_since;  // when that was
+  Clock::duration budget{};      // this idle gap's spin
   while (true) {
     if (stop_flag_.load(std::memory_order_acquire) ||
         paused_flag_.load(std::memory_order_acquire)) {
@@ -964,7 +992,14 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
     int n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);
     if (n == 0) {
       cq_empty_epoch_.fetch_add(1, std::memory_order_acq_rel);
-      if (++idle < kSpinPolls) {
+      if (idle++ == 0) {
+        idle_since = Clock::now();
+        const auto twice = 2 * std::chrono::nanoseconds(
+                                   idle_gap_avg_ns_.load(std::memory_order_relaxed));
+        budget = twice <= kServerSpinMax ? std::max<Clock::duration>(twice, kServerSpinMin)
+                                         : Clock::duration(kServerSpinMin);
+      }
+      if ((idle & 15) != 0 || Clock::now() - idle_since < budget) {
         CpuRelax();
         continue;
       }
@@ -975,13 +1010,20 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
       n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);  // what came before the CQ was armed
       if (n == 0) {
         WaitForCq(100);
-        idle = 0;
-        continue;
+        continue;  // still idle since idle_since: the gap goes on
       }
     }
     if (n < 0) {  // the CQ is broken; nothing sensible to do but not spin
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
+    }
+    if (idle > 0) {
+      // An average over about the last eight gaps, each counted up to 10 ms.
+      const int64_t gap = std::min<int64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - idle_since).count(),
+          10'000'000);
+      const int64_t avg = idle_gap_avg_ns_.load(std::memory_order_relaxed);
+      idle_gap_avg_ns_.store(avg + (gap - avg) / 8, std::memory_order_relaxed);
     }
     idle = 0;
     size_t nready = 0;

@@ -181,6 +181,10 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   size_t PollCq(size_t* reads) REQUIRES(poll_mu_);
   // Blocks on the completion channel until an event or `until`.
   size_t BlockOnCq(Clock::time_point until, size_t* reads) REQUIRES(poll_mu_);
+  // How long a waiting poller polls before it blocks on the completion channel: twice the recent
+  // average wait, within [kClientSpinMin, kClientSpinMax].
+  Clock::duration SpinBudget() const REQUIRES(poll_mu_);
+  void NoteWait(Clock::duration waited) REQUIRES(poll_mu_);
   // One step of progress for a waiting thread: polls (spin, then block) if no one else is
   // polling, otherwise sleeps until the poller reports progress. Bounded by `deadline`.
   void Progress(Clock::time_point deadline) EXCLUDES(poll_mu_, wait_mu_);
@@ -247,6 +251,9 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   std::vector<ibv_recv_wr> recv_wrs_ GUARDED_BY(poll_mu_);
   std::vector<ibv_sge> recv_sges_ GUARDED_BY(poll_mu_);
   std::vector<uint32_t> reposts_ GUARDED_BY(poll_mu_);
+  // How long the poller's recent waits for a completion took (an average over about the last
+  // eight), and so how long the next one spins before it blocks (SpinBudget).
+  Clock::duration wait_avg_ GUARDED_BY(poll_mu_){};
   Mutex wait_mu_;  // guards nothing: orders a waiter's epoch check against WakeWaiters
   CondVar wait_cv_;
   std::atomic<uint64_t> epoch_{0};
@@ -442,6 +449,9 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::atomic<bool> stop_flag_{false};
   EventFd worker_wake_;
   std::atomic<uint64_t> cq_empty_epoch_{0};
+  // The recent average idle gap (nanoseconds) from an empty CQ to the next completion; only
+  // the one active poller reads and writes it (PollForRequests), hence relaxed.
+  std::atomic<int64_t> idle_gap_avg_ns_{0};
   std::atomic<bool> srq_post_failed_{false};  // reported by the cm thread
 
   std::thread cm_thread_;
