@@ -1005,19 +1005,25 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
       }
       if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
+        idle = 1;
         continue;
       }
       n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);  // what came before the CQ was armed
       if (n == 0) {
         WaitForCq(100);
-        continue;  // still idle since idle_since: the gap goes on
+        idle = 1;  // still idle since idle_since: the gap goes on (and the count stays small)
+        continue;
       }
     }
     if (n < 0) {  // the CQ is broken; nothing sensible to do but not spin
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    if (idle > 0) {
+    // A gap ends with the next request (a receive), not with the completion of a reply's
+    // SEND: those follow each reply within a round trip and would halve the average.
+    bool request = false;
+    for (int i = 0; i < n; ++i) request = request || WrKindOf(wc[i].wr_id) == kWrRecv;
+    if (idle > 0 && request) {
       // An average over about the last eight gaps, each counted up to 10 ms.
       const int64_t gap = std::min<int64_t>(
           std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - idle_since).count(),
@@ -1025,7 +1031,7 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
       const int64_t avg = idle_gap_avg_ns_.load(std::memory_order_relaxed);
       idle_gap_avg_ns_.store(avg + (gap - avg) / 8, std::memory_order_relaxed);
     }
-    idle = 0;
+    if (request) idle = 0;  // else the gap since idle_since goes on
     size_t nready = 0;
     for (int i = 0; i < n; ++i) ProcessCompletion(wc[i], ready, &nready, scratch);
     FlushReposts(scratch);

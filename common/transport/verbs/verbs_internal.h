@@ -449,7 +449,7 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::atomic<bool> stop_flag_{false};
   EventFd worker_wake_;
   std::atomic<uint64_t> cq_empty_epoch_{0};
-  // The recent average idle gap (nanoseconds) from an empty CQ to the next completion; only
+  // The recent average idle gap (nanoseconds) from an empty CQ to the next request; only
   // the one active poller reads and writes it (PollForRequests), hence relaxed.
   std::atomic<int64_t> idle_gap_avg_ns_{0};
   std::atomic<bool> srq_post_failed_{false};  // reported by the cm thread
