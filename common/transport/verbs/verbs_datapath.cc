@@ -39,6 +39,12 @@ constexpr auto kClientSpinMax = std::chrono::microseconds(300);
 static_assert(kClientSpinMin <= kClientSpinMax);
 constexpr auto kMaxBlock = std::chrono::milliseconds(10);  // longest single sleep of a waiter
 
+// A running average over about the last eight durations, each counted up to kMaxBlock: the
+// recent waits of a client poller and the recent idle gaps of a server poller.
+Clock::duration AverageIn(Clock::duration average, Clock::duration sample) {
+  return average + (std::min<Clock::duration>(sample, kMaxBlock) - average) / 8;
+}
+
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -466,9 +472,7 @@ Clock::duration ClientConnection::SpinBudget() const {
 }
 
 void ClientConnection::NoteWait(Clock::duration waited) {
-  // An average over about the last eight waits; one stall moves it by an eighth at most of
-  // kMaxBlock, and the budget stays within its bounds whatever it holds.
-  wait_avg_ += (std::min<Clock::duration>(waited, kMaxBlock) - wait_avg_) / 8;
+  wait_avg_ = AverageIn(wait_avg_, waited);  // SpinBudget keeps its bounds whatever it holds
 }
 
 void ClientConnection::Progress(Clock::time_point deadline) {
@@ -994,8 +998,8 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
       cq_empty_epoch_.fetch_add(1, std::memory_order_acq_rel);
       if (idle++ == 0) {
         idle_since = Clock::now();
-        const auto twice = 2 * std::chrono::nanoseconds(
-                                   idle_gap_avg_ns_.load(std::memory_order_relaxed));
+        const auto twice =
+            2 * std::chrono::nanoseconds(idle_gap_avg_ns_.load(std::memory_order_relaxed));
         budget = twice <= kServerSpinMax ? std::max<Clock::duration>(twice, kServerSpinMin)
                                          : Clock::duration(kServerSpinMin);
       }
@@ -1024,12 +1028,12 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
     bool request = false;
     for (int i = 0; i < n; ++i) request = request || WrKindOf(wc[i].wr_id) == kWrRecv;
     if (idle > 0 && request) {
-      // An average over about the last eight gaps, each counted up to 10 ms.
-      const int64_t gap = std::min<int64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - idle_since).count(),
-          10'000'000);
-      const int64_t avg = idle_gap_avg_ns_.load(std::memory_order_relaxed);
-      idle_gap_avg_ns_.store(avg + (gap - avg) / 8, std::memory_order_relaxed);
+      const Clock::duration avg = std::chrono::duration_cast<Clock::duration>(
+          std::chrono::nanoseconds(idle_gap_avg_ns_.load(std::memory_order_relaxed)));
+      idle_gap_avg_ns_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 AverageIn(avg, Clock::now() - idle_since))
+                                 .count(),
+                             std::memory_order_relaxed);
     }
     if (request) idle = 0;  // else the gap since idle_since goes on
     size_t nready = 0;
