@@ -280,17 +280,18 @@ void RunTorture(const TortureConfig& cfg) {
   std::printf(
       "torture: %llu GETs (%llu found, %llu not found, %llu errors), %llu writes (%llu failed); "
       "invalid %llu, stale %llu\n"
-      "reader client: %llu READs (%.3f per GET), %.3f round trips per GET, %llu cache hits, %llu cache misses, %llu retries, "
+      "reader client: %llu READs (%.3f per GET), %.3f round trips per GET, %llu cache hits, %llu "
+      "cache misses, %llu retries, "
       "%llu torn, %llu slow, %llu retired items accepted\n",
       (unsigned long long)gets.load(), (unsigned long long)found.load(),
       (unsigned long long)not_found.load(), (unsigned long long)errors.load(),
       (unsigned long long)writes.load(), (unsigned long long)write_errors.load(),
       (unsigned long long)invalid.load(), (unsigned long long)stale.load(),
       (unsigned long long)s.get_reads, s.gets ? double(s.get_reads) / double(s.gets) : 0.0,
-      s.gets ? double(s.get_round_trips) / double(s.gets) : 0.0,
-      (unsigned long long)s.cache_hits, (unsigned long long)s.cache_misses,
-      (unsigned long long)s.get_retries, (unsigned long long)s.torn_reads,
-      (unsigned long long)s.slow_reads, (unsigned long long)s.retired_accepts);
+      s.gets ? double(s.get_round_trips) / double(s.gets) : 0.0, (unsigned long long)s.cache_hits,
+      (unsigned long long)s.cache_misses, (unsigned long long)s.get_retries,
+      (unsigned long long)s.torn_reads, (unsigned long long)s.slow_reads,
+      (unsigned long long)s.retired_accepts);
   for (const auto& r : reports) std::printf("  %s\n", r.c_str());
   std::fflush(stdout);
   ::testing::Test::RecordProperty("gets", std::to_string(gets.load()));
