@@ -329,10 +329,16 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
     Add(counters_->errors);
     return bad;
   }
-  std::optional<Result<GetResult>> out;
+  bool stale = false;
+  std::optional<Result<GetResult>> out = TryCachedGet(key, &stale);
+  if (out.has_value()) {
+    if (!out->ok()) Add(counters_->errors);  // the fast path ends with a value or an error
+    return std::move(*out);
+  }
   KeyJob job;
   job.key = key;
   job.out = &out;
+  job.contended = stale;  // its cached item was stale: the location found is kept as contended
   Status s = RunJobs(std::span<KeyJob>(&job, 1));
   if (!s.ok()) {
     Add(counters_->errors);
@@ -344,6 +350,83 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
   }
   if (!out->ok() && !out->status().Is(StatusCode::kNotFound)) Add(counters_->errors);
   return std::move(*out);
+}
+
+// The single-key GET whose location is cached, without the engine's runs and coroutines
+// (docs/design.md "The single-key cached path"): one READ of the cached item (with the
+// ownership READ beside it when the lease wants a refresh), judged exactly as the cache pass
+// judges it. A LIVE item of the key under a valid lease is the answer; no session or a failed
+// READ is the error the engine would have ended the GET with. Everything else returns nullopt
+// having decided nothing, and Get runs the engine: no entry, a contended key,
+// cache_checks_slot, no scratch, a failure the engine re-routes (no session or a failed READ
+// in a coordinated cluster), or a lease that does not allow the item. A stale item (not LIVE,
+// torn, another key's) is a cache miss: the entry is forgotten and *stale set.
+std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key, bool* stale) {
+  if (options_.cache_checks_slot) return std::nullopt;
+  const uint64_t hash = kv::KeyHash(key);
+  const bool cluster = router_->cluster();
+  std::shared_ptr<const Routing> rt;
+  uint32_t shard = 0;
+  Link* link = nullptr;
+  if (cluster) {
+    rt = router_->routing();
+    shard = kv::ShardOf(hash, rt->map->shards);
+    link = rt->owners[shard];
+  } else {
+    link = &links_->seed();
+  }
+  if (link->cache.entries() == 0) return std::nullopt;
+  // The session first: a reconnect to a new incarnation of the server clears the cache.
+  Result<std::shared_ptr<Session>> opened = links_->SessionOf(*link);
+  if (!opened.ok()) {  // what the engine would end with (it would not try again)
+    if (cluster && Unreachable(*rt, opened.status())) return std::nullopt;  // re-routed
+    return Result<GetResult>(opened.status());
+  }
+  Session& session = **opened;
+  const std::optional<CachedLocation> cached = link->cache.Lookup(hash);
+  if (!cached.has_value() || cached->contended) return std::nullopt;
+  const uint32_t len = uint32_t{cached->units} * kv::kUnit;
+  const auto off = kv::SlotItemOffset(session.header(), {0, cached->units, cached->offset_units});
+  if (!off.has_value()) return std::nullopt;  // the cache pass forgets it
+  Result<std::unique_ptr<ReadScratch>> raw = pool_->Acquire();
+  if (!raw.ok()) return std::nullopt;
+  ScratchLease x(pool_, std::move(*raw));
+  if (len > CacheItemLimit(*x)) return std::nullopt;
+  x->batch.clear();
+  x->tags.clear();
+  AddRead(session, *x, x->items, *off, len, 0);
+  const Clock::time_point t0 = Clock::now();
+  const bool probe = cluster && session.ClaimLeaseRefresh(t0, lease_ / 2);
+  uint8_t* own = x->items + OwnershipOffset(*x);
+  if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
+  Add(counters_->get_round_trips);
+  Add(counters_->get_reads, x->batch.size());
+  Status waited = session.conn().ReadAndWait(x->batch, t0 + options_.op_timeout);
+  const Clock::time_point completed = Clock::now();
+  Status s = CheckReads(session, x, std::move(waited));
+  if (!s.ok()) {
+    if (cluster && Unreachable(*rt, s)) return std::nullopt;  // RunJobs re-routes it
+    Add(counters_->gets);
+    return Result<GetResult>(std::move(s));
+  }
+  if (probe) session.UpdateLease(t0, own);
+  std::string_view value;
+  uint64_t version = 0;
+  bool torn = false;
+  const Verdict v = ClassifyItem(x->items, len, key, &value, &version, &torn);
+  if (torn) Add(counters_->torn_reads);
+  if (v != Verdict::kAccept) {
+    Add(counters_->cache_misses);
+    link->cache.Erase(hash, cached);
+    *stale = true;
+    return std::nullopt;
+  }
+  if (cluster && session.CheckLease(shard, completed, lease_) != Session::LeaseVerdict::kOk) {
+    return std::nullopt;  // not owned (re-routed) or no valid lease (READ again): the engine
+  }
+  Add(counters_->gets);
+  Add(counters_->cache_hits);
+  return Result<GetResult>(GetResult{std::string(value), version});
 }
 
 std::vector<Result<GetResult>> GetEngine::MultiGet(std::span<const std::string_view> keys) {
@@ -424,10 +507,7 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs) {
       // manages: a failover is under way, so its jobs are re-routed with a refreshed map until
       // op_timeout, like a redirect (without a coordinator they fail at once, naming it).
       const bool unreachable =
-          rt.map->coordinated &&
-          (s.Is(StatusCode::kUnavailable) || s.Is(StatusCode::kConnectionLost) ||
-           s.Is(StatusCode::kProtocolError)) &&
-          Clock::now() + std::chrono::milliseconds(20) < deadline;
+          Unreachable(rt, s) && Clock::now() + std::chrono::milliseconds(20) < deadline;
       for (size_t n = 0; n < idx.size(); ++n) {
         KeyJob& job = sub[n];
         const bool reroute = unreachable && !job.done && !s.ok();
@@ -600,9 +680,17 @@ void GetEngine::DriveRuns(std::span<OwnerRun> runs) {
   }
 }
 
+bool GetEngine::Unreachable(const Routing& rt, const Status& s) {
+  return rt.map->coordinated &&
+         (s.Is(StatusCode::kUnavailable) || s.Is(StatusCode::kConnectionLost) ||
+          s.Is(StatusCode::kProtocolError));
+}
+
 Status GetEngine::CheckBatch(OwnerRun& run, Status waited) {
-  Session& session = *run.session;
-  ScratchLease& scratch = *run.scratch;
+  return CheckReads(*run.session, *run.scratch, std::move(waited));
+}
+
+Status GetEngine::CheckReads(Session& session, ScratchLease& scratch, Status waited) {
   if (!waited.ok()) {
     session.MarkBroken();
     if (!scratch->Idle()) session.Quarantine(scratch.Take());  // the transport still owns it

@@ -123,6 +123,14 @@ class GetEngine {
   // After a run's batch was waited for (`waited`: what the wait returned): OK when every READ
   // completed OK; otherwise the error for the run (its session is marked for reconnect).
   Status CheckBatch(OwnerRun& run, Status waited);
+  // The same for one batch of `session` in `scratch` (a scratch with READs still in flight is
+  // quarantined in the session).
+  Status CheckReads(Session& session, ScratchLease& scratch, Status waited);
+  // Cluster: a batch that failed with `s` on an owner the routing names is re-routed rather
+  // than failed (a coordinator manages the cluster, and the failure is about reaching it).
+  static bool Unreachable(const Routing& rt, const Status& s);
+  // Get's fast path for a key with a cached location (get_engine.cc says what it decides).
+  std::optional<Result<GetResult>> TryCachedGet(std::string_view key, bool* stale);
   // The resolution of one run's jobs, and its steps; each suspends at every batch of READs.
   GetTask Resolve(OwnerRun& run);
   GetTask CachePass(OwnerRun& run);

@@ -31,21 +31,31 @@ bool ReadScratch::Idle() const {
 }
 
 void ScratchPool::SetShape(const ScratchShape& shape) {
-  MutexLock l(&shape_mu_);
-  shape_ = shape;
+  bucket_capacity_.store(shape.bucket_capacity, std::memory_order_relaxed);
+  item_capacity_.store(shape.item_capacity, std::memory_order_relaxed);
+  op_capacity_.store(shape.op_capacity, std::memory_order_relaxed);
 }
 
 ScratchShape ScratchPool::shape() const {
-  MutexLock l(&shape_mu_);
-  return shape_;
+  ScratchShape s;
+  s.bucket_capacity = bucket_capacity_.load(std::memory_order_relaxed);
+  s.item_capacity = item_capacity_.load(std::memory_order_relaxed);
+  s.op_capacity = op_capacity_.load(std::memory_order_relaxed);
+  return s;
+}
+
+bool ScratchPool::Fits(const ReadScratch& s) const {
+  return s.bucket_capacity >= bucket_capacity_.load(std::memory_order_relaxed) &&
+         s.item_capacity >= item_capacity_.load(std::memory_order_relaxed) &&
+         s.op_capacity >= op_capacity_.load(std::memory_order_relaxed);
 }
 
 size_t ScratchPool::MyShard() const {
-  return std::hash<std::thread::id>{}(std::this_thread::get_id()) % kShards;
+  thread_local const size_t shard = std::hash<std::thread::id>{}(std::this_thread::get_id());
+  return shard % kShards;
 }
 
 Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
-  ScratchShape want = shape();
   size_t first = MyShard();
   for (size_t i = 0; i < kShards; ++i) {
     Shard& sh = shards_[(first + i) % kShards];
@@ -53,22 +63,15 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
     while (!sh.free.empty()) {
       std::unique_ptr<ReadScratch> s = std::move(sh.free.back());
       sh.free.pop_back();
-      if (s->bucket_capacity >= want.bucket_capacity && s->item_capacity >= want.item_capacity &&
-          s->op_capacity >= want.op_capacity) {
-        return s;
-      }
+      if (Fits(*s)) return s;
       // An old shape: drop it (deregisters its memory).
     }
   }
-  return AllocateUnpooled(want);
+  return AllocateUnpooled(shape());
 }
 
 void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
-  ScratchShape want = shape();
-  if (s->bucket_capacity < want.bucket_capacity || s->item_capacity < want.item_capacity ||
-      s->op_capacity < want.op_capacity) {
-    return;  // stale shape
-  }
+  if (!Fits(*s)) return;  // stale shape
   Shard& sh = shards_[MyShard()];
   MutexLock l(&sh.mu);
   sh.free.push_back(std::move(s));

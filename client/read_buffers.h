@@ -11,6 +11,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -91,9 +92,16 @@ class ScratchPool {
   };
   size_t MyShard() const;
 
+  // True when `s` is at least the current shape.
+  bool Fits(const ReadScratch& s) const;
+
   transport::Fabric* fabric_;
-  mutable Mutex shape_mu_;
-  ScratchShape shape_ GUARDED_BY(shape_mu_);
+  // The current shape, read on every Acquire and Release without a lock: a shape set while a
+  // call runs may or may not be seen by it, as with a lock (the callers check the capacities
+  // of what they get against what they need).
+  std::atomic<size_t> bucket_capacity_{ScratchShape{}.bucket_capacity};
+  std::atomic<size_t> item_capacity_{ScratchShape{}.item_capacity};
+  std::atomic<size_t> op_capacity_{ScratchShape{}.op_capacity};
   Shard shards_[kShards];
 };
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 
 namespace rdkv::kv {
 
@@ -20,12 +21,23 @@ uint64_t Checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
 uint64_t StateMix(uint32_t state) { return XXH3_64bits_withSeed(&state, sizeof(state), 0x5eed); }
 
 uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_view value) {
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
   // The header from key_bytes up to the checksum; the state enters through StateMix.
   static_assert(offsetof(ItemHeader, state) == 0 && offsetof(ItemHeader, key_bytes) == 4);
-  XXH3_64bits_update(&st, reinterpret_cast<const uint8_t*>(&h) + 4,
-                     offsetof(ItemHeader, checksum) - 4);
+  constexpr size_t kHeaderPart = offsetof(ItemHeader, checksum) - 4;
+  // Small items (every GET of a small value checks one): one call over a contiguous copy, the
+  // same hash as the streaming form below (XXH3's streaming and one-shot forms agree), at a
+  // fraction of its cost.
+  constexpr size_t kContiguous = 256;
+  if (kHeaderPart + key.size() + value.size() <= kContiguous) {
+    uint8_t buf[kContiguous];
+    std::memcpy(buf, reinterpret_cast<const uint8_t*>(&h) + 4, kHeaderPart);
+    std::memcpy(buf + kHeaderPart, key.data(), key.size());
+    std::memcpy(buf + kHeaderPart + key.size(), value.data(), value.size());
+    return XXH3_64bits(buf, kHeaderPart + key.size() + value.size()) ^ StateMix(h.state);
+  }
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  XXH3_64bits_update(&st, reinterpret_cast<const uint8_t*>(&h) + 4, kHeaderPart);
   XXH3_64bits_update(&st, key.data(), key.size());
   XXH3_64bits_update(&st, value.data(), value.size());
   return XXH3_64bits_digest(&st) ^ StateMix(h.state);

@@ -285,6 +285,75 @@ TEST_F(GetEngineTest, NotFoundNeedsALeaseFromBeforeItsSlotRead) {
   EXPECT_EQ(stats().get_retries, 1u);
 }
 
+// --- Get's single-key cached path (docs/design.md "The single-key cached path") ---
+
+TEST_F(GetEngineTest, TheCachedPathIsOneReadAndCountsLikeTheEngine) {
+  Start();
+  uint64_t v = Put("k", "value");
+  auto g = engine_->Get("k");  // cold: the engine (buckets, then item)
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(stats().get_round_trips, 2u);
+  g = engine_->Get("k");  // warm: the cached path
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+  EXPECT_EQ(g->version, v);
+  EXPECT_EQ(stats().gets, 2u);
+  EXPECT_EQ(stats().get_reads, 3u + 1u);
+  EXPECT_EQ(stats().get_round_trips, 2u + 1u);
+  EXPECT_EQ(stats().cache_hits, 1u);
+
+  // Rewritten: the cached item is retired, which the cached path never returns; the engine
+  // finds the new one, and keeps its location as contended (its GETs READ the buckets too).
+  uint64_t v2 = Put("k", "new");
+  g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(g->version, v2);
+  EXPECT_EQ(stats().gets, 3u);
+  EXPECT_EQ(stats().cache_misses, 1u);
+  EXPECT_EQ(stats().get_round_trips, 3u + 1u + 2u);  // the stale item, then buckets and item
+  auto loc = links_->seed().cache.Lookup(kv::KeyHash("k"));
+  ASSERT_TRUE(loc.has_value());
+  EXPECT_TRUE(loc->contended);
+
+  // A READ that fails ends the GET with the engine's error (standalone: no second try).
+  server_.on_read = [&](transport::ReadOp&, uint64_t) {
+    return transport::ReadStatus::kConnectionLost;
+  };
+  Put("other", "x");
+  ASSERT_TRUE(engine_->Get("other").status().Is(StatusCode::kConnectionLost));
+  server_.on_read = nullptr;
+}
+
+TEST_F(GetEngineTest, TheCachedPathWaitsForAValidOwnershipLease) {
+  options_.ownership_lease = 20ms;
+  options_.op_timeout = 300ms;
+  StartCluster();
+  SetOwnership(true);
+  Put("k", "value");
+  ASSERT_TRUE(engine_->Get("k").ok());  // caches the location
+  ASSERT_TRUE(router_->routing()->owners[0]->cache.Lookup(kv::KeyHash("k")).has_value());
+  // Every ownership READ now completes later than the lease it grants: the cached item may
+  // not be returned (it could be a value the shard's new owner has since overwritten).
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    if (offset == kv::kOwnershipOffset) std::this_thread::sleep_for(40ms);
+    return transport::ReadStatus::kOk;
+  };
+  std::this_thread::sleep_for(30ms);  // the lease from the first GET has expired
+  const uint64_t hits = stats().cache_hits;
+  auto g = engine_->Get("k");
+  ASSERT_FALSE(g.ok()) << "returned '" << g->value << "' without a valid lease";
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_EQ(stats().cache_hits, hits);
+  server_.on_read = nullptr;
+
+  // The shard is no longer served here: the cached item is not an answer either.
+  std::this_thread::sleep_for(30ms);
+  SetOwnership(false);
+  ASSERT_TRUE(engine_->Get("k").ok() == false);
+  EXPECT_EQ(stats().cache_hits, hits);
+}
+
 TEST_F(GetEngineTest, ShardNotServedIsWrongOwner) {
   StartCluster();
   SetOwnership(false);
