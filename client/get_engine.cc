@@ -329,6 +329,7 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
     Add(counters_->errors);
     return bad;
   }
+  const Clock::time_point start = Clock::now();  // op_timeout runs from here, on either path
   bool stale = false;
   std::optional<Result<GetResult>> out = TryCachedGet(key, &stale);
   if (out.has_value()) {
@@ -339,7 +340,7 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
   job.key = key;
   job.out = &out;
   job.contended = stale;  // its cached item was stale: the location found is kept as contended
-  Status s = RunJobs(std::span<KeyJob>(&job, 1));
+  Status s = RunJobs(std::span<KeyJob>(&job, 1), start);
   if (!s.ok()) {
     Add(counters_->errors);
     return s;
@@ -443,7 +444,7 @@ std::vector<Result<GetResult>> GetEngine::MultiGet(std::span<const std::string_v
     job.key = keys[i];
     job.out = &outs[i];
   }
-  Status s = jobs.empty() ? Status::Ok() : RunJobs(jobs);
+  Status s = jobs.empty() ? Status::Ok() : RunJobs(jobs, Clock::now());
   std::vector<Result<GetResult>> results;
   results.reserve(keys.size());
   for (auto& o : outs) {
@@ -458,13 +459,16 @@ std::vector<Result<GetResult>> GetEngine::MultiGet(std::span<const std::string_v
 // are grouped by owner; a server's failure ends only its own jobs (with the error naming
 // it), and jobs whose server no longer serves their shard are re-routed after a map refresh
 // until op_timeout.
-Status GetEngine::RunJobs(std::span<KeyJob> jobs) {
+Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
   if (!router_->cluster()) {
     Link& seed = links_->seed();
     for (KeyJob& job : jobs) job.link = &seed;
-    return ResolveOn(seed, jobs);
+    OwnerRun run;
+    PrepareRun(run, seed, jobs, start);
+    DriveRuns(std::span<OwnerRun>(&run, 1));
+    return std::move(run.result);
   }
-  Clock::time_point deadline = Clock::now() + options_.op_timeout;
+  const Clock::time_point deadline = start + options_.op_timeout;
   router_->RunRouted([&](const Routing& rt) -> Link* {
     std::map<Link*, std::vector<size_t>> groups;
     for (size_t i = 0; i < jobs.size(); ++i) {
@@ -489,7 +493,7 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs) {
     }
     for (size_t first = 0; first < owners.size(); first += kMaxOwnersInFlight) {
       const size_t last = std::min(owners.size(), first + kMaxOwnersInFlight);
-      for (size_t k = first; k < last; ++k) PrepareRun(runs[k], *owners[k], subs[k]);
+      for (size_t k = first; k < last; ++k) PrepareRun(runs[k], *owners[k], subs[k], start);
       DriveRuns(std::span<OwnerRun>(runs.get() + first, last - first));
       for (size_t k = first; k < last; ++k) {  // the scratches go back before the next wave
         runs[k].task = GetTask();
@@ -531,12 +535,13 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs) {
 
 Status GetEngine::ResolveOn(Link& link, std::span<KeyJob> jobs) {
   OwnerRun run;
-  PrepareRun(run, link, jobs);
+  PrepareRun(run, link, jobs, Clock::now());
   DriveRuns(std::span<OwnerRun>(&run, 1));
   return std::move(run.result);
 }
 
-void GetEngine::PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs) {
+void GetEngine::PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs,
+                           Clock::time_point start) {
   run.link = &link;
   run.jobs = jobs;
   run.state = OwnerRun::State::kDone;
@@ -554,7 +559,6 @@ void GetEngine::PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs) {
   }
   run.scratch.emplace(pool_, std::move(*raw));
   const kv::RegionHeader& h = run.session->header();
-  Clock::time_point start = Clock::now();
   for (KeyJob& job : jobs) {
     job.hash = kv::KeyHash(job.key);
     const kv::Buckets b = kv::BucketsOf(job.hash, kv::SecondHash(job.key), h.bucket_count);

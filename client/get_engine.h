@@ -113,10 +113,13 @@ class GetEngine {
   Status ResolveOn(Link& link, std::span<KeyJob> jobs);
 
  private:
-  Status RunJobs(std::span<KeyJob> jobs);
-  // Sets up a run for `jobs` on `link`'s server (session, scratch, each job's buckets) and
-  // starts nothing; an error (no connection, no scratch) is the run's result at once.
-  void PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs);
+  // `start`: when the call began (its op_timeout runs from there).
+  Status RunJobs(std::span<KeyJob> jobs, std::chrono::steady_clock::time_point start);
+  // Sets up a run for `jobs` on `link`'s server (session, scratch, each job's buckets, each
+  // job's deadline op_timeout after `start`) and starts nothing; an error (no connection, no
+  // scratch) is the run's result at once.
+  void PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs,
+                  std::chrono::steady_clock::time_point start);
   // Drives every run to its end in rounds (docs/design.md, "MultiGet: every owner's batch in
   // flight together"); each run's outcome is left in its `result`.
   void DriveRuns(std::span<OwnerRun> runs);

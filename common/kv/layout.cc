@@ -31,8 +31,8 @@ uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_vie
   if (kHeaderPart + key.size() + value.size() <= kContiguous) {
     uint8_t buf[kContiguous];
     std::memcpy(buf, reinterpret_cast<const uint8_t*>(&h) + 4, kHeaderPart);
-    std::memcpy(buf + kHeaderPart, key.data(), key.size());
-    std::memcpy(buf + kHeaderPart + key.size(), value.data(), value.size());
+    if (!key.empty()) std::memcpy(buf + kHeaderPart, key.data(), key.size());
+    if (!value.empty()) std::memcpy(buf + kHeaderPart + key.size(), value.data(), value.size());
     return XXH3_64bits(buf, kHeaderPart + key.size() + value.size()) ^ StateMix(h.state);
   }
   XXH3_state_t st;

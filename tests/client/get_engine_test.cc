@@ -316,18 +316,28 @@ TEST_F(GetEngineTest, TheCachedPathIsOneReadAndCountsLikeTheEngine) {
   ASSERT_TRUE(loc.has_value());
   EXPECT_TRUE(loc->contended);
 
-  // A READ that fails ends the GET with the engine's error (standalone: no second try).
+  // A failed READ of the cached item ends the GET with the engine's error (standalone: no
+  // second try), counted once.
+  Put("other", "x");
+  ASSERT_TRUE(engine_->Get("other").ok());  // cached now (not contended)
+  uint64_t hits = stats().cache_hits;
+  ASSERT_TRUE(engine_->Get("other").ok());
+  ASSERT_EQ(stats().cache_hits, hits + 1) << "not the cached path";
+  const ClientStats before = stats();
   server_.on_read = [&](transport::ReadOp&, uint64_t) {
     return transport::ReadStatus::kConnectionLost;
   };
-  Put("other", "x");
-  ASSERT_TRUE(engine_->Get("other").status().Is(StatusCode::kConnectionLost));
+  auto lost = engine_->Get("other");
+  EXPECT_TRUE(lost.status().Is(StatusCode::kConnectionLost)) << lost.status().ToString();
+  EXPECT_EQ(stats().gets, before.gets + 1);
+  EXPECT_EQ(stats().errors, before.errors + 1);
+  EXPECT_EQ(stats().get_round_trips, before.get_round_trips + 1);
   server_.on_read = nullptr;
 }
 
 TEST_F(GetEngineTest, TheCachedPathWaitsForAValidOwnershipLease) {
   options_.ownership_lease = 20ms;
-  options_.op_timeout = 300ms;
+  options_.op_timeout = 2000ms;  // room for every attempt's 40 ms ownership READ when loaded
   StartCluster();
   SetOwnership(true);
   Put("k", "value");
