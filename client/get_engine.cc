@@ -1,6 +1,7 @@
 #include "client/get_engine.h"
 
 #include <algorithm>
+#include <bit>
 #include <coroutine>
 #include <cstring>
 #include <exception>
@@ -112,6 +113,17 @@ uint64_t SlotWord(const uint8_t* images, size_t slot) {
   uint64_t word;
   std::memcpy(&word, images + slot * 8, 8);
   return word;
+}
+
+// The first candidate slot of `job` (0..kMaxCandidates-1 over both buckets) at or after `from`,
+// or kMaxCandidates when none is left.
+size_t NextCandidate(const KeyJob& job, size_t from) {
+  for (size_t c = from / kv::kSlotsPerBucket; c < kv::kChoices; ++c) {
+    const size_t skip = c == from / kv::kSlotsPerBucket ? from % kv::kSlotsPerBucket : 0;
+    const uint64_t left = skip == 0 ? job.candidates[c] : job.candidates[c] >> skip << skip;
+    if (left != 0) return c * kv::kSlotsPerBucket + static_cast<size_t>(std::countr_zero(left));
+  }
+  return kMaxCandidates;
 }
 
 // True when a slot of the bucket image points at `loc` under `fingerprint`.
@@ -1002,12 +1014,12 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
     KeyJob& job = jobs[ReadTag::Unpack(x->tags[k]).job];
     if (job.done) continue;  // its cached item was accepted above
     const uint8_t* images = x->buckets + job.images;
-    job.ncand = 0;
     job.retry = false;
     job.slow = false;
-    for (size_t s = 0; s < kMaxCandidates; ++s) {
-      uint64_t word = SlotWord(images, s);
-      if (word != 0 && kv::UnpackSlot(word).fingerprint == job.fingerprint) ++job.ncand;
+    job.ncand = 0;
+    for (size_t c = 0; c < kv::kChoices; ++c) {
+      job.candidates[c] = kv::MatchFingerprints(images + c * kv::kBucketBytes, job.fingerprint);
+      job.ncand += static_cast<uint8_t>(std::popcount(job.candidates[c]));
     }
     job.unresolved = job.ncand;
     // No slot of either bucket held the key's fingerprint when it was read: absent at some
@@ -1024,11 +1036,8 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
     KeyJob& job = jobs[k];
     if (job.done || job.t0 != t0 || job.unresolved == 0) continue;
     const uint8_t* images = x->buckets + job.images;
-    for (size_t c = 0; c < kMaxCandidates; ++c) {
-      uint64_t word = SlotWord(images, c);
-      if (word == 0) continue;
-      const kv::SlotFields f = kv::UnpackSlot(word);
-      if (f.fingerprint != job.fingerprint) continue;
+    for (size_t c = NextCandidate(job, 0); c < kMaxCandidates; c = NextCandidate(job, c + 1)) {
+      const kv::SlotFields f = kv::UnpackSlot(SlotWord(images, c));
       uint32_t len = uint32_t{f.units} * kv::kUnit;
       auto off = kv::SlotItemOffset(h, f);
       if (!off.has_value() || len > x->item_capacity) {

@@ -65,13 +65,14 @@ struct KeyJob {
   // Standalone, or an ownership READ completed before this attempt's slots were posted showed
   // the shard owned (IndexChunk): a retired item or NotFound may then be the answer.
   bool owned_before_slots = true;
-  uint32_t images = 0;               // where its bucket images lie in the scratch's buckets
-  uint8_t ncand = 0;                 // candidates found in its buckets (at most 128)
-  uint8_t unresolved = 0;            // candidates not yet read and judged
-  bool retry = false;                // a candidate said "changed under us"
-  bool slow = false;                 // the attempt exceeded read_deadline
-  int slow_attempts = 0;             // attempts that exceeded read_deadline
-  Problem problem = Problem::kNone;  // the last reason for a retry, for the final error
+  uint32_t images = 0;                     // where its bucket images lie in the scratch's buckets
+  uint64_t candidates[kv::kChoices] = {};  // per bucket, its slots with the key's fingerprint
+  uint8_t ncand = 0;                       // candidates found in its buckets (at most 128)
+  uint8_t unresolved = 0;                  // candidates not yet read and judged
+  bool retry = false;                      // a candidate said "changed under us"
+  bool slow = false;                       // the attempt exceeded read_deadline
+  int slow_attempts = 0;                   // attempts that exceeded read_deadline
+  Problem problem = Problem::kNone;        // the last reason for a retry, for the final error
 };
 
 // Owners a MultiGet has batches in flight on at once; more owners are resolved in further waves

@@ -8,6 +8,10 @@
 #include <cstddef>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace rdkv::kv {
 
 uint64_t KeyHash(std::string_view key) { return XXH3_64bits(key.data(), key.size()); }
@@ -41,6 +45,31 @@ uint64_t ItemChecksum(const ItemHeader& h, std::string_view key, std::string_vie
   XXH3_64bits_update(&st, key.data(), key.size());
   XXH3_64bits_update(&st, value.data(), value.size());
   return XXH3_64bits_digest(&st) ^ StateMix(h.state);
+}
+
+uint64_t MatchFingerprints(const uint8_t* bucket, uint16_t fingerprint) {
+  uint64_t mask = 0;
+#if defined(__SSE2__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  // Two slots per 16-byte load. A slot's fingerprint is its top 16 bits, so after a 16-bit
+  // compare the top bit of each 64-bit lane says whether that slot's fingerprint matched, and
+  // movemask_pd collects those two bits.
+  const __m128i want = _mm_set1_epi16(static_cast<int16_t>(fingerprint));
+  auto pair = [&](size_t s) {
+    const __m128i words = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bucket + s * 8));
+    return static_cast<uint64_t>(_mm_movemask_pd(_mm_castsi128_pd(_mm_cmpeq_epi16(words, want))));
+  };
+  for (size_t s = 0; s < kSlotsPerBucket; s += 8) {
+    const uint64_t eight = pair(s) | pair(s + 2) << 2 | pair(s + 4) << 4 | pair(s + 6) << 6;
+    mask |= eight << s;
+  }
+#else
+  for (size_t s = 0; s < kSlotsPerBucket; ++s) {
+    uint64_t word;
+    std::memcpy(&word, bucket + s * 8, 8);
+    if (UnpackSlot(word).fingerprint == fingerprint) mask |= uint64_t{1} << s;
+  }
+#endif
+  return mask;
 }
 
 uint64_t HeaderChecksum(const RegionHeader& h) {

@@ -151,6 +151,13 @@ inline uint16_t FingerprintOf(uint64_t hash) {
   return fp == 0 ? 1 : fp;
 }
 
+// The slots of one bucket image (kBucketBytes as READ, slot words in the host's byte order, as
+// the region holds them) whose fingerprint is `fingerprint`, as a mask: bit s for slot s. No
+// key's fingerprint is 0 (FingerprintOf), so a slot that matches one is a used slot. A GET's
+// candidates are these slots of its two buckets.
+static_assert(kSlotsPerBucket == 64, "one bit per slot in a uint64_t");
+uint64_t MatchFingerprints(const uint8_t* bucket, uint16_t fingerprint);
+
 // --- checksums ---
 uint64_t Checksum(const void* data, size_t n);
 // The item checksum: covers state, key/value sizes, units, version, key and value, as

@@ -51,9 +51,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (fp == 0) std::abort();
   // The item bytes a candidate's READ would return: each length the slot could ask for.
   const std::vector<uint8_t> item(data, data + size);
+  // The candidate masks a GET takes are exactly the used slots with the key's fingerprint.
+  uint64_t masks[kv::kChoices];
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    masks[c] = kv::MatchFingerprints(images.data() + c * kv::kBucketBytes, fp);
+  }
   for (size_t s = 0; s < kv::kCandidateSlots; ++s) {
     uint64_t word;
     std::memcpy(&word, images.data() + s * 8, 8);
+    const bool candidate = word != 0 && kv::UnpackSlot(word).fingerprint == fp;
+    const bool in_mask = (masks[s / kv::kSlotsPerBucket] >> (s % kv::kSlotsPerBucket) & 1u) != 0;
+    if (candidate != in_mask) std::abort();
     if (word == 0) continue;
     const kv::SlotFields f = kv::UnpackSlot(word);
     if (kv::PackSlot(f) != word) std::abort();  // the slot word round-trips

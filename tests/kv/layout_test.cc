@@ -61,6 +61,43 @@ TEST(LayoutTest, ItemChecksumIsTheDefinitionOnBothSidesOfTheSmallItemRoute) {
   }
 }
 
+TEST(LayoutTest, MatchFingerprintsFindsExactlyTheSlotsWithTheFingerprint) {
+  std::vector<uint64_t> words(kSlotsPerBucket);
+  uint64_t seed = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    seed ^= seed << 13;
+    seed ^= seed >> 7;
+    seed ^= seed << 17;
+    return seed;
+  };
+  for (int round = 0; round < 200; ++round) {
+    const uint16_t fp = FingerprintOf(next());
+    for (uint64_t& w : words) {
+      switch (next() % 5) {
+        case 0:
+          w = 0;  // empty
+          break;
+        case 1:  // the fingerprint, with anything else
+          w = PackSlot(
+              SlotFields{fp, static_cast<uint16_t>(next()), static_cast<uint32_t>(next())});
+          break;
+        case 2:  // the fingerprint's 16 bits in another field only
+          w = (uint64_t{static_cast<uint16_t>(fp + 1)} << 48) | (uint64_t{fp} << 32) | fp;
+          break;
+        default:
+          w = next();
+      }
+    }
+    uint64_t want = 0;
+    for (size_t s = 0; s < kSlotsPerBucket; ++s) {
+      if (words[s] != 0 && UnpackSlot(words[s]).fingerprint == fp) want |= uint64_t{1} << s;
+    }
+    std::vector<uint8_t> image(kBucketBytes);
+    std::memcpy(image.data(), words.data(), kBucketBytes);
+    ASSERT_EQ(MatchFingerprints(image.data(), fp), want) << "round " << round;
+  }
+}
+
 TEST(LayoutTest, SlotRoundTrip) {
   SlotFields s{0xbeef, 0x1234, 0xdeadbeef};
   SlotFields t = UnpackSlot(PackSlot(s));
