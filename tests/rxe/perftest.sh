@@ -13,7 +13,10 @@
 # Usage (from the host):
 #   tests/rxe/vm.sh --out OUTDIR -- tests/rxe/perftest.sh [-s SIZE] [--lat-iters N] [--bw-iters N]
 #                                                         [--json OUTDIR/perftest.json] [--verbose]
-# Defaults: -s 64, --lat-iters 5000, --bw-iters 20000. --json writes the same figures as JSON
+#                                                         [--server-cpu N] [--client-cpu N]
+# --server-cpu / --client-cpu pin perftest's server / client to one vCPU (taskset), as
+# bench/verbs-bench-guest.sh pins kvserver and its clients. Defaults: -s 64, --lat-iters 5000,
+# --bw-iters 20000. --json writes the same figures as JSON
 # (inside the VM only an --out directory, /tmp and /run are writable; /tmp and /run vanish).
 # Exit: 0 ok, 1 a tool failed or printed no result row, 2 bad usage or outside the VM.
 set -euo pipefail
@@ -27,8 +30,10 @@ lat_iters=5000
 bw_iters=20000
 json=""
 verbose=0
+server_pin=()
+client_pin=()
 usage() {
-  sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 while (($# > 0)); do
@@ -38,6 +43,8 @@ while (($# > 0)); do
     --bw-iters) bw_iters=${2:?}; shift 2 ;;
     --json) json=${2:?}; shift 2 ;;
     -v | --verbose) verbose=1; shift ;;
+    --server-cpu) server_pin=(taskset -c "${2:?}"); shift 2 ;;
+    --client-cpu) client_pin=(taskset -c "${2:?}"); shift 2 ;;
     -h | --help) usage ;;
     *) echo "perftest.sh: unknown argument $1" >&2; usage ;;
   esac
@@ -77,7 +84,17 @@ measure() {
   shift 4
   local cmd=("$name" -R -d "$RXE_DEV" -p "$port" -s "$size" -n "$iters" "$@")
   for attempt in 1 2 3 4 5; do
-    why=$(rxe_pair "$work/$name" "$port" "${cmd[@]}" -- "${cmd[@]}" "$RXE_ADDR") || fail "$why"
+    # A connect that races the server's listen is refused now and then (RDMA_CM_EVENT_REJECTED)
+    # when perftest runs many times in one boot: such a pair is run again, up to 5 times.
+    if ! why=$(rxe_pair "$work/$name" "$port" "${server_pin[@]}" "${cmd[@]}" -- \
+      "${client_pin[@]}" "${cmd[@]}" "$RXE_ADDR"); then
+      if grep -q "RDMA_CM_EVENT_REJECTED" "$work/$name-client.log" && ((attempt < 5)); then
+        echo "perftest.sh: $name connect refused (the server was not listening yet); retrying" >&2
+        sleep 1
+        continue
+      fi
+      fail "$why"
+    fi
     if ((verbose)); then cat "$work/$name-client.log" >&2; fi
     ROW=$(awk -v s="$size" -v n="$iters" -v nf="$nf" '$1 == s && $2 == n && NF >= nf' "$work/$name-client.log")
     [[ -n $ROW ]] || fail "$name printed no result row for size $size"
