@@ -24,6 +24,9 @@
 #               the default preset and the two targets built when missing or stale)
 #   RDKV_TRANSPORT  tcp (default), verbs or auto       SERVER_THREADS  server threads (default 2)
 #   COMPARE_OUT     keep every kvbench output (text, plus status lines) in this directory
+#   COMPARE_CHART   where the chart goes (default build/compare/throughput.svg): throughput
+#                   against client threads per workload and backend (bench/throughput_chart.py),
+#                   drawn from this run's medians, which go beside it as throughput.tsv
 #   COMPARE_SKIP_DEPS=1  do not run deploy/install-deps.sh --bench
 #   COMPARE_SKIP_BUILD=1 use the binaries in BUILD as they are
 # A kvbench built without the redis or memcached backend (BUILD configured before their
@@ -308,6 +311,28 @@ for w in a b c d f; do
     done
   done
 done
+# --- chart -------------------------------------------------------------------------------------
+chart=${COMPARE_CHART:-build/compare/throughput.svg}
+mkdir -p "$(dirname "$chart")"
+medians=${chart%.svg}.tsv
+{
+  echo "# workload	threads	backend	ops/s (median of $REPEAT): bench/compare.sh, $RECORDS records, $OPS operations"
+  for w in $order; do
+    for t in $THREADS; do
+      for db in $DBS; do
+        printf '%s\t%s\t%s\t%s\n' "${w^^}" "$t" "$db" "$(cell "$w" "$t" "$db" OVERALL "Throughput(ops/sec)")"
+      done
+    done
+  done
+} >"$medians"
+if python3 bench/throughput_chart.py "$medians" "$chart" \
+  "kvbench: $RECORDS records, $OPS operations, median of $REPEAT; rdkv over $TRANSPORT; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"; then
+  echo
+  echo "chart: $chart (data: $medians)"
+else
+  say "the chart could not be drawn (the table above stands)"
+fi
+
 if ((REPEAT > 1)); then
   # How far apart the repeats of one cell were: on a shared machine, the figure to read first.
   spreads=""
