@@ -866,6 +866,14 @@ GetTask GetEngine::CachePass(OwnerRun& run) {
       }
       if (x->batch.size() + per_job > max_ops || bytes + len > CacheItemLimit(*x) ||
           (check_slot && windows == x->bucket_capacity)) {
+        if (x->batch.empty()) {
+          // It fits no batch of this scratch (in a cluster the ownership READ keeps the item
+          // buffer's tail): the index path, which READs up to item_capacity, finds it instead.
+          // Breaking here would leave this pass with nothing to post and no way forward.
+          job.link->cache.Erase(job.hash, job.cached);
+          job.cached.reset();
+          continue;
+        }
         break;
       }
       const auto job_index = static_cast<uint32_t>(j);
