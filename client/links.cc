@@ -88,8 +88,13 @@ Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   }
   max_value_bytes_.store(h.max_value_bytes, std::memory_order_relaxed);
   ScratchShape shape = ScratchShapeFor(BatchLimit(options_), h.max_value_bytes);
-  // In a cluster the scratches fit the largest items of every server.
-  if (!cluster() || shape.item_capacity > pool_->shape().item_capacity) pool_->SetShape(shape);
+  // In a cluster the scratches fit the largest items of every server (whichever links connect
+  // at the same time).
+  if (cluster()) {
+    pool_->GrowShape(shape);
+  } else {
+    pool_->SetShape(shape);
+  }
   link.session = session;
   return session;
 }

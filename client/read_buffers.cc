@@ -36,6 +36,20 @@ void ScratchPool::SetShape(const ScratchShape& shape) {
   op_capacity_.store(shape.op_capacity, std::memory_order_relaxed);
 }
 
+namespace {
+void RaiseTo(std::atomic<size_t>& a, size_t v) {
+  size_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void ScratchPool::GrowShape(const ScratchShape& shape) {
+  RaiseTo(bucket_capacity_, shape.bucket_capacity);
+  RaiseTo(item_capacity_, shape.item_capacity);
+  RaiseTo(op_capacity_, shape.op_capacity);
+}
+
 ScratchShape ScratchPool::shape() const {
   ScratchShape s;
   s.bucket_capacity = bucket_capacity_.load(std::memory_order_relaxed);

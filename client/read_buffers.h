@@ -73,6 +73,9 @@ class ScratchPool {
   // The shape new scratches get. Scratches of another shape are dropped when given back
   // (a reconnect to a server with larger items).
   void SetShape(const ScratchShape& shape);
+  // Raises each capacity of the shape to at least `shape`'s (never lowers one), atomically per
+  // capacity: links of several servers connecting at once leave the largest of their shapes.
+  void GrowShape(const ScratchShape& shape);
   ScratchShape shape() const;
 
   // A free scratch of the current shape, or a newly registered one (control path: the first

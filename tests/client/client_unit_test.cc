@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/client_internal.h"
 #include "client/location_cache.h"
+#include "client/read_buffers.h"
 #include "client/session.h"
 #include "common/util/units.h"
 #include "rdkv/admin.h"
@@ -146,6 +148,34 @@ TEST(LocationCacheTest, DisabledCacheIsEmpty) {
   cache.Store(1, {1, 1});
   EXPECT_FALSE(cache.Lookup(1).has_value());
   cache.Clear();
+}
+
+// The pool's shape in a cluster only grows: a link to a server with small items connecting
+// while (or after) one with large items did must not shrink the scratches below what the large
+// server's items need.
+TEST(ScratchPoolTest, GrowShapeNeverLowersACapacity) {
+  client::ScratchPool pool(nullptr);
+  const client::ScratchShape big = client::ScratchShapeFor(64, 1 << 20);
+  const client::ScratchShape small = client::ScratchShapeFor(64, 1 << 10);
+  ASSERT_GT(big.item_capacity, small.item_capacity);
+  pool.GrowShape(big);
+  pool.GrowShape(small);
+  EXPECT_EQ(pool.shape().item_capacity, big.item_capacity);
+  // Concurrent growers end at the largest of them, whatever the order.
+  std::vector<std::thread> growers;
+  for (int i = 0; i < 8; ++i) {
+    growers.emplace_back([&pool, i] {
+      for (int n = 0; n < 1000; ++n) {
+        pool.GrowShape(client::ScratchShapeFor(64, uint64_t{1} << (10 + (i + n) % 12)));
+      }
+    });
+  }
+  for (auto& t : growers) t.join();
+  EXPECT_EQ(pool.shape().item_capacity,
+            client::ScratchShapeFor(64, uint64_t{1} << 21).item_capacity);
+  // Standalone, SetShape follows the one server, down as well.
+  pool.SetShape(small);
+  EXPECT_EQ(pool.shape().item_capacity, small.item_capacity);
 }
 
 // The ownership lease's refresh: only one batch per connection carries the ownership READ
