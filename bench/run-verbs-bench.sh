@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 B=${1:-build/default}
 if [[ $B == build/default ]]; then
   cmake --preset default >/dev/null
-  cmake --build --preset default --target transport_bench kv_bench >/dev/null
+  cmake --build --preset default --target transport_bench kv_bench kvserver >/dev/null
 fi
 OUT=$PWD/build/bench-verbs
 ROUNDS=${ROUNDS:-5}

@@ -31,7 +31,10 @@ def read_rows(path):
             if len(parts) != 4:
                 raise ValueError(f"{path}:{n}: expected 4 tab-separated fields, got {len(parts)}")
             w, t, store, ops = parts
-            rows.append((w.upper(), int(t), store, float(ops)))
+            value = float(ops)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{path}:{n}: throughput {ops!r} is not a finite count")
+            rows.append((w.upper(), int(t), store, value))
     return rows
 
 

@@ -9,7 +9,8 @@
 # then, and the same READ took 45 or 90 us from one run to the next.
 # The GET and PUT figures are taken in ROUNDS rounds (default 5), each with its own perftest run
 # right before rdkv's: the emulated machine drifts by tens of percent within one boot, so each
-# ratio is taken within a round and the host script reports their median.
+# ratio is taken within a round and the host script reports their median. Every tool's log
+# (and kvserver's) is kept in OUT_DIR.
 set -euo pipefail
 B=${1:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]}
 OUT=${2:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]}
@@ -23,7 +24,8 @@ work=$(mktemp -d)
 taskset -c "$SERVER_CPU" "$B/server/kvserver" --transport=verbs --host="$RDKV_RXE_ADDR" --port=0 \
   --port_file="$work/port" --memory=256MiB 2>"$work/kvserver.log" &
 server=$!
-trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true
+cp "$work/kvserver.log" "$OUT/" 2>/dev/null || true; rm -rf "$work"' EXIT
 for ((i = 0; i < 300; ++i)); do
   [[ -s $work/port ]] && break
   kill -0 "$server" 2>/dev/null || { cat "$work/kvserver.log" >&2; exit 1; }
@@ -37,7 +39,7 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   tests/rxe/perftest.sh -s 128 --bw-iters 2000 "${pins[@]}" --json "$OUT/perftest-128-$r.json"
   taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
     --value_size=64 --keys=2000 --ops=3000 --seconds=1 --threads=2 --multiget_keys=0 \
-    --json="$OUT/kv-cache-$r.json" 2>/dev/null
+    --json="$OUT/kv-cache-$r.json" 2>"$OUT/kv-cache-$r.log"
   taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
     --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
     --location_cache=false --json="$OUT/kv-index-$r.json" 2>/dev/null
@@ -48,4 +50,5 @@ done
 # perftest of the same size, after the rounds: the first perftest run of a boot is often slow.
 tests/rxe/perftest.sh -s 64 "${pins[@]}" --json "$OUT/perftest-64.json"
 taskset -c "$CLIENT_CPU" "$B/bench/transport_bench" --transport=verbs --host="$RDKV_RXE_ADDR" \
-  --size=64 --iters=5000 --qd=16 --seconds=3 --json="$OUT/transport-64.json" 2>/dev/null
+  --size=64 --iters=5000 --qd=16 --seconds=3 --json="$OUT/transport-64.json" \
+  2>"$OUT/transport-64.log"

@@ -61,6 +61,8 @@ class ThroughputChartTest(unittest.TestCase):
         self.assertEqual(rc, 1)
         rc, _ = self.draw("a\t1\trdkv\n")  # three fields
         self.assertEqual(rc, 1)
+        rc, _ = self.draw("a\t1\trdkv\tnan\n")  # no throughput (e.g. a run of 0 operations)
+        self.assertEqual(rc, 1)
 
 
 if __name__ == "__main__":

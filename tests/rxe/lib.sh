@@ -40,6 +40,12 @@ rxe_wait_listen() {
   return 1
 }
 
+# rxe_tool_name CMD...: the tool a command line runs, past a leading "taskset -c CPUS" (for
+# messages).
+rxe_tool_name() {
+  if [[ ${1:-} == taskset ]]; then echo "${4:-taskset}"; else echo "${1:-}"; fi
+}
+
 # rxe_pair LOG PORT SERVER_CMD... -- CLIENT_CMD...: runs the server in the background, waits for
 # its rdma_cm listener on PORT, then runs the client (limited to 600 s), then waits up to 60 s
 # for the server to finish. Output goes to LOG-server.log and LOG-client.log. On failure it
@@ -57,13 +63,13 @@ rxe_pair() {
   spid=$!
   if ! rxe_wait_listen "$spid" "$port"; then
     rxe_stop "$spid"
-    echo "${server[0]} server did not start listening on port $port"
+    echo "$(rxe_tool_name "${server[@]}") server did not start listening on port $port"
     return 1
   fi
   timeout 600 "$@" >"$log-client.log" 2>&1 && rc=0 || rc=$?
   if ((rc != 0)); then
     rxe_stop "$spid"
-    echo "$1 client failed (exit $rc)"
+    echo "$(rxe_tool_name "$@") client failed (exit $rc)"
     return 1
   fi
   for ((i = 0; i < 300; i++)); do
@@ -72,12 +78,12 @@ rxe_pair() {
   done
   if kill -0 "$spid" 2>/dev/null; then
     rxe_stop "$spid"
-    echo "${server[0]} server did not exit 60 s after its client"
+    echo "$(rxe_tool_name "${server[@]}") server did not exit 60 s after its client"
     return 1
   fi
   wait "$spid" && rc=0 || rc=$?
   if ((rc != 0)); then
-    echo "${server[0]} server failed (exit $rc)"
+    echo "$(rxe_tool_name "${server[@]}") server failed (exit $rc)"
     return 1
   fi
 }

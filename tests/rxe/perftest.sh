@@ -33,7 +33,7 @@ verbose=0
 server_pin=()
 client_pin=()
 usage() {
-  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
   exit 2
 }
 while (($# > 0)); do
@@ -86,9 +86,10 @@ measure() {
   for attempt in 1 2 3 4 5; do
     # A connect that races the server's listen is refused now and then (RDMA_CM_EVENT_REJECTED)
     # when perftest runs many times in one boot: such a pair is run again, up to 5 times.
+    rm -f "$work/$name-client.log"  # only this attempt's client may say it was refused
     if ! why=$(rxe_pair "$work/$name" "$port" "${server_pin[@]}" "${cmd[@]}" -- \
       "${client_pin[@]}" "${cmd[@]}" "$RXE_ADDR"); then
-      if grep -q "RDMA_CM_EVENT_REJECTED" "$work/$name-client.log" && ((attempt < 5)); then
+      if grep -qs "RDMA_CM_EVENT_REJECTED" "$work/$name-client.log" && ((attempt < 5)); then
         echo "perftest.sh: $name connect refused (the server was not listening yet); retrying" >&2
         sleep 1
         continue
