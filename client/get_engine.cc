@@ -1118,15 +1118,15 @@ GetTask GetEngine::JudgeCandidates(OwnerRun& run, bool* any_retry) {
       }
       if (v == Verdict::kAccept) {
         if (LeaseAllows(session, job, now)) {
-          // A retired item is an answer but not a location worth remembering.
-          if (live) {
-            const kv::SlotFields f =
-                kv::UnpackSlot(SlotWord(x->buckets + job.images, tag.candidate));
+          // A retired item is an answer but not a location worth remembering, nor is one that
+          // fits no cache batch (the cache pass would only erase it again).
+          const kv::SlotFields f = kv::UnpackSlot(SlotWord(x->buckets + job.images, tag.candidate));
+          if (live && uint32_t{f.units} * kv::kUnit <= CacheItemLimit(*x)) {
             job.link->cache.Store(
                 job.hash, CachedLocation{f.offset_units, f.units,
                                          static_cast<uint8_t>(tag.candidate / kv::kSlotsPerBucket),
                                          job.contended});
-          } else {
+          } else if (!live) {
             Add(counters_->retired_accepts);
           }
           Accept(job, value, version);

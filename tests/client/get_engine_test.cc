@@ -384,6 +384,10 @@ TEST_F(GetEngineTest, ACachedItemTooLargeForACacheBatchGoesThroughTheIndex) {
   }
   std::vector<std::string_view> keys = {key, key};
   for (const auto& r : engine_->MultiGet(keys)) ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // Such a location is not cached at all: every GET of it is an index GET, no cache miss.
+  EXPECT_FALSE(router_->routing()->owners[0]->cache.Lookup(kv::KeyHash(key)).has_value());
+  EXPECT_EQ(stats().cache_hits, 0u);
+  EXPECT_EQ(stats().cache_misses, 0u);
 }
 
 TEST_F(GetEngineTest, ShardNotServedIsWrongOwner) {
