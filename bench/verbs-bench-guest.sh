@@ -42,7 +42,7 @@ for ((r = 1; r <= ROUNDS; ++r)); do
     --json="$OUT/kv-cache-$r.json" 2>"$OUT/kv-cache-$r.log"
   taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
     --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
-    --location_cache=false --json="$OUT/kv-index-$r.json" 2>/dev/null
+    --location_cache=false --json="$OUT/kv-index-$r.json" 2>"$OUT/kv-index-$r.log"
   echo "round $r of $ROUNDS done"
 done
 
