@@ -44,7 +44,21 @@ cleanup() {
 trap cleanup EXIT
 ip netns add ${tag}n0 2>"$work/err" || skip "ip netns add not permitted: $(cat "$work/err")"
 
-base=$(( ($$ % 80) * 3 + 10 ))
+# Three /24s of 10.78.0.0/16 per run, claimed under a lock held until exit: the R=2 and R=3
+# runs go side by side under ctest -j, and a choice from the pid alone once gave both the same
+# addresses (each run's client then wrote to the other's servers too).
+base=""
+first=$(($$ % 80))
+for ((k = 0; k < 80; ++k)); do
+  b=$((((first + k) % 80) * 3 + 10))
+  exec {lockfd}>"/tmp/rdkv-netns-10.78.$b.lock"
+  if flock -n "$lockfd"; then
+    base=$b
+    break
+  fi
+  exec {lockfd}>&-
+done
+[ -n "$base" ] || fail "no free range of 10.78.0.0/16 for this run"
 addr() { echo "10.78.$((base + $1)).2"; }
 for i in 0 1 2; do
   [ $i = 0 ] || ip netns add ${tag}n$i || fail "ip netns add ${tag}n$i"
