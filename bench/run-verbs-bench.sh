@@ -35,7 +35,7 @@ import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
 rows = []
 for r in range(1, rounds + 1):
-    p = json.load(open(f"{out}/perftest-{128}-{r}.json"))
+    p = json.load(open(f"{out}/perftest-128-{r}.json"))
     c = json.load(open(f"{out}/kv-cache-{r}.json"))
     i = json.load(open(f"{out}/kv-index-{r}.json"))
     read, srtt = p["ib_read_lat"]["p50_us"], p["ib_send_lat"]["rtt_p50_us"]

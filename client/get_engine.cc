@@ -128,13 +128,10 @@ size_t NextCandidate(const KeyJob& job, size_t from) {
 
 // True when a slot of the bucket image points at `loc` under `fingerprint`.
 bool BucketHolds(const uint8_t* bucket, uint16_t fingerprint, CachedLocation loc) {
-  for (size_t s = 0; s < kv::kSlotsPerBucket; ++s) {
-    uint64_t word = SlotWord(bucket, s);
-    kv::SlotFields f = kv::UnpackSlot(word);
-    if (word != 0 && f.fingerprint == fingerprint && f.offset_units == loc.offset_units &&
-        f.units == loc.units) {
-      return true;
-    }
+  for (uint64_t m = kv::MatchFingerprints(bucket, fingerprint); m != 0; m &= m - 1) {
+    const kv::SlotFields f =
+        kv::UnpackSlot(SlotWord(bucket, static_cast<size_t>(std::countr_zero(m))));
+    if (f.offset_units == loc.offset_units && f.units == loc.units) return true;
   }
   return false;
 }
@@ -475,10 +472,7 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
   if (!router_->cluster()) {
     Link& seed = links_->seed();
     for (KeyJob& job : jobs) job.link = &seed;
-    OwnerRun run;
-    PrepareRun(run, seed, jobs, start);
-    DriveRuns(std::span<OwnerRun>(&run, 1));
-    return std::move(run.result);
+    return ResolveOn(seed, jobs, start);
   }
   const Clock::time_point deadline = start + options_.op_timeout;
   router_->RunRouted([&](const Routing& rt) -> Link* {
@@ -546,8 +540,12 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
 }
 
 Status GetEngine::ResolveOn(Link& link, std::span<KeyJob> jobs) {
+  return ResolveOn(link, jobs, Clock::now());
+}
+
+Status GetEngine::ResolveOn(Link& link, std::span<KeyJob> jobs, Clock::time_point start) {
   OwnerRun run;
-  PrepareRun(run, link, jobs, Clock::now());
+  PrepareRun(run, link, jobs, start);
   DriveRuns(std::span<OwnerRun>(&run, 1));
   return std::move(run.result);
 }

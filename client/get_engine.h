@@ -114,6 +114,8 @@ class GetEngine {
   Status ResolveOn(Link& link, std::span<KeyJob> jobs);
 
  private:
+  // ResolveOn for a call that began at `start` (its op_timeout runs from there).
+  Status ResolveOn(Link& link, std::span<KeyJob> jobs, std::chrono::steady_clock::time_point start);
   // `start`: when the call began (its op_timeout runs from there).
   Status RunJobs(std::span<KeyJob> jobs, std::chrono::steady_clock::time_point start);
   // Sets up a run for `jobs` on `link`'s server (session, scratch, each job's buckets, each
