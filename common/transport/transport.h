@@ -126,6 +126,11 @@ struct ConnectOptions {
   uint32_t max_outstanding_calls = 64;    // two-sided requests in flight at once
   // Largest request or response payload.
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
+  // tcp: how long a waiting caller polls the socket before it sleeps in the kernel. Polling
+  // keeps the CPU from going idle between a request and its answer (waking an idle CPU costs
+  // tens of microseconds, more than the loopback round trip); it ends with the wait, so an idle
+  // client uses no CPU. 0: sleep at once.
+  std::chrono::microseconds busy_poll{50};
 };
 
 // Client side of one connection to a server. One connection per (client process, server) is
@@ -146,6 +151,8 @@ class Connection {
   virtual Status PostReads(std::span<ReadOp* const> ops) = 0;
 
   // Drives completions without blocking; returns how many READs (from any thread) completed.
+  // Completions are driven by the calls that wait or poll (WaitReads, ReadAndWait, Call,
+  // PollReads): a posted READ that nobody waits for or polls may stay pending.
   virtual size_t PollReads() = 0;
 
   // Posts (retrying on kBusy) and waits until every op is done or the deadline passes.
@@ -247,6 +254,9 @@ struct ListenOptions {
   // long, or ever exceeds max(4 MiB, 2 largest messages), is cut off (a client that does not
   // read its answers). The server's memory per client stays bounded either way.
   std::chrono::milliseconds output_stall_timeout{std::chrono::seconds(10)};
+  // tcp: after activity, NIC threads poll their sockets this long before they sleep in the
+  // kernel (see ConnectOptions::busy_poll). An idle server sleeps. 0: sleep at once.
+  std::chrono::microseconds busy_poll{50};
 };
 
 struct ListenerStats {

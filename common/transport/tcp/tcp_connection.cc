@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +31,11 @@ constexpr std::chrono::seconds kSendStallLimit{5};
 // Under TLS, a Call whose head and payload together are at most this many bytes (one TLS
 // record's plaintext) is sent as one record.
 constexpr size_t kTlsJoinLimit = 16 << 10;
+// The reader blocks in recv() for at most this long at a time (SO_RCVTIMEO), so it sees its
+// deadline without a poll() before every recv(); the last stretch before a deadline is polled.
+constexpr std::chrono::milliseconds kRecvSlice{2};
+// alive() looks at the socket at most this often when nobody is reading it.
+constexpr std::chrono::milliseconds kProbeInterval{1};
 
 // Wire ids of READs and Calls: (generation << 32) | slot. The receive thread accepts a
 // completion only for a busy slot whose generation matches, so a stale, duplicated or forged id
@@ -54,6 +60,7 @@ class TcpConnection final : public Connection {
         registry_(std::move(registry)),
         regions_(welcome.regions),
         receive_limit_(options.max_message_size),
+        busy_poll_(options.busy_poll),
         send_limit_(std::min<size_t>(options.max_message_size, welcome.max_message_size)),
         num_read_slots_(options.max_outstanding_reads),
         read_slots_(options.max_outstanding_reads),
@@ -66,16 +73,15 @@ class TcpConnection final : public Connection {
     free_calls_.reserve(num_call_slots_);
     for (uint32_t i = num_call_slots_; i > 0; --i) free_calls_.push_back(i - 1);
     send_buf_.Reserve(size_t{64} * kReadRequestFrameSize);
-  }
-
-  void Start() {
-    receiver_ = std::thread([this] { ReceiveLoop(); });
+    timeval slice{0,
+                  static_cast<suseconds_t>(
+                      std::chrono::duration_cast<std::chrono::microseconds>(kRecvSlice).count())};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof slice);
   }
 
   ~TcpConnection() override {
+    // Nobody waits on a connection being destroyed, so nobody is reading it.
     closing_.store(true, std::memory_order_release);
-    shutdown(fd_, SHUT_RDWR);  // wakes the receive thread with EOF
-    if (receiver_.joinable()) receiver_.join();
     Fail("the connection was closed locally");
     {
       MutexLock lock(&tls_mu_);
@@ -85,7 +91,19 @@ class TcpConnection final : public Connection {
   }
 
   const std::vector<RegionDescriptor>& regions() const override { return regions_; }
-  bool alive() const override { return alive_.load(std::memory_order_acquire); }
+  // Logically const: when nobody is reading the socket (and at most every kProbeInterval) it
+  // reads what the socket already holds, so a peer that closed is seen without a waiting caller.
+  bool alive() const override {
+    if (!alive_.load(std::memory_order_acquire)) return false;
+    const int64_t now = Clock::now().time_since_epoch().count();
+    int64_t next = next_probe_.load(std::memory_order_relaxed);
+    if (now >= next &&
+        next_probe_.compare_exchange_strong(next, now + Clock::duration(kProbeInterval).count(),
+                                            std::memory_order_relaxed)) {
+      const_cast<TcpConnection*>(this)->ReadIfIdle();
+    }
+    return alive_.load(std::memory_order_acquire);
+  }
   std::string peer() const override { return peer_; }
 
   Status PostReads(std::span<ReadOp* const> ops) override {
@@ -106,6 +124,7 @@ class TcpConnection final : public Connection {
   // Every completion is counted exactly once, by whichever PollReads call runs first after it;
   // with several polling threads, each one sees only its share (the sum is exact).
   size_t PollReads() override {
+    ReadIfIdle();
     uint64_t reported = reads_reported_.load(std::memory_order_relaxed);
     uint64_t total;
     do {
@@ -120,7 +139,7 @@ class TcpConnection final : public Connection {
     RDKV_RETURN_IF_ERROR(ValidateReads(ops, /*whole_batch=*/false));
     size_t posted = 0;
     while (posted < ops.size()) {
-      uint64_t seen = reads_completed_.load(std::memory_order_seq_cst);
+      const ProgressSince progress{this, reads_completed_.load(std::memory_order_acquire)};
       size_t n = 0;
       PostCode code = Post(ops.subspan(posted), /*partial=*/true, &n);
       if (code == PostCode::kOk) {
@@ -134,7 +153,7 @@ class TcpConnection final : public Connection {
         posted = ops.size();
         break;
       }
-      if (!WaitForProgress(seen, deadline)) {
+      if (!Await(&Progressed, &progress, deadline)) {
         // Every slot stayed busy until the deadline: complete the ops that never left this
         // machine with kLocalError, so every op is either done or owned by the transport.
         for (size_t i = posted; i < ops.size(); ++i) {
@@ -147,17 +166,12 @@ class TcpConnection final : public Connection {
   }
 
   Status WaitReads(std::span<ReadOp* const> ops, Clock::time_point deadline) override {
-    size_t first = 0;
-    for (;;) {
-      uint64_t seen = reads_completed_.load(std::memory_order_seq_cst);
-      while (first < ops.size() && ops[first]->done()) ++first;
-      if (first == ops.size()) return Status::Ok();
-      if (!WaitForProgress(seen, deadline)) {
-        while (first < ops.size() && ops[first]->done()) ++first;
-        if (first == ops.size()) return Status::Ok();
+    for (ReadOp* op : ops) {
+      if (!Await(&OpDone, op, deadline)) {
         return Status::TimedOut(peer_ + ": READs not complete by the deadline");
       }
     }
+    return Status::Ok();
   }
 
   Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
@@ -170,6 +184,7 @@ class TcpConnection final : public Connection {
     Clock::time_point deadline = Clock::now() + timeout;
     uint32_t slot_index;
     uint32_t generation;
+    const std::atomic<bool>* finished;  // set when the slot is no longer kWaiting
     {
       MutexLock lock(&calls_mu_);
       while (!calls_dead_ && free_calls_.empty()) {
@@ -186,6 +201,8 @@ class TcpConnection final : public Connection {
       generation = ++slot.generation;
       slot.state = CallSlot::kWaiting;
       slot.response = response;
+      slot.finished.store(false, std::memory_order_relaxed);
+      finished = &slot.finished;
     }
 
     uint8_t head[kCallHeadSize];
@@ -224,10 +241,9 @@ class TcpConnection final : public Connection {
       }
     }
 
+    Await(&FlagSet, finished, deadline);
     MutexLock lock(&calls_mu_);
     CallSlot& slot = call_slots_[slot_index];
-    while (slot.state == CallSlot::kWaiting && slot.cv.WaitUntil(&calls_mu_, deadline)) {
-    }
     bool timed_out = slot.state == CallSlot::kWaiting;
     StatusCode code = slot.code;
     std::string error = std::move(slot.error);
@@ -267,7 +283,8 @@ class TcpConnection final : public Connection {
     StatusCode code = StatusCode::kOk;
     std::string error;  // the server's reason with a CALL_ERROR
     std::vector<uint8_t>* response = nullptr;
-    CondVar cv;  // waited on with calls_mu_
+    // True once state left kWaiting (set under calls_mu_, read without it by Await).
+    std::atomic<bool> finished{false};
   };
 
   Status ValidateReads(std::span<ReadOp* const> ops, bool whole_batch) const {
@@ -328,94 +345,206 @@ class TcpConnection final : public Connection {
     return PostCode::kOk;
   }
 
-  // Waits until a READ completes after `seen` was read (or the connection dies).
-  bool WaitForProgress(uint64_t seen, Clock::time_point deadline) {
-    progress_waiters_.fetch_add(1, std::memory_order_seq_cst);
-    bool progressed;
-    {
-      auto done = [&] {
-        return reads_completed_.load(std::memory_order_seq_cst) != seen ||
-               !alive_.load(std::memory_order_acquire);
-      };
-      MutexLock lock(&progress_mu_);
-      for (;;) {
-        if (done()) {
-          progressed = true;
-          break;
-        }
-        if (!progress_cv_.WaitUntil(&progress_mu_, deadline)) {
-          progressed = done();
-          break;
-        }
-      }
-    }
-    progress_waiters_.fetch_sub(1, std::memory_order_relaxed);
-    return progressed;
+  // ---- Who reads the socket (docs/transport-tcp.md "Client: the waiting caller reads") ----
+  // No thread of its own: a caller that waits (WaitReads, ReadAndWait, Call) becomes the reader
+  // when nobody is, and completes whatever arrives, for itself and for others. The others sleep
+  // on their own condition variable until their operation is done (the reader wakes exactly
+  // them) or the reader leaves and hands the socket to one of them. An answer therefore reaches
+  // its caller with no thread switch when that caller is the reader, and with one when not.
+
+  // What a caller waits for: ready(arg) turns true (and never back) once the transport has
+  // finished the operation. Read with acquire, without locks.
+  using ReadyFn = bool (*)(const void*);
+  static bool OpDone(const void* op) { return static_cast<const ReadOp*>(op)->done(); }
+  static bool FlagSet(const void* flag) {
+    return static_cast<const std::atomic<bool>*>(flag)->load(std::memory_order_acquire);
+  }
+  struct ProgressSince {
+    const TcpConnection* conn;
+    uint64_t seen;
+  };
+  static bool Progressed(const void* p) {
+    const auto* q = static_cast<const ProgressSince*>(p);
+    return q->conn->reads_completed_.load(std::memory_order_acquire) != q->seen ||
+           !q->conn->alive_.load(std::memory_order_acquire);
   }
 
-  void NotifyProgress(uint64_t completed) {
-    if (completed == 0) return;
-    reads_completed_.fetch_add(completed, std::memory_order_seq_cst);
-    if (progress_waiters_.load(std::memory_order_seq_cst) > 0) {
-      { MutexLock lock(&progress_mu_); }
-      progress_cv_.SignalAll();
-    }
-  }
+  // A sleeping caller, linked into waiters_ (on its own stack) while it sleeps.
+  struct Waiter {
+    Waiter(ReadyFn r, const void* a) : ready(r), arg(a) {}
+    const ReadyFn ready;
+    const void* const arg;
+    CondVar cv;
+    bool woken = false;  // under progress_mu_: ready, or asked to take over the socket
+    Waiter* prev = nullptr;
+    Waiter* next = nullptr;
+  };
 
-  void ReceiveLoop() {
-    std::string why;
-    size_t need = kFrameHeaderSize;
+  // Waits until ready(arg) or the deadline; returns ready(arg). Reads the socket itself when
+  // nobody else does.
+  bool Await(ReadyFn ready, const void* arg, Clock::time_point deadline)
+      EXCLUDES(progress_mu_, reads_mu_, calls_mu_) {
+    if (ready(arg)) return true;
+    Waiter self(ready, arg);
+    const Clock::time_point spin_until = std::min(deadline, Clock::now() + busy_poll_);
     for (;;) {
-      size_t want = kRecvChunk;
-      if (need > in_.size()) want = std::max(want, need - in_.size());
-      std::span<uint8_t> w = in_.PrepareWrite(want);
-      ssize_t n = Receive(w, &why);
-      if (n == 0) {
-        if (why.empty()) why = "the server closed the connection";
-        break;
+      // While another thread reads, poll for our answer for up to busy_poll before sleeping:
+      // a condition-variable wake-up of an idle CPU costs more than a loopback round trip.
+      while (reading_now_.load(std::memory_order_relaxed) && !ready(arg) &&
+             Clock::now() < spin_until) {
+        sched_yield();
       }
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        why = std::string("recv: ") + strerror(errno);
-        break;
-      }
-      in_.Commit(static_cast<size_t>(n));
-      uint64_t completed = 0;
-      bool bad = false;
-      for (;;) {
-        auto f = NextFrame(in_.readable(), receive_limit_);
-        if (!f.ok()) {
-          why = f.status().message();
-          bad = true;
-          break;
+      {
+        MutexLock lock(&progress_mu_);
+        if (ready(arg)) {
+          HandOverLocked();  // we may have been woken to take over; pass that on
+          return true;
         }
-        if (!f->complete) {
-          need = f->have_header ? f->frame_size : kFrameHeaderSize;
-          if (f->have_header) in_.Reserve(f->frame_size);
-          break;
-        }
-        if (f->header.type == FrameType::kReadResponse) {
-          bad = !CompleteRead(f->body, &why);
-          if (!bad) ++completed;
-        } else if (f->header.type == FrameType::kCallResponse) {
-          bad = !CompleteCall(f->body, &why);
-        } else if (f->header.type == FrameType::kCallError) {
-          bad = !CompleteCallError(f->body, &why);
+        if (!reading_) {
+          SetReadingLocked(true);
         } else {
-          why = "unexpected " + std::string(FrameTypeName(f->header.type)) + " frame";
-          bad = true;
+          self.woken = false;
+          Link(&self);
+          bool in_time = true;
+          while (!self.woken && in_time) in_time = self.cv.WaitUntil(&progress_mu_, deadline);
+          Unlink(&self);
+          if (self.woken) continue;  // done, or the socket is ours to read: look again
+          HandOverLocked();
+          return ready(arg);  // the deadline passed
         }
-        if (bad) break;
-        in_.Consume(f->frame_size);
-        need = kFrameHeaderSize;
       }
-      NotifyProgress(completed);
-      if (bad) {
-        why = "protocol error from the server: " + why;
-        break;
+      // The reader until our operation is done or the deadline passes.
+      for (;;) {
+        const size_t completed = ReadPass(deadline, /*block=*/true);
+        if (ready(arg) || Clock::now() >= deadline || !alive_.load(std::memory_order_acquire)) {
+          break;  // (a failed connection has completed everything: ready(arg) holds)
+        }
+        if (completed > 0) {
+          MutexLock lock(&progress_mu_);
+          WakeReadyLocked();
+        }
+      }
+      StopReading();
+      return ready(arg);
+    }
+  }
+
+  // Reads what the socket already holds, unless another thread is reading it (that one will).
+  void ReadIfIdle() EXCLUDES(progress_mu_, reads_mu_, calls_mu_) {
+    {
+      MutexLock lock(&progress_mu_);
+      if (reading_) return;
+      SetReadingLocked(true);
+    }
+    ReadPass(Clock::now(), /*block=*/false);
+    StopReading();
+  }
+
+  void StopReading() EXCLUDES(progress_mu_) {
+    MutexLock lock(&progress_mu_);
+    SetReadingLocked(false);
+    WakeReadyLocked();
+    HandOverLocked();
+  }
+
+  void SetReadingLocked(bool reading) REQUIRES(progress_mu_) {
+    reading_ = reading;
+    reading_now_.store(reading, std::memory_order_relaxed);
+  }
+
+  // Wakes every sleeper whose operation is done.
+  void WakeReadyLocked() REQUIRES(progress_mu_) {
+    for (Waiter* w = waiters_; w != nullptr; w = w->next) {
+      if (!w->woken && w->ready(w->arg)) {
+        w->woken = true;
+        w->cv.Signal();
       }
     }
-    Fail(why);
+  }
+
+  // With nobody reading, wakes one sleeper to take the socket over (one already woken will
+  // look anyway). Every path that leaves reading_ false with sleepers left calls this.
+  void HandOverLocked() REQUIRES(progress_mu_) {
+    if (reading_) return;
+    for (Waiter* w = waiters_; w != nullptr; w = w->next) {
+      if (w->woken) return;
+    }
+    if (waiters_ != nullptr) {
+      waiters_->woken = true;
+      waiters_->cv.Signal();
+    }
+  }
+
+  void Link(Waiter* w) REQUIRES(progress_mu_) {
+    w->prev = nullptr;
+    w->next = waiters_;
+    if (waiters_ != nullptr) waiters_->prev = w;
+    waiters_ = w;
+  }
+  void Unlink(Waiter* w) REQUIRES(progress_mu_) {
+    if (w->prev != nullptr) {
+      w->prev->next = w->next;
+    } else {
+      waiters_ = w->next;
+    }
+    if (w->next != nullptr) w->next->prev = w->prev;
+    w->prev = w->next = nullptr;
+  }
+
+  // The reader only (reading_ was set by this thread). Receives once (waiting for bytes until
+  // the deadline when `block`) and completes every whole frame received; a broken stream or a
+  // bad frame fails the connection. Returns how many READs and Calls it completed.
+  // Datapath: no allocation unless a frame is larger than any before, or the stream fails.
+  size_t ReadPass(Clock::time_point deadline, bool block) {
+    if (!alive_.load(std::memory_order_acquire)) return 0;
+    size_t want = kRecvChunk;
+    if (need_ > in_.size()) want = std::max(want, need_ - in_.size());
+    std::span<uint8_t> w = in_.PrepareWrite(want);
+    std::string why;
+    ssize_t n = Receive(w, deadline, block, &why);
+    if (n == kNothingYet) return 0;
+    if (n == 0) {
+      Fail(why.empty() ? "the server closed the connection" : why);
+      return 0;
+    }
+    if (n < 0) {
+      Fail(std::string("recv: ") + strerror(errno));
+      return 0;
+    }
+    in_.Commit(static_cast<size_t>(n));
+    uint64_t reads = 0;
+    size_t completed = 0;
+    for (;;) {
+      auto f = NextFrame(in_.readable(), receive_limit_);
+      if (!f.ok()) {
+        why = f.status().message();
+        break;
+      }
+      if (!f->complete) {
+        need_ = f->have_header ? f->frame_size : kFrameHeaderSize;
+        if (f->have_header) in_.Reserve(f->frame_size);
+        break;
+      }
+      bool good;
+      if (f->header.type == FrameType::kReadResponse) {
+        good = CompleteRead(f->body, &why);
+        reads += good ? 1 : 0;
+      } else if (f->header.type == FrameType::kCallResponse) {
+        good = CompleteCall(f->body, &why);
+      } else if (f->header.type == FrameType::kCallError) {
+        good = CompleteCallError(f->body, &why);
+      } else {
+        why = "unexpected " + std::string(FrameTypeName(f->header.type)) + " frame";
+        good = false;
+      }
+      if (!good) break;
+      ++completed;
+      in_.Consume(f->frame_size);
+      need_ = kFrameHeaderSize;
+    }
+    if (reads > 0) reads_completed_.fetch_add(reads, std::memory_order_acq_rel);
+    if (!why.empty()) Fail("protocol error from the server: " + why);
+    return completed;
   }
 
   // Writes every byte of iov before the deadline: plain SendAllBefore, or through TLS (the
@@ -465,11 +594,39 @@ class TcpConnection final : public Connection {
     return Status::Ok();
   }
 
-  // Receive thread: reads what is there (blocking until something is). >0: bytes; 0: the
-  // server closed (*why set when TLS failed); <0: errno.
-  ssize_t Receive(std::span<uint8_t> w, std::string* why) EXCLUDES(tls_mu_) {
-    if (tls_ == nullptr) return recv(fd_, w.data(), w.size(), 0);
+  static constexpr ssize_t kNothingYet = -2;
+
+  // The reader: receives what is there, waiting for it until the deadline when `block`.
+  // >0: bytes; 0: the server closed (*why set when TLS failed); kNothingYet: nothing arrived
+  // in time (or, without `block`, nothing was there); -1: errno.
+  ssize_t Receive(std::span<uint8_t> w, Clock::time_point deadline, bool block, std::string* why)
+      EXCLUDES(tls_mu_) {
+    Clock::time_point spin_until{};
     for (;;) {
+      if (tls_ == nullptr) {
+        // A blocking recv() returns after at most kRecvSlice (SO_RCVTIMEO): used while the
+        // deadline is further away than that, so the common wait costs one system call.
+        Clock::time_point now = Clock::now();
+        if (block && spin_until == Clock::time_point{}) {
+          spin_until = std::min(deadline, now + busy_poll_);
+        }
+        const bool spin = block && now < spin_until;
+        const bool slice = block && !spin && deadline - now >= kRecvSlice;
+        ssize_t n = recv(fd_, w.data(), w.size(), slice ? 0 : MSG_DONTWAIT);
+        if (n >= 0) return n;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        if (!block || Clock::now() >= deadline) return kNothingYet;
+        if (spin) {
+          // Busy-polling: the answer usually comes within the budget. Yielding lets any other
+          // runnable thread have this CPU meanwhile (more threads than CPUs), and costs one
+          // system call when there is none.
+          sched_yield();
+          continue;
+        }
+        if (!slice && !WaitSocket(POLLIN, deadline)) return kNothingYet;
+        continue;
+      }
       size_t n = 0;
       TlsIo io;
       {
@@ -485,8 +642,10 @@ class TcpConnection final : public Connection {
           return 0;
         case TlsIo::kWantRead:
         case TlsIo::kWantWrite:
-          // Wakes on data, on a hang-up, and on the shutdown() of Fail or the destructor.
-          WaitSocket(io == TlsIo::kWantWrite ? POLLOUT : POLLIN, Clock::time_point::max());
+          // Wakes on data, on a hang-up, and on the shutdown() of Fail.
+          if (!block || !WaitSocket(io == TlsIo::kWantWrite ? POLLOUT : POLLIN, deadline)) {
+            return kNothingYet;
+          }
           break;
       }
     }
@@ -567,7 +726,7 @@ class TcpConnection final : public Connection {
     slot.response->assign(m->payload.begin(), m->payload.end());
     slot.code = StatusCode::kOk;
     slot.state = CallSlot::kDone;
-    slot.cv.Signal();
+    slot.finished.store(true, std::memory_order_release);
     return true;
   }
 
@@ -593,7 +752,7 @@ class TcpConnection final : public Connection {
     slot.code = e->code == StatusCode::kConnectionLost ? StatusCode::kProtocolError : e->code;
     slot.error = "the server could not answer: " + e->reason;
     slot.state = CallSlot::kDone;
-    slot.cv.Signal();
+    slot.finished.store(true, std::memory_order_release);
     return true;
   }
 
@@ -626,13 +785,19 @@ class TcpConnection final : public Connection {
         if (slot.state != CallSlot::kWaiting) continue;
         slot.code = StatusCode::kConnectionLost;
         slot.state = CallSlot::kDone;
-        slot.cv.Signal();
+        slot.finished.store(true, std::memory_order_release);
       }
     }
     call_free_cv_.SignalAll();
-    if (failed > 0) reads_completed_.fetch_add(failed, std::memory_order_seq_cst);
-    { MutexLock lock(&progress_mu_); }
-    progress_cv_.SignalAll();
+    if (failed > 0) reads_completed_.fetch_add(failed, std::memory_order_acq_rel);
+    {
+      // Every operation is done now: wake every sleeper (each returns, or reads if none does).
+      MutexLock lock(&progress_mu_);
+      for (Waiter* w = waiters_; w != nullptr; w = w->next) {
+        w->woken = true;
+        w->cv.Signal();
+      }
+    }
     if (was_alive && !closing_.load(std::memory_order_acquire)) {
       LOG(WARNING) << peer_ << ": connection lost: " << why << " (" << failed
                    << " READ(s) in flight failed)";
@@ -647,15 +812,16 @@ class TcpConnection final : public Connection {
   const std::string peer_;
   const std::shared_ptr<RegionRegistry> registry_;
   const std::vector<RegionDescriptor> regions_;
-  const size_t receive_limit_;  // largest payload we accept (what we told the server)
-  const size_t send_limit_;     // largest request / READ: min(ours, the server's)
+  const size_t receive_limit_;       // largest payload we accept (what we told the server)
+  const Clock::duration busy_poll_;  // the reader polls this long before it sleeps in recv()
+  const size_t send_limit_;          // largest request / READ: min(ours, the server's)
   std::atomic<bool> alive_{true};
   std::atomic<bool> closing_{false};
 
   // Lock order: send_mu_, then reads_mu_, calls_mu_ or progress_mu_ (Post and a failed send
   // hold send_mu_ while they take them, Fail taking the three one after the other, never
   // nested); reads_mu_, then the region registry's lock (CompleteRead's RegionRegistry::Pin).
-  // progress_mu_ guards nothing: it orders a waiter's check against NotifyProgress's wake-up.
+  // The reader holds none of them while it receives.
   // One writer on the socket at a time.
   Mutex send_mu_ ACQUIRED_BEFORE(reads_mu_, calls_mu_, progress_mu_);
   ByteBuffer send_buf_ GUARDED_BY(send_mu_);
@@ -669,9 +835,13 @@ class TcpConnection final : public Connection {
   bool reads_dead_ GUARDED_BY(reads_mu_) = false;
   std::atomic<uint64_t> reads_completed_{0};
   std::atomic<uint64_t> reads_reported_{0};
+  mutable std::atomic<int64_t> next_probe_{0};  // alive(): Clock ticks of the next look
+
+  // Who reads: at most one thread at a time (reading_), sleepers in waiters_.
   Mutex progress_mu_;
-  CondVar progress_cv_;
-  std::atomic<int> progress_waiters_{0};
+  bool reading_ GUARDED_BY(progress_mu_) = false;
+  std::atomic<bool> reading_now_{false};  // reading_, for callers polling without the lock
+  Waiter* waiters_ GUARDED_BY(progress_mu_) = nullptr;
 
   Mutex calls_mu_;
   std::unique_ptr<CallSlot[]> call_slots_ GUARDED_BY(calls_mu_);
@@ -681,8 +851,9 @@ class TcpConnection final : public Connection {
   bool calls_dead_ GUARDED_BY(calls_mu_) = false;
   std::string dead_reason_ GUARDED_BY(calls_mu_);
 
-  ByteBuffer in_;  // receive thread only
-  std::thread receiver_;
+  // The reader's only (reading_ orders one reader after the next).
+  ByteBuffer in_;
+  size_t need_ = kFrameHeaderSize;  // bytes the next whole frame needs
 };
 
 class FdCloser {
@@ -844,7 +1015,6 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
   }
   auto conn = std::make_unique<TcpConnection>(closer.release(), std::move(tls), peer, options,
                                               *welcome, std::move(registry));
-  conn->Start();
   LOG(INFO) << peer << ": connected (session " << welcome->session_id << ", "
             << welcome->regions.size() << " region(s))";
   return std::unique_ptr<Connection>(std::move(conn));
