@@ -41,6 +41,9 @@ Status ValidateOptions(const ClientOptions& o) {
     return Status::InvalidArgument("ownership_lease must be positive");
   }
   if (o.max_get_attempts < 1) return Status::InvalidArgument("max_get_attempts must be at least 1");
+  if (o.busy_poll.count() < 0 || o.busy_poll > std::chrono::milliseconds(10)) {
+    return Status::InvalidArgument("busy_poll must be 0..10 ms");
+  }
   if (o.max_batch_reads < 1) return Status::InvalidArgument("max_batch_reads must be at least 1");
   if (o.max_outstanding_reads < kMinBatchReads) {
     return Status::InvalidArgument("max_outstanding_reads must be at least " +

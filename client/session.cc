@@ -141,6 +141,7 @@ Result<std::unique_ptr<transport::Connection>> ConnectOnce(transport::Fabric* fa
   co.tls.key_file = options.tls.key_file;
   co.connect_timeout = options.connect_timeout;
   co.max_outstanding_reads = options.max_outstanding_reads;
+  co.busy_poll = options.busy_poll;
   co.max_message_size = max_message_size;
   auto conn = fabric->Connect(co);
   if (!conn.ok()) return conn.status();

@@ -71,6 +71,10 @@ DEFINE_double(index_fraction, 1.0 / 8,
               "(docs/operations.md).");
 DEFINE_string(max_value_size, "1MiB", "Largest value accepted (at most 1MiB).");
 DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply writes.");
+DEFINE_int32(busy_poll_us, 50,
+             "tcp: after activity, the NIC threads poll their sockets this many microseconds "
+             "before sleeping in the kernel (docs/transport-tcp.md); 0 sleeps at once. An idle "
+             "server uses no CPU either way.");
 DEFINE_int32(grace_ms, 90,
              "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");
@@ -450,6 +454,10 @@ int main(int argc, char** argv) {
   }
   o.index_fraction = FLAGS_index_fraction;
   o.worker_threads = FLAGS_worker_threads;
+  if (FLAGS_busy_poll_us < 0 || FLAGS_busy_poll_us > 10000) {
+    return fail("--busy_poll_us must be 0..10000");
+  }
+  o.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
   if (FLAGS_grace_ms < 1) return fail("--grace_ms must be positive");
   o.grace = std::chrono::milliseconds(FLAGS_grace_ms);
   o.huge_pages = FLAGS_huge_pages;

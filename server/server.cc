@@ -129,6 +129,7 @@ class ServerImpl final : public Server {
     lo.handshake_timeout = options_.handshake_timeout;
     lo.regions = {region_->Describe(kv::kLayoutVersion)};
     lo.worker_threads = options_.worker_threads;
+    lo.busy_poll = options_.busy_poll;
     lo.max_message_size = MessageLimit(options_);
     lo.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
       thread_local std::vector<uint8_t> response;
@@ -260,6 +261,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
   ServerOptions options = options_in;
   if (options.worker_threads < 1 || options.worker_threads > 256) {
     return Status::InvalidArgument("worker threads must be 1..256");
+  }
+  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10)) {
+    return Status::InvalidArgument("busy_poll must be 0..10 ms");
   }
   // etcd: the map comes from there (and so does every later one, through the watch).
   std::optional<EtcdMap> etcd_map;

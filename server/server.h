@@ -40,6 +40,8 @@ struct ServerOptions {
   double index_fraction = kv::kDefaultIndexFraction;     // share of the region for the hash index
   uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // at most kv::kMaxValueBytes
   int worker_threads = 2;
+  // tcp: how long the NIC threads poll after activity (transport::ListenOptions::busy_poll).
+  std::chrono::microseconds busy_poll{50};
   std::chrono::milliseconds grace{90};  // freed memory is reused no earlier than this
   bool huge_pages = true;
   // Durability, data dir, snapshots, RocksDB tuning (docs/persistence.md). The default is

@@ -707,6 +707,11 @@ TEST_F(FakeClientTest, ConnectErrors) {
   o.max_get_attempts = 0;
   EXPECT_EQ(Connect(o).status().code(), StatusCode::kInvalidArgument);
   o.max_get_attempts = 16;
+  o.busy_poll = std::chrono::microseconds(-1);
+  EXPECT_EQ(Connect(o).status().code(), StatusCode::kInvalidArgument) << "negative busy_poll";
+  o.busy_poll = std::chrono::milliseconds(11);
+  EXPECT_EQ(Connect(o).status().code(), StatusCode::kInvalidArgument) << "busy_poll above 10 ms";
+  o.busy_poll = std::chrono::microseconds(0);
   server_.down = true;
   c = Connect(o);
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable);

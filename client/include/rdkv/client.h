@@ -93,6 +93,11 @@ struct ClientOptions {
   uint32_t max_batch_reads = 256;
   // READs in flight at once on one connection, shared by all threads.
   uint32_t max_outstanding_reads = 1024;
+  // tcp: how long a thread waiting for an answer polls before it sleeps in the kernel
+  // (docs/transport-tcp.md "Polling before sleeping"). Polling keeps an idle CPU from being
+  // put to sleep between a request and its answer, which on small VMs costs more than the
+  // round trip itself; it costs CPU only while an answer is awaited. 0: sleep at once.
+  std::chrono::microseconds busy_poll{50};
   // Cluster: the ownership lease of one-sided GETs (docs/design.md "Stale maps and one-sided
   // GETs"). Must not exceed the servers' --ownership_lease (default 100 ms).
   std::chrono::milliseconds ownership_lease{100};
