@@ -44,6 +44,9 @@ Status ValidateOptions(const ClientOptions& o) {
   if (o.busy_poll.count() < 0 || o.busy_poll > std::chrono::milliseconds(10)) {
     return Status::InvalidArgument("busy_poll must be 0..10 ms");
   }
+  if (o.connections_per_server < 1 || o.connections_per_server > 64) {
+    return Status::InvalidArgument("connections_per_server must be 1..64");
+  }
   if (o.max_batch_reads < 1) return Status::InvalidArgument("max_batch_reads must be at least 1");
   if (o.max_outstanding_reads < kMinBatchReads) {
     return Status::InvalidArgument("max_outstanding_reads must be at least " +

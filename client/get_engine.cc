@@ -663,7 +663,7 @@ void GetEngine::DriveRuns(std::span<OwnerRun> runs) {
     auto stamp_completed = [&](Clock::time_point now) {
       for (OwnerRun& other : runs) {
         if (other.state != State::kBatch || !other.post_status.ok()) continue;
-        other.session->conn().PollReads();  // verbs: reaps completions; tcp: a counter
+        other.session->conn().PollReads();  // reaps completions (tcp: reads the socket if idle)
         const std::vector<transport::ReadOp*>& ops = (*other.scratch)->batch;
         if (std::all_of(ops.begin(), ops.end(),
                         [](const transport::ReadOp* op) { return op->done(); })) {

@@ -20,17 +20,28 @@ Links::Links(const ClientOptions& options, ServerAddress seed, transport::Fabric
       fabric_(fabric),
       pool_(pool),
       counters_(counters),
-      seed_(std::make_unique<Link>(0, std::move(seed), options.location_cache_entries)) {}
+      seed_(std::make_unique<Link>(0, std::move(seed), options.location_cache_entries,
+                                   options.connections_per_server)) {}
 
 Links::~Links() {
   MutexLock l(&mu_);
   for (auto& [name, link] : links_) {
     MutexLock ll(&link->mu);
-    link->session.reset();
+    for (Link::Slot& slot : link->slots) slot.session.reset();
   }
   MutexLock ls(&seed_->mu);
-  seed_->session.reset();
+  for (Link::Slot& slot : seed_->slots) slot.session.reset();
 }
+
+namespace {
+// A small number per thread, handed out in the order threads first ask: spreads the threads of
+// a process evenly over a link's connections.
+size_t ThreadSlot() {
+  static std::atomic<size_t> next{0};
+  thread_local const size_t slot = next.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+}  // namespace
 
 Link* Links::LinkFor(uint32_t id, const std::string& address) {
   std::string key = std::to_string(id) + "@" + address;
@@ -39,7 +50,8 @@ Link* Links::LinkFor(uint32_t id, const std::string& address) {
   if (it != links_.end()) return it->second.get();
   ServerAddress a;
   if (!ParseHostPort(address, &a.host, &a.port).ok()) a = ServerAddress{address, 0};
-  auto link = std::make_unique<Link>(id, std::move(a), options_.location_cache_entries);
+  auto link = std::make_unique<Link>(id, std::move(a), options_.location_cache_entries,
+                                     options_.connections_per_server);
   Link* raw = link.get();
   links_.emplace(std::move(key), std::move(link));
   return raw;
@@ -52,12 +64,13 @@ std::string Links::Name(const Link& link) const {
 
 Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   MutexLock l(&link.mu);
-  if (link.session != nullptr && link.session->usable()) return link.session;
+  Link::Slot& slot = link.slots[ThreadSlot() % link.slots.size()];
+  if (slot.session != nullptr && slot.session->usable()) return slot.session;
   Clock::time_point now = Clock::now();
   if (cluster() && link.down && now - link.last_try < kReconnectBackoff) return link.last_error;
   link.last_try = now;
-  bool reconnect = link.connected_once;
-  link.session.reset();  // the old connection closes once its last user is done
+  bool reconnect = slot.connected_once;
+  slot.session.reset();  // the old connection closes once its last user is done
   auto opened = OpenSession(fabric_, link.address, options_, pool_);
   if (!opened.ok()) {
     const Status& s = opened.status();
@@ -76,7 +89,7 @@ Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   link.down = false;
   std::shared_ptr<Session> session = std::move(opened).value();
   const kv::RegionHeader& h = session->header();
-  link.connected_once = true;
+  slot.connected_once = true;
   if (reconnect) {
     Add(counters_->reconnects);
     LOG(INFO) << "rdkv client: reconnected to " << session->conn().peer()
@@ -95,7 +108,7 @@ Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   } else {
     pool_->SetShape(shape);
   }
-  link.session = session;
+  slot.session = session;
   return session;
 }
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "client/counters.h"
 #include "client/location_cache.h"
@@ -24,17 +25,22 @@
 
 namespace rdkv::client {
 
-// One server: its connection (replaced after a failure), its location cache, and when it was
-// last found unreachable.
+// One server: its connections (ClientOptions::connections_per_server, each opened on first use
+// and replaced after a failure), its location cache, and when it was last found unreachable.
 struct Link {
-  Link(uint32_t server_id, ServerAddress a, size_t cache_entries)
-      : id(server_id), address(std::move(a)), cache(cache_entries) {}
+  struct Slot {
+    std::shared_ptr<Session> session;
+    bool connected_once = false;
+  };
+  Link(uint32_t server_id, ServerAddress a, size_t cache_entries, size_t connections)
+      : id(server_id), address(std::move(a)), cache(cache_entries), slots(connections) {}
   const uint32_t id;
   const ServerAddress address;
   LocationCache cache;  // offsets in this server's region (lock-free)
   Mutex mu;
-  std::shared_ptr<Session> session GUARDED_BY(mu);
-  bool connected_once GUARDED_BY(mu) = false;
+  // A thread uses slot ThreadSlot() % slots.size(): its own connection when there are as many
+  // connections as threads, so threads do not queue behind each other on one socket or QP.
+  std::vector<Slot> slots GUARDED_BY(mu);
   uint64_t incarnation GUARDED_BY(mu) = 0;
   bool down GUARDED_BY(mu) = false;  // the last connection attempt failed
   std::chrono::steady_clock::time_point last_try GUARDED_BY(mu);

@@ -694,6 +694,37 @@ TEST_F(FakeClientTest, ConnectionLostDuringReadIsAnError) {
   EXPECT_TRUE(c->Get("k").ok());
 }
 
+// Threads spread over connections_per_server connections, opened as threads first need them;
+// one thread never opens a second one.
+TEST_F(FakeClientTest, ThreadsSpreadOverConnectionsPerServer) {
+  for (uint32_t per_server : {1u, 3u}) {
+    ClientOptions o;
+    o.connections_per_server = per_server;
+    auto c = MustConnect(o);
+    ASSERT_NE(c, nullptr);
+    ASSERT_TRUE(c->Put("k", "v").ok());
+    const int after_first = fabric_->connects.load();
+    for (int i = 0; i < 5; ++i) ASSERT_TRUE(c->Get("k").ok());
+    EXPECT_EQ(fabric_->connects.load(), after_first) << "one thread keeps its one connection";
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < 20; ++i) failures += c->Get("k").ok() ? 0 : 1;
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(failures.load(), 0);
+    // Seven threads over `per_server` slots: every slot is used, none twice.
+    EXPECT_EQ(fabric_->connects.load(), static_cast<int>(per_server)) << per_server;
+  }
+  ClientOptions bad;
+  bad.connections_per_server = 0;
+  EXPECT_EQ(Connect(bad).status().code(), StatusCode::kInvalidArgument);
+  bad.connections_per_server = 65;
+  EXPECT_EQ(Connect(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(FakeClientTest, ConnectErrors) {
   ClientOptions o;
   o.seed = "nonsense";

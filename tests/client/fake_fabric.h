@@ -383,9 +383,11 @@ class FakeFabric : public transport::Fabric {
       const transport::ConnectOptions& o) override {
     if (s_->down) return Status::Unavailable("fake: connection refused");
     if (o.auth_token != s_->token) return Status::PermissionDenied("fake: bad token");
+    ++connects;
     return std::unique_ptr<transport::Connection>(std::make_unique<FakeConnection>(s_));
   }
   std::atomic<int> allocations{0};
+  std::atomic<int> connects{0};  // connections opened
 
  private:
   FakeServer* s_;

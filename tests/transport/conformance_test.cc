@@ -510,6 +510,41 @@ TEST_P(TransportConformance, ThousandsOfOutstandingReadsAllComplete) {
   ASSERT_TRUE(s.ok()) << s.ToString();
 }
 
+// One ReadAndWait whose READ requests alone outgrow the socket buffers (tcp: 262,144 requests
+// are 9 MiB on the wire, their answers 23 MiB). The server stops taking requests while its
+// answers pile up unread, so the posting thread must read the answers while it waits for room
+// to send (with no receive thread, nobody else would: the send stalled and the connection
+// failed after 5 s).
+TEST_P(TransportConformance, AReadBatchLargerThanTheSocketBuffersCompletes) {
+  if (kind_ != TransportKind::kTcp) {
+    GTEST_SKIP() << "SKIPPED: a tcp property (socket buffers); a verbs QP bounds its own queue";
+  }
+  const size_t n = 262144;
+  const uint32_t len = 64;
+  ConnectOptions co;
+  co.max_outstanding_reads = 1u << 20;
+  auto conn = Connect(co);
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  std::vector<ReadOp> ops(n);
+  std::vector<ReadOp*> ptrs(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t offset = (i * 4099) % (kRegionSize - len);
+    Prep(ops[i], local_->data() + i * len, offset, len, conn->get());
+    ptrs[i] = &ops[i];
+  }
+  static_assert(262144 * 64 <= kLocalSize);
+  Status s = (*conn)->ReadAndWait(ptrs, Clock::now() + std::chrono::seconds(60));
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (size_t i = 0; i < n; i += 97) {
+    ASSERT_EQ(ops[i].status.load(), ReadStatus::kOk) << "READ " << i;
+    const uint64_t offset = (i * 4099) % (kRegionSize - len);
+    for (uint32_t b = 0; b < len; ++b) {
+      ASSERT_EQ(ops[i].local[b], PatternByte(offset + b)) << "READ " << i << " byte " << b;
+    }
+  }
+  EXPECT_TRUE((*conn)->alive());
+}
+
 // WaitReads waits for READs already posted, on two connections whose batches are in flight
 // together (how a MultiGet fans out to several servers), and returns at once when all are done.
 TEST_P(TransportConformance, WaitReadsWaitsForBatchesPostedOnSeveralConnections) {

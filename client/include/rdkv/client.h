@@ -91,8 +91,13 @@ struct ClientOptions {
   bool cache_checks_slot = false;
   // Most READs one call posts at once (MultiGet batches; never above the connection's limit).
   uint32_t max_batch_reads = 256;
-  // READs in flight at once on one connection, shared by all threads.
+  // READs in flight at once on one connection, shared by the threads that use it.
   uint32_t max_outstanding_reads = 1024;
+  // Connections to each server, opened as threads first need them (thread i uses connection
+  // i % connections_per_server). With one, every thread shares one socket (tcp) or queue pair
+  // (verbs), which one server thread serves; more let several server threads serve one
+  // multi-threaded client. Each costs a session on the server (its --max_connections). 1..64.
+  uint32_t connections_per_server = 2;
   // tcp: how long a thread waiting for an answer polls before it sleeps in the kernel
   // (docs/transport-tcp.md "Polling before sleeping"). Polling keeps an idle CPU from being
   // put to sleep between a request and its answer, which on small VMs costs more than the

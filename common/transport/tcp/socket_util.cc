@@ -173,7 +173,7 @@ std::string PeerName(int fd) {
 }
 
 Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point deadline,
-                     size_t* sent) {
+                     size_t* sent, const SendWaitHook* hook) {
   *sent = 0;
   while (iovcnt > 0) {
     msghdr msg{};
@@ -185,7 +185,13 @@ Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point de
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         // The socket buffer is full: the peer is not reading (or the network is slow).
         pollfd p{fd, POLLOUT, 0};
-        int rc = poll(&p, 1, MillisUntil(deadline));
+        int wait_ms = MillisUntil(deadline);
+        if (hook != nullptr) wait_ms = std::min(wait_ms, static_cast<int>(hook->interval.count()));
+        int rc = poll(&p, 1, wait_ms);
+        if (rc == 0 && hook != nullptr && Clock::now() < deadline) {
+          hook->fn(hook->arg);
+          continue;
+        }
         if (rc == 0) {
           return Status::TimedOut("the peer read nothing for the rest of the deadline (" +
                                   std::to_string(*sent) + " bytes of the frame sent)");

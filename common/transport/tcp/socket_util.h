@@ -38,12 +38,20 @@ uint16_t LocalPort(int fd);
 bool IsSelfConnected(int fd);
 std::string PeerName(int fd);  // "10.0.0.1:51234" or "?"
 
+// Called while a sender waits for room in the socket, at least every `interval`: e.g. a client
+// connection reads the answers nobody else is reading, so that the peer can take requests again.
+struct SendWaitHook {
+  void (*fn)(void* arg);
+  void* arg;
+  std::chrono::milliseconds interval;
+};
+
 // Writes every byte of `iov` (MSG_NOSIGNAL | MSG_DONTWAIT, polling for room) until `deadline`.
 // Datapath: no allocation unless it fails. *sent receives the bytes written. kTimedOut when
 // the peer made no room before the deadline (a frame may then be partly written: unless
 // *sent is 0 the stream is unusable), kConnectionLost when the socket broke.
 Status SendAllBefore(int fd, struct iovec* iov, int iovcnt, Clock::time_point deadline,
-                     size_t* sent);
+                     size_t* sent, const SendWaitHook* hook = nullptr);
 
 // Writes all of `bytes` to a non-blocking socket, polling until `deadline` (control path).
 Status SendAllBefore(int fd, std::span<const uint8_t> bytes, Clock::time_point deadline);

@@ -31,9 +31,15 @@ constexpr std::chrono::seconds kSendStallLimit{5};
 // Under TLS, a Call whose head and payload together are at most this many bytes (one TLS
 // record's plaintext) is sent as one record.
 constexpr size_t kTlsJoinLimit = 16 << 10;
-// The reader blocks in recv() for at most this long at a time (SO_RCVTIMEO), so it sees its
-// deadline without a poll() before every recv(); the last stretch before a deadline is polled.
+// The reader blocks in recv() for a bounded time (SO_RCVTIMEO of kRecvSlice), so it sees its
+// deadline without a poll() before every recv(). The kernel rounds that timeout up to its tick
+// (a 2 ms one blocked 8-12 ms on a HZ=250 VM), so slices are used only while the deadline is
+// more than kSliceMargin away; the last stretch is polled, which is accurate to a millisecond.
 constexpr std::chrono::milliseconds kRecvSlice{2};
+constexpr std::chrono::milliseconds kSliceMargin{50};
+// A sender that finds no room in the socket looks at least this often whether answers wait to
+// be read (nobody else reading them would leave the server unable to take more requests).
+constexpr std::chrono::milliseconds kSendReadInterval{1};
 // alive() looks at the socket at most this often when nobody is reading it.
 constexpr std::chrono::milliseconds kProbeInterval{1};
 
@@ -76,7 +82,7 @@ class TcpConnection final : public Connection {
     timeval slice{0,
                   static_cast<suseconds_t>(
                       std::chrono::duration_cast<std::chrono::microseconds>(kRecvSlice).count())};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof slice);
+    slices_ = setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof slice) == 0;
   }
 
   ~TcpConnection() override {
@@ -415,7 +421,7 @@ class TcpConnection final : public Connection {
       }
       // The reader until our operation is done or the deadline passes.
       for (;;) {
-        const size_t completed = ReadPass(deadline, /*block=*/true);
+        const size_t completed = ReadPass(deadline, spin_until, /*block=*/true);
         if (ready(arg) || Clock::now() >= deadline || !alive_.load(std::memory_order_acquire)) {
           break;  // (a failed connection has completed everything: ready(arg) holds)
         }
@@ -436,7 +442,7 @@ class TcpConnection final : public Connection {
       if (reading_) return;
       SetReadingLocked(true);
     }
-    ReadPass(Clock::now(), /*block=*/false);
+    ReadPass(Clock::now(), Clock::time_point{}, /*block=*/false);
     StopReading();
   }
 
@@ -495,13 +501,19 @@ class TcpConnection final : public Connection {
   // the deadline when `block`) and completes every whole frame received; a broken stream or a
   // bad frame fails the connection. Returns how many READs and Calls it completed.
   // Datapath: no allocation unless a frame is larger than any before, or the stream fails.
-  size_t ReadPass(Clock::time_point deadline, bool block) {
-    if (!alive_.load(std::memory_order_acquire)) return 0;
+  size_t ReadPass(Clock::time_point deadline, Clock::time_point spin_until, bool block) {
+    if (!alive_.load(std::memory_order_acquire)) {
+      // Another thread is failing the connection: finish marking every operation done here
+      // (Fail is idempotent), so whoever waits sees its operation complete, never a false
+      // timeout in the window before that thread has marked them.
+      Fail("");
+      return 0;
+    }
     size_t want = kRecvChunk;
     if (need_ > in_.size()) want = std::max(want, need_ - in_.size());
     std::span<uint8_t> w = in_.PrepareWrite(want);
     std::string why;
-    ssize_t n = Receive(w, deadline, block, &why);
+    ssize_t n = Receive(w, deadline, spin_until, block, &why);
     if (n == kNothingYet) return 0;
     if (n == 0) {
       Fail(why.empty() ? "the server closed the connection" : why);
@@ -552,7 +564,12 @@ class TcpConnection final : public Connection {
   // Datapath: no allocation unless it fails.
   Status SendBefore(iovec* iov, int iovcnt, Clock::time_point deadline, size_t* sent)
       REQUIRES(send_mu_) EXCLUDES(tls_mu_) {
-    if (tls_ == nullptr) return SendAllBefore(fd_, iov, iovcnt, deadline, sent);
+    // While the socket has no room, read the answers if nobody else does: the server stops
+    // taking requests while its answers pile up unread, and nobody else may be waiting.
+    const SendWaitHook read_meanwhile{
+        [](void* self) { static_cast<TcpConnection*>(self)->ReadIfIdle(); }, this,
+        kSendReadInterval};
+    if (tls_ == nullptr) return SendAllBefore(fd_, iov, iovcnt, deadline, sent, &read_meanwhile);
     *sent = 0;
     // A Call's head and a small payload go out as one TLS record (one encryption, one send):
     // copied into a buffer that only grows, so steady state allocates nothing.
@@ -586,8 +603,15 @@ class TcpConnection final : public Connection {
           *sent += n;
           continue;
         }
-        if (!WaitSocket(io == TlsIo::kWantWrite ? POLLOUT : POLLIN, deadline)) {
-          return Status::TimedOut("the peer made no room before the deadline");
+        // TLS may need to read (a key update) before it can write: the reader's job.
+        if (io == TlsIo::kWantRead) read_meanwhile.fn(read_meanwhile.arg);
+        const Clock::time_point until =
+            std::min(deadline, Clock::now() + Clock::duration(kSendReadInterval));
+        if (!WaitSocket(io == TlsIo::kWantWrite ? POLLOUT : POLLIN, until)) {
+          if (Clock::now() >= deadline) {
+            return Status::TimedOut("the peer made no room before the deadline");
+          }
+          read_meanwhile.fn(read_meanwhile.arg);
         }
       }
     }
@@ -599,19 +623,15 @@ class TcpConnection final : public Connection {
   // The reader: receives what is there, waiting for it until the deadline when `block`.
   // >0: bytes; 0: the server closed (*why set when TLS failed); kNothingYet: nothing arrived
   // in time (or, without `block`, nothing was there); -1: errno.
-  ssize_t Receive(std::span<uint8_t> w, Clock::time_point deadline, bool block, std::string* why)
-      EXCLUDES(tls_mu_) {
-    Clock::time_point spin_until{};
+  ssize_t Receive(std::span<uint8_t> w, Clock::time_point deadline, Clock::time_point spin_until,
+                  bool block, std::string* why) EXCLUDES(tls_mu_) {
     for (;;) {
       if (tls_ == nullptr) {
-        // A blocking recv() returns after at most kRecvSlice (SO_RCVTIMEO): used while the
-        // deadline is further away than that, so the common wait costs one system call.
+        // A blocking recv() returns after about kRecvSlice (SO_RCVTIMEO): used while the
+        // deadline is far away, so the common wait costs one system call.
         Clock::time_point now = Clock::now();
-        if (block && spin_until == Clock::time_point{}) {
-          spin_until = std::min(deadline, now + busy_poll_);
-        }
         const bool spin = block && now < spin_until;
-        const bool slice = block && !spin && deadline - now >= kRecvSlice;
+        const bool slice = block && !spin && slices_ && deadline - now > kSliceMargin;
         ssize_t n = recv(fd_, w.data(), w.size(), slice ? 0 : MSG_DONTWAIT);
         if (n >= 0) return n;
         if (errno == EINTR) continue;
@@ -656,9 +676,10 @@ class TcpConnection final : public Connection {
     for (;;) {
       int timeout_ms = -1;
       if (deadline != Clock::time_point::max()) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0) return false;
-        timeout_ms = static_cast<int>(std::min<int64_t>(left.count() + 1, 1 << 30));
+        const Clock::duration left = deadline - Clock::now();
+        if (left <= Clock::duration::zero()) return false;
+        timeout_ms = static_cast<int>(
+            std::min<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), 1 << 30));
       }
       pollfd p{fd_, events, 0};
       int rc = poll(&p, 1, timeout_ms);
@@ -814,6 +835,7 @@ class TcpConnection final : public Connection {
   const std::vector<RegionDescriptor> regions_;
   const size_t receive_limit_;       // largest payload we accept (what we told the server)
   const Clock::duration busy_poll_;  // the reader polls this long before it sleeps in recv()
+  bool slices_ = false;              // SO_RCVTIMEO took: blocking recv() slices may be used
   const size_t send_limit_;          // largest request / READ: min(ours, the server's)
   std::atomic<bool> alive_{true};
   std::atomic<bool> closing_{false};
@@ -885,6 +907,9 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
   if (options.max_message_size == 0 || options.max_message_size > kMaxMessageSizeLimit) {
     return Status::InvalidArgument("max_message_size must be 1.." +
                                    std::to_string(kMaxMessageSizeLimit));
+  }
+  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10)) {
+    return Status::InvalidArgument("busy_poll must be 0..10 ms");
   }
   if (options.auth_token.size() > kMaxTokenLength) {
     return Status::InvalidArgument("auth token longer than " + std::to_string(kMaxTokenLength));

@@ -1396,6 +1396,9 @@ Result<std::unique_ptr<Listener>> CreateTcpListener(ListenOptions options,
     return Status::InvalidArgument("worker_threads must be 1..1024, not " +
                                    std::to_string(options.worker_threads));
   }
+  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10)) {
+    return Status::InvalidArgument("busy_poll must be 0..10 ms");
+  }
   if (options.max_message_size == 0 || options.max_message_size > kMaxMessageSizeLimit) {
     return Status::InvalidArgument("max_message_size must be 1.." +
                                    std::to_string(kMaxMessageSizeLimit));
