@@ -18,6 +18,9 @@
 # Environment (all optional):
 #   WORKLOADS   subset of "a b c d f" (default all five; e is refused: no range scans)
 #   RECORDS     records loaded (default 10000)          OPS      operations per run (default 20000)
+#   WARMUP      operations each run makes first, unmeasured, on one thread (kvbench's
+#               warmupoperationcount; default 0, YCSB's practice). Every backend gets the same;
+#               for rdkv it fills the client's location cache, as a long-running client's is
 #   THREADS     client thread counts (default "2")       REPEAT   runs of each cell; the median
 #                                                                 of each figure is shown (default 1)
 #   BUILD       build dir with kvbench and kvserver (default build/default; configured with
@@ -47,6 +50,7 @@ esac
 WORKLOADS=${WORKLOADS:-"a b c d f"}
 RECORDS=${RECORDS:-10000}
 OPS=${OPS:-20000}
+WARMUP=${WARMUP:-0}
 THREADS=${THREADS:-2}
 REPEAT=${REPEAT:-1}
 BUILD=${BUILD:-build/default}
@@ -63,8 +67,8 @@ for w in $WORKLOADS; do
     *) die "unknown workload '$w' (a b c d f)" ;;
   esac
 done
-[[ $RECORDS =~ ^[0-9]+$ && $OPS =~ ^[0-9]+$ && $REPEAT =~ ^[1-9][0-9]*$ ]] ||
-  die "RECORDS, OPS and REPEAT must be numbers"
+[[ $RECORDS =~ ^[0-9]+$ && $OPS =~ ^[0-9]+$ && $WARMUP =~ ^[0-9]+$ && $REPEAT =~ ^[1-9][0-9]*$ ]] ||
+  die "RECORDS, OPS, WARMUP and REPEAT must be numbers"
 
 # --- dependencies and binaries ---------------------------------------------------------------
 DBS="rdkv redis memcached"
@@ -211,7 +215,8 @@ kvb() {
   local rc=0
   # shellcheck disable=SC2046
   "$KVBENCH" "$phase" -db "$db" -P bench/workloads/workload"$w" $(dbprops "$db") \
-    -p recordcount="$RECORDS" -p operationcount="$OPS" -p status.interval=5 "$@" \
+    -p recordcount="$RECORDS" -p operationcount="$OPS" -p status.interval=5 \
+    $([[ $phase == run ]] && echo -p warmupoperationcount="$WARMUP") "$@" \
     >"$out" 2>"$out.stderr" || rc=$?
   if ((rc != 0)); then
     failed=1
@@ -277,7 +282,7 @@ fmt() { [[ -z $1 ]] && { echo "-"; return; }; awk -v v="$1" 'BEGIN { if (v >= 10
 ratio() { [[ -z $1 || -z $2 ]] && { echo "-"; return; }; awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 
 echo
-echo "kvbench, $RECORDS records of 10 x 100 B, $OPS operations per run, median of $REPEAT run(s); rdkv transport $TRANSPORT; $(nproc) cores"
+echo "kvbench, $RECORDS records of 10 x 100 B, $OPS operations per run ($WARMUP unmeasured first), median of $REPEAT run(s); rdkv transport $TRANSPORT; $(nproc) cores"
 echo "throughput in ops/s (per workload); latency p50 / p99 in us (per operation type)"
 echo "ratio = rdkv / peer: above 1 for ops/s means rdkv is faster; below 1 for p50/p99 means rdkv is faster"
 echo
@@ -316,7 +321,7 @@ chart=${COMPARE_CHART:-build/compare/throughput.svg}
 mkdir -p "$(dirname "$chart")"
 medians=${chart%.svg}.tsv
 {
-  echo "# workload	threads	backend	ops/s (median of $REPEAT): bench/compare.sh, $RECORDS records, $OPS operations"
+  echo "# workload	threads	backend	ops/s (median of $REPEAT): bench/compare.sh, $RECORDS records, $OPS operations, $WARMUP warm-up"
   for w in $order; do
     for t in $THREADS; do
       for db in $DBS; do
@@ -326,7 +331,7 @@ medians=${chart%.svg}.tsv
   done
 } >"$medians"
 if python3 bench/throughput_chart.py "$medians" "$chart" \
-  "kvbench: $RECORDS records, $OPS operations, median of $REPEAT; rdkv over $TRANSPORT; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"; then
+  "kvbench: $RECORDS records, $OPS operations ($WARMUP warm-up), median of $REPEAT; rdkv over $TRANSPORT; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"; then
   echo
   echo "chart: $chart (data: $medians)"
 else

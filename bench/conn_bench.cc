@@ -102,6 +102,8 @@ rdkv::ClientOptions Options() {
   co.seed = FLAGS_server;
   co.transport = FLAGS_transport;
   if (!FLAGS_location_cache) co.location_cache_entries = 0;
+  // One connection per client whichever thread uses it: the connection count is the subject.
+  co.connections_per_server = 1;
   return co;
 }
 

@@ -1,6 +1,6 @@
-// -db rdkv: the rdkv client library. One Client for the process (it is thread-safe and shares one
-// connection per server between threads, as applications are told to use it); GETs are
-// one-sided READs, writes are requests to the owning server.
+// -db rdkv: the rdkv client library. One Client for the process (it is thread-safe and shares its
+// connections_per_server connections per server between threads, as applications are told to
+// use it); GETs are one-sided READs, writes are requests to the owning server.
 #include <chrono>
 #include <cstdlib>
 #include <memory>
