@@ -20,7 +20,8 @@
 #   RECORDS     records loaded (default 10000)          OPS      operations per run (default 20000)
 #   WARMUP      operations each run makes first, unmeasured, on one thread (kvbench's
 #               warmupoperationcount; default 0, YCSB's practice). Every backend gets the same;
-#               for rdkv it fills the client's location cache, as a long-running client's is
+#               for rdkv it fills the client's location cache, as a long-running client's is.
+#               Not for D: its warm-up would insert records that the record count misses
 #   THREADS     client thread counts (default "2")       REPEAT   runs of each cell; the median
 #                                                                 of each figure is shown (default 1)
 #   BUILD       build dir with kvbench and kvserver (default build/default; configured with
@@ -216,7 +217,7 @@ kvb() {
   # shellcheck disable=SC2046
   "$KVBENCH" "$phase" -db "$db" -P bench/workloads/workload"$w" $(dbprops "$db") \
     -p recordcount="$RECORDS" -p operationcount="$OPS" -p status.interval=5 \
-    $([[ $phase == run ]] && echo -p warmupoperationcount="$WARMUP") "$@" \
+    $([[ $phase == run && $w != d ]] && echo -p warmupoperationcount="$WARMUP") "$@" \
     >"$out" 2>"$out.stderr" || rc=$?
   if ((rc != 0)); then
     failed=1

@@ -62,17 +62,55 @@ std::string Links::Name(const Link& link) const {
   return "server " + std::to_string(link.id) + " (" + link.address.ToString() + ")";
 }
 
+namespace {
+// Any slot's usable session, or null.
+std::shared_ptr<Session> UsableSlot(const std::vector<Link::Slot>& slots) {
+  for (const Link::Slot& s : slots) {
+    if (s.session != nullptr && s.session->usable()) return s.session;
+  }
+  return nullptr;
+}
+}  // namespace
+
 Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
+  const size_t index = ThreadSlot() % link.slots.size();
   MutexLock l(&link.mu);
-  Link::Slot& slot = link.slots[ThreadSlot() % link.slots.size()];
-  if (slot.session != nullptr && slot.session->usable()) return slot.session;
-  Clock::time_point now = Clock::now();
-  if (cluster() && link.down && now - link.last_try < kReconnectBackoff) return link.last_error;
+  Clock::time_point now;
+  for (;;) {
+    Link::Slot& slot = link.slots[index];
+    if (slot.session != nullptr && slot.session->usable()) return slot.session;
+    std::shared_ptr<Session> other = UsableSlot(link.slots);
+    if (slot.connecting) {
+      if (other != nullptr) return other;
+      link.opened.Wait(&link.mu);
+      continue;
+    }
+    now = Clock::now();
+    if (other != nullptr && slot.failed_at != Clock::time_point{} &&
+        now - slot.failed_at < kReconnectBackoff) {
+      return other;  // this slot could not be opened just now; the server is up
+    }
+    if (other == nullptr && cluster() && link.down && now - link.last_try < kReconnectBackoff) {
+      return link.last_error;
+    }
+    break;
+  }
+  Link::Slot& slot = link.slots[index];  // the vector never changes size
   link.last_try = now;
-  bool reconnect = slot.connected_once;
-  slot.session.reset();  // the old connection closes once its last user is done
+  slot.connecting = true;
+  const bool reconnect = slot.connected_once;
+  std::shared_ptr<Session> old = std::move(slot.session);
+  l.Unlock();
+  old.reset();  // the old connection closes once its last user is done
   auto opened = OpenSession(fabric_, link.address, options_, pool_);
+  l.Lock();
+  slot.connecting = false;
+  link.opened.SignalAll();
   if (!opened.ok()) {
+    slot.failed_at = Clock::now();
+    // Another connection to the server works (e.g. it refused this one at --max_connections):
+    // use it rather than failing the call.
+    if (std::shared_ptr<Session> other = UsableSlot(link.slots)) return other;
     const Status& s = opened.status();
     // The server's own refusals keep their code; anything about reaching it is kUnavailable.
     bool keep = s.Is(StatusCode::kPermissionDenied) || s.Is(StatusCode::kProtocolError) ||
@@ -86,6 +124,7 @@ Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
     link.last_error = Status(keep ? s.code() : StatusCode::kUnavailable, std::move(msg));
     return link.last_error;
   }
+  slot.failed_at = Clock::time_point{};
   link.down = false;
   std::shared_ptr<Session> session = std::move(opened).value();
   const kv::RegionHeader& h = session->header();

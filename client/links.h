@@ -1,5 +1,6 @@
-// The client's links: one per server it talks to, each with its connection (a Session,
-// replaced after a failure, with back-off), its location cache and its name for messages.
+// The client's links: one per server it talks to, each with its connections (Sessions, one per
+// thread slot, each replaced after a failure, with back-off), its location cache and its name
+// for messages.
 //
 // Ownership: Links owns every Link; a Link lives as long as its Links (pointers to it stay
 // valid). Links does not own the fabric, the scratch pool or the counters: they must outlive
@@ -31,6 +32,8 @@ struct Link {
   struct Slot {
     std::shared_ptr<Session> session;
     bool connected_once = false;
+    bool connecting = false;  // a thread is opening it, outside the lock (others wait on opened)
+    std::chrono::steady_clock::time_point failed_at{};  // its last failed open, if any
   };
   Link(uint32_t server_id, ServerAddress a, size_t cache_entries, size_t connections)
       : id(server_id), address(std::move(a)), cache(cache_entries), slots(connections) {}
@@ -41,6 +44,7 @@ struct Link {
   // A thread uses slot ThreadSlot() % slots.size(): its own connection when there are as many
   // connections as threads, so threads do not queue behind each other on one socket or QP.
   std::vector<Slot> slots GUARDED_BY(mu);
+  CondVar opened;  // a slot's open finished (with mu)
   uint64_t incarnation GUARDED_BY(mu) = 0;
   bool down GUARDED_BY(mu) = false;  // the last connection attempt failed
   std::chrono::steady_clock::time_point last_try GUARDED_BY(mu);
@@ -64,10 +68,13 @@ class Links {
   // The link of server `id` at `address` ("host:port"), created on first use.
   Link* LinkFor(uint32_t id, const std::string& address) EXCLUDES(mu_);
 
-  // The live session of `link`, reconnecting when the current one is broken. In a cluster a
-  // server that could not be reached is tried again at most every 500 ms; meanwhile its
-  // calls fail fast with the last error. Errors name the server (Name): kUnavailable for
-  // anything about reaching it; the server's own refusals (kPermissionDenied,
+  // The live session of `link` for the calling thread's slot, (re)connecting it when it is
+  // broken or not open yet (outside the link's lock: the other slots keep serving). While the
+  // slot is being opened by another thread, or its last open failed less than 500 ms ago,
+  // another usable slot's session is returned; only with no usable slot does an open's failure
+  // reach the caller. In a cluster a server that could not be reached is tried again at most
+  // every 500 ms; meanwhile its calls fail fast with the last error. Errors name the server (Name):
+  // kUnavailable for anything about reaching it; the server's own refusals (kPermissionDenied,
   // kProtocolError, kInvalidArgument, kNotSupported) keep their code.
   Result<std::shared_ptr<Session>> SessionOf(Link& link) EXCLUDES(link.mu);
 

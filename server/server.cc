@@ -63,6 +63,7 @@ class ServerImpl final : public Server {
         ro.role = transport::SessionRole::kData;  // admin from loopback peers only
       }
       ro.max_message_size = MessageLimit(options);
+      ro.busy_poll = options.busy_poll;
       if (!options.tls.ca_file.empty()) {
         ro.tls.ca_file = options.tls.ca_file;
         ro.tls.cert_file = options.tls.cert_file;  // our client certificate (mutual TLS)

@@ -292,7 +292,8 @@ Result<Report> RunPhase(CoreWorkload& workload, Backend& backend, const DriverOp
   // Run by time: every thread goes on until maxexecutiontime.
   const bool unlimited = options.phase == Phase::kRun && total == 0;
 
-  // Every thread's connection is opened before the clock starts.
+  // Every thread's connection is opened before the clock starts (rdkv: a client's further
+  // connections per server open on the first operation of a thread that uses them).
   std::vector<std::unique_ptr<DB>> dbs;
   for (int t = 0; t < threads; ++t) {
     auto db = backend.NewDB();

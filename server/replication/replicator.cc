@@ -216,6 +216,7 @@ Result<std::shared_ptr<transport::Connection>> Replicator::ConnectionTo(Peer* pe
   }
   co.tls = options_.tls;
   co.connect_timeout = options_.connect_timeout;
+  co.busy_poll = options_.busy_poll;
   if (options_.max_message_size > 0) co.max_message_size = options_.max_message_size;
   Result<std::unique_ptr<transport::Connection>> c = fabric_->Connect(co);
   if (!c.ok()) {

@@ -53,7 +53,10 @@ struct ReplicatorOptions {
   std::chrono::milliseconds forward_timeout{2000};
   std::chrono::milliseconds reconnect_interval{200};
   size_t max_message_size = 0;  // the servers' message limit
-  int sender_threads = 16;      // the writer pool (Submit): replicated writes in flight at once
+  // tcp: how long a sender polls for its backup's answer before sleeping (the server's
+  // --busy_poll_us, so that 0 turns all of the server's polling off).
+  std::chrono::microseconds busy_poll{50};
+  int sender_threads = 16;  // the writer pool (Submit): replicated writes in flight at once
   // The largest batch body; also kept within the backups' --max_value_size
   // (set_max_value_bytes): a write larger than a batch goes alone as a plain REPLICATE.
   size_t max_batch_bytes = 64 * 1024;

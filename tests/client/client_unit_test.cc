@@ -725,6 +725,31 @@ TEST_F(FakeClientTest, ThreadsSpreadOverConnectionsPerServer) {
   EXPECT_EQ(Connect(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A thread whose own connection cannot be opened (e.g. the server refuses it at its
+// --max_connections) uses another open connection to the same server instead of failing, and
+// does not try to open its own again on every call.
+TEST_F(FakeClientTest, AThreadWhoseConnectionIsRefusedUsesAnotherOne) {
+  ClientOptions o;
+  o.connections_per_server = 2;
+  auto c = MustConnect(o);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Put("k", "v").ok());
+  ASSERT_EQ(fabric_->connects.load(), 1);
+  server_.refuse_connects = true;  // the open connection keeps working
+  // Two new threads: consecutive thread numbers, so one of them has the other slot.
+  for (int t = 0; t < 2; ++t) {
+    std::thread([&] {
+      for (int i = 0; i < 10; ++i) {
+        auto g = c->Get("k");
+        EXPECT_TRUE(g.ok()) << g.status().ToString();
+      }
+    }).join();
+  }
+  EXPECT_EQ(fabric_->connects.load(), 1) << "the refused slot was not opened";
+  server_.refuse_connects = false;
+  ASSERT_TRUE(c->Put("k2", "v2").ok());
+}
+
 TEST_F(FakeClientTest, ConnectErrors) {
   ClientOptions o;
   o.seed = "nonsense";

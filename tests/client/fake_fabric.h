@@ -251,9 +251,10 @@ class FakeServer {
 
   // --- knobs for the fake connection ---
   std::string token;
-  std::atomic<bool> down{false};        // Connect fails kUnavailable
-  std::atomic<uint64_t> generation{0};  // bump to kill every open connection
-  std::atomic<uint64_t> reads{0};       // READs served
+  std::atomic<bool> down{false};             // Connect fails kUnavailable
+  std::atomic<bool> refuse_connects{false};  // Connect fails; open connections keep working
+  std::atomic<uint64_t> generation{0};       // bump to kill every open connection
+  std::atomic<uint64_t> reads{0};            // READs served
   std::atomic<uint64_t> calls{0};
   std::atomic<bool> calls_time_out{false};
   // Set before connecting or while no call runs: called for each Call; an error is what the
@@ -381,7 +382,7 @@ class FakeFabric : public transport::Fabric {
   }
   Result<std::unique_ptr<transport::Connection>> Connect(
       const transport::ConnectOptions& o) override {
-    if (s_->down) return Status::Unavailable("fake: connection refused");
+    if (s_->down || s_->refuse_connects) return Status::Unavailable("fake: connection refused");
     if (o.auth_token != s_->token) return Status::PermissionDenied("fake: bad token");
     ++connects;
     return std::unique_ptr<transport::Connection>(std::make_unique<FakeConnection>(s_));

@@ -19,13 +19,13 @@
 // Ownership: Connect returns the only owner of the Client; destroying it closes its
 // connections and frees its registered buffers. It must not be destroyed while another
 // thread is inside one of its calls. Every result owns its data (no views into the client).
-// Thread-safety: a Client is thread-safe; share one per process (it shares one connection per
-// server between threads, and keeps a small pool of registered READ buffers, about one per
-// concurrently calling thread).
-// Errors: every call returns a Status or Result; see rdkv/status.h for the codes. kTimedOut
-// and kConnectionLost on a write mean the outcome is unknown (it may have applied).
-// A broken connection is replaced by the next call (which re-reads the server's region
-// header); if the server cannot be reached that call fails with kUnavailable naming it.
+// Thread-safety: a Client is thread-safe; share one per process (it shares its
+// connections_per_server connections to each server between threads, and keeps a small pool of
+// registered READ buffers, about one per concurrently calling thread). Errors: every call returns a
+// Status or Result; see rdkv/status.h for the codes. kTimedOut and kConnectionLost on a write mean
+// the outcome is unknown (it may have applied). A broken connection is replaced by the next call
+// (which re-reads the server's region header); if the server cannot be reached that call fails with
+// kUnavailable naming it.
 #pragma once
 
 #include <chrono>
@@ -93,10 +93,13 @@ struct ClientOptions {
   uint32_t max_batch_reads = 256;
   // READs in flight at once on one connection, shared by the threads that use it.
   uint32_t max_outstanding_reads = 1024;
-  // Connections to each server, opened as threads first need them (thread i uses connection
-  // i % connections_per_server). With one, every thread shares one socket (tcp) or queue pair
-  // (verbs), which one server thread serves; more let several server threads serve one
-  // multi-threaded client. Each costs a session on the server (its --max_connections). 1..64.
+  // Connections to each server, opened as threads first need them: threads are numbered in the
+  // order they first use any Client of the process, and thread i uses connection
+  // i % connections_per_server. With one, every thread shares one socket (tcp) or queue pair
+  // (verbs), which one server NIC thread serves (tcp); more let a multi-threaded client spread
+  // over the server's NIC threads (accepted connections go to them round robin). Each costs a
+  // session on the server (its --max_connections); a connection the server refuses is not
+  // an error while another one to it works (that one is used). 1..64.
   uint32_t connections_per_server = 2;
   // tcp: how long a thread waiting for an answer polls before it sleeps in the kernel
   // (docs/transport-tcp.md "Polling before sleeping"). Polling keeps an idle CPU from being
