@@ -13,8 +13,8 @@
 //      first --base_connections clients, then over all of them (twice each, alternating, so that
 //      both see the same host): the ratio all / base is the figure (target >= 0.8), with the
 //      server's CPU per GET in each phase (from /proc/--server_pid/stat): the throughput of one
-//      driver process with a receive thread per connection also measures the driver's own
-//      thread wake-ups, the server's CPU per GET only the server.
+//      driver process also measures the driver's own costs per connection (the kernel's work on
+//      sockets idle for a while), the server's CPU per GET only the server.
 // The clients run without the location cache by default (--location_cache=false): every GET
 // takes the index path whichever connection it uses, so both phases do the same work per GET.
 //

@@ -162,7 +162,7 @@ TEST_F(TlsTransport, CallsAndReadsRoundTripInsideTls) {
   EXPECT_EQ(listener_->stats().connections_accepted, 2u);
 }
 
-// Senders on several threads while the receive thread reads: the TLS stream is shared.
+// Senders on several threads while one of the waiting callers reads: the TLS stream is shared.
 TEST_F(TlsTransport, ConcurrentCallsAndReadsOnOneTlsConnection) {
   Listen(ServerTls());
   auto c = Connect(ClientTls());

@@ -43,7 +43,7 @@ constexpr std::chrono::milliseconds kSendReadInterval{1};
 // alive() looks at the socket at most this often when nobody is reading it.
 constexpr std::chrono::milliseconds kProbeInterval{1};
 
-// Wire ids of READs and Calls: (generation << 32) | slot. The receive thread accepts a
+// Wire ids of READs and Calls: (generation << 32) | slot. The reader accepts a
 // completion only for a busy slot whose generation matches, so a stale, duplicated or forged id
 // can never reach a ReadOp or a caller that is not waiting for it (nothing that comes off the
 // wire is ever dereferenced).
@@ -827,7 +827,7 @@ class TcpConnection final : public Connection {
 
   const int fd_;
   // TLS (null: plaintext). Not thread-safe: every call on it holds tls_mu_, which no thread
-  // holds while it waits for the socket (the receive thread reads while senders write).
+  // holds while it waits for the socket (the reader reads while senders write).
   Mutex tls_mu_ ACQUIRED_AFTER(send_mu_);
   std::unique_ptr<TlsStream> tls_;
   const std::string peer_;

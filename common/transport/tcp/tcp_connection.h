@@ -1,5 +1,6 @@
-// Client side of the tcp transport: one TCP connection to a TcpListener, with a receive thread
-// that completes READs and Calls. See docs/transport-tcp.md.
+// Client side of the tcp transport: one TCP connection to a TcpListener, read by whichever
+// caller is waiting (no thread of its own), which completes READs and Calls. See
+// docs/transport-tcp.md "Client: the waiting caller reads".
 #pragma once
 
 #include <memory>
