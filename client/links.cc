@@ -73,8 +73,8 @@ std::shared_ptr<Session> UsableSlot(const std::vector<Link::Slot>& slots) {
 }  // namespace
 
 Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
-  const size_t index = ThreadSlot() % link.slots.size();
   MutexLock l(&link.mu);
+  const size_t index = ThreadSlot() % link.slots.size();
   Clock::time_point now;
   for (;;) {
     Link::Slot& slot = link.slots[index];
