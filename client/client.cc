@@ -5,6 +5,7 @@
 
 #include "client/client_impl.h"
 #include "client/client_internal.h"
+#include "common/transport/transport.h"
 #include "common/util/units.h"
 #include "rdkv/client.h"
 
@@ -41,9 +42,7 @@ Status ValidateOptions(const ClientOptions& o) {
     return Status::InvalidArgument("ownership_lease must be positive");
   }
   if (o.max_get_attempts < 1) return Status::InvalidArgument("max_get_attempts must be at least 1");
-  if (o.busy_poll.count() < 0 || o.busy_poll > std::chrono::milliseconds(10)) {
-    return Status::InvalidArgument("busy_poll must be 0..10 ms");
-  }
+  RDKV_RETURN_IF_ERROR(transport::CheckBusyPoll(o.busy_poll));
   if (o.connections_per_server < 1 || o.connections_per_server > 64) {
     return Status::InvalidArgument("connections_per_server must be 1..64");
   }

@@ -454,10 +454,10 @@ int main(int argc, char** argv) {
   }
   o.index_fraction = FLAGS_index_fraction;
   o.worker_threads = FLAGS_worker_threads;
-  if (FLAGS_busy_poll_us < 0 || FLAGS_busy_poll_us > 10000) {
-    return fail("--busy_poll_us must be 0..10000");
-  }
   o.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
+  if (rdkv::Status bp = rdkv::transport::CheckBusyPoll(o.busy_poll); !bp.ok()) {
+    return fail("--busy_poll_us: " + bp.message());
+  }
   if (FLAGS_grace_ms < 1) return fail("--grace_ms must be positive");
   o.grace = std::chrono::milliseconds(FLAGS_grace_ms);
   o.huge_pages = FLAGS_huge_pages;

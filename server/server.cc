@@ -263,9 +263,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
   if (options.worker_threads < 1 || options.worker_threads > 256) {
     return Status::InvalidArgument("worker threads must be 1..256");
   }
-  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10)) {
-    return Status::InvalidArgument("busy_poll must be 0..10 ms");
-  }
+  RDKV_RETURN_IF_ERROR(transport::CheckBusyPoll(options.busy_poll));
   // etcd: the map comes from there (and so does every later one, through the watch).
   std::optional<EtcdMap> etcd_map;
   if (!options.etcd_endpoints.empty()) {

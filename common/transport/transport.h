@@ -133,6 +133,17 @@ struct ConnectOptions {
   std::chrono::microseconds busy_poll{50};
 };
 
+// The one rule for every busy_poll setting (ConnectOptions, ListenOptions, and the client and
+// server options that feed them): 0..10 ms. kInvalidArgument otherwise. (Inline: the tcp and
+// verbs libraries do not link the fabric's.)
+inline Status CheckBusyPoll(std::chrono::microseconds busy_poll) {
+  if (busy_poll.count() < 0 || busy_poll > std::chrono::milliseconds(10)) {
+    return Status::InvalidArgument("busy_poll must be 0..10 ms, not " +
+                                   std::to_string(busy_poll.count()) + " us");
+  }
+  return Status::Ok();
+}
+
 // Client side of one connection to a server. One connection per (client process, server) is
 // the intended use: it is fully thread-safe and many threads may post, poll and call at once.
 class Connection {

@@ -908,9 +908,7 @@ Result<std::unique_ptr<Connection>> CreateTcpConnection(const ConnectOptions& op
     return Status::InvalidArgument("max_message_size must be 1.." +
                                    std::to_string(kMaxMessageSizeLimit));
   }
-  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10)) {
-    return Status::InvalidArgument("busy_poll must be 0..10 ms");
-  }
+  RDKV_RETURN_IF_ERROR(CheckBusyPoll(options.busy_poll));
   if (options.auth_token.size() > kMaxTokenLength) {
     return Status::InvalidArgument("auth token longer than " + std::to_string(kMaxTokenLength));
   }

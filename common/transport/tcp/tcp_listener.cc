@@ -422,14 +422,15 @@ class NicThread {
 
   void Run() {
     epoll_event events[kMaxEvents];
-    Clock::time_point next_sweep = Clock::now() + std::chrono::milliseconds(kEpollTimeoutMs);
     const Clock::duration busy_poll = core_->options.busy_poll;
+    Clock::time_point now = Clock::now();  // one reading per round, after its events
+    Clock::time_point next_sweep = now + std::chrono::milliseconds(kEpollTimeoutMs);
     Clock::time_point last_event{};
     while (!stop_.load(std::memory_order_acquire)) {
-      // Polls (timeout 0) while events came within busy_poll; sleeps in the kernel otherwise.
-      const bool poll = busy_poll.count() > 0 && Clock::now() - last_event < busy_poll;
+      // Polls (timeout 0) while the last events were handled less than busy_poll ago; sleeps
+      // in the kernel otherwise (always with busy_poll 0).
+      const bool poll = now - last_event < busy_poll;
       int n = epoll_wait(epfd_, events, kMaxEvents, poll ? 0 : kEpollTimeoutMs);
-      if (n > 0 && busy_poll.count() > 0) last_event = Clock::now();
       if (n == 0 && poll) sched_yield();  // other runnable threads first (see the connection)
       if (n < 0 && errno != EINTR) {
         PLOG(ERROR) << core_->name << ": epoll_wait";
@@ -448,7 +449,8 @@ class NicThread {
         std::shared_ptr<TcpSession> s = it->second;  // keeps it alive while Close() erases it
         HandleEvent(*s, events[i].events);
       }
-      Clock::time_point now = Clock::now();
+      now = Clock::now();
+      if (n > 0) last_event = now;
       if (now >= next_sweep || swept_epoch_.load(std::memory_order_relaxed) !=
                                    core_->secrets_epoch.load(std::memory_order_acquire)) {
         Sweep(now);
@@ -1396,9 +1398,7 @@ Result<std::unique_ptr<Listener>> CreateTcpListener(ListenOptions options,
     return Status::InvalidArgument("worker_threads must be 1..1024, not " +
                                    std::to_string(options.worker_threads));
   }
-  if (options.busy_poll.count() < 0 || options.busy_poll > std::chrono::milliseconds(10)) {
-    return Status::InvalidArgument("busy_poll must be 0..10 ms");
-  }
+  RDKV_RETURN_IF_ERROR(CheckBusyPoll(options.busy_poll));
   if (options.max_message_size == 0 || options.max_message_size > kMaxMessageSizeLimit) {
     return Status::InvalidArgument("max_message_size must be 1.." +
                                    std::to_string(kMaxMessageSizeLimit));

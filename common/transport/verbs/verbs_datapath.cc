@@ -13,7 +13,6 @@
 
 #include "common/transport/auth.h"
 #include "common/transport/verbs/verbs_internal.h"
-#include "common/util/cpu_relax.h"
 
 namespace rdkv::transport::verbs {
 
@@ -44,6 +43,12 @@ constexpr auto kMaxBlock = std::chrono::milliseconds(10);  // longest single sle
 // recent waits of a client poller and the recent idle gaps of a server poller.
 Clock::duration AverageIn(Clock::duration average, Clock::duration sample) {
   return average + (std::min<Clock::duration>(sample, kMaxBlock) - average) / 8;
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
 }
 
 int MillisUntil(Clock::time_point until, int cap_ms) {
