@@ -17,6 +17,7 @@
 #   --worker-threads N kvserver --worker_threads (default 16: a primary's worker waits for its
 #                      backups' answers, so more workers keep more writes in flight)
 #   --memory SIZE      kvserver --memory (default 256MiB)
+#   --server-flags "F" more kvserver flags, split on spaces (e.g. "--busy_poll_us=0")
 #   --server-cpus A/B/C pin server 0, 1, 2 to these CPU lists (taskset -c; e.g. 0-3/4-7/8-11):
 #                      a machine per server on one many-core host, so that a backup's work is
 #                      not taken from its primary's cores; default: no pinning
@@ -46,7 +47,7 @@ cd "$(dirname "$0")/.."
 PROG=replication-bench.sh
 
 RECORDS=10000 OPS=20000 THREADS=16 SHARDS=24 REPEAT=3 COPY_RECORDS=200000 WORKERS=16
-MEMORY=256MiB BUILD="" OUT="" ROLES=1 SERVER_CPUS="" CLIENT_CPUS=""
+MEMORY=256MiB BUILD="" OUT="" ROLES=1 SERVER_CPUS="" CLIENT_CPUS="" SERVER_FLAGS=""
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 note() { echo "$PROG: $*" >&2; }
 usage() { sed -n '2,/^[^#]/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "$1"; }
@@ -55,14 +56,14 @@ while (($# > 0)); do
     -h | --help) usage 0 ;;
     --no-roles) ROLES=0; shift; continue ;;
     --records | --ops | --threads | --shards | --repeat | --copy-records | --worker-threads | \
-      --memory | --build | --out | --server-cpus | --client-cpus)
+      --memory | --build | --out | --server-cpus | --client-cpus | --server-flags)
       (($# >= 2)) || die "$1 needs a value (usage: --help)"
       case $1 in
         --server-cpus) SERVER_CPUS=$2 ;; --client-cpus) CLIENT_CPUS=$2 ;;
         --records) RECORDS=$2 ;; --ops) OPS=$2 ;; --threads) THREADS=$2 ;;
         --shards) SHARDS=$2 ;; --repeat) REPEAT=$2 ;; --copy-records) COPY_RECORDS=$2 ;;
         --worker-threads) WORKERS=$2 ;; --memory) MEMORY=$2 ;; --build) BUILD=$2 ;;
-        --out) OUT=$2 ;;
+        --out) OUT=$2 ;; --server-flags) SERVER_FLAGS=$2 ;;
       esac
       shift 2 ;;
     *) echo "$PROG: unknown argument '$1'" >&2; usage 2 >&2 ;;
@@ -211,7 +212,7 @@ start_cluster_once() {
     # shellcheck disable=SC2086  # the pinning prefix splits on purpose
     ${PIN_SRV[i]} "$KVSERVER" --host=127.0.0.1 --port="${PORTS[i]}" --port_file="$d/server-$i/port" \
       --transport=tcp --memory="$MEMORY" --cluster_map="$d/map.json" --server_id="$i" \
-      --data_dir="$d/server-$i" --durability=none --worker_threads="$WORKERS" \
+      --data_dir="$d/server-$i" --durability=none --worker_threads="$WORKERS" $SERVER_FLAGS \
       </dev/null >"$OUT/$name-server-$i.log" 2>&1 &
     SRV_PID[i]=$!
   done

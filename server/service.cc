@@ -273,6 +273,7 @@ std::string Service::StatsJson() const {
       j["replication"]["version_retries"] = rs.version_retries;
       j["replication"]["batches_sent"] = rs.batches;
       j["replication"]["batched_writes"] = rs.batched_writes;
+      j["replication"]["batches_by_sender"] = rs.sender_batches;
       nlohmann::json backups = nlohmann::json::object();
       for (const replication::Replicator::PeerState& p : replicator_->Peers()) {
         nlohmann::json one = {{"connected", p.connected},

@@ -144,6 +144,19 @@ inline Status CheckBusyPoll(std::chrono::microseconds busy_poll) {
   return Status::Ok();
 }
 
+// A Call started with Connection::StartCall and not finished yet. The caller owns it and keeps
+// it (and the response buffer) alive until FinishCall; the fields are the transport's.
+struct PendingCall {
+  std::vector<uint8_t>* response = nullptr;
+  std::chrono::steady_clock::time_point deadline{};
+  std::chrono::milliseconds timeout{0};
+  uint32_t slot = 0;            // the transport's call slot (held until FinishCall)
+  uint64_t sequence = 0;        // and its sequence number, where the transport has one
+  const void* token = nullptr;  // the transport's completion flag
+  Status result;                // the default StartCall: the whole Call's outcome
+  bool started = false;         // StartCall returned OK and FinishCall has not run
+};
+
 // Client side of one connection to a server. One connection per (client process, server) is
 // the intended use: it is fully thread-safe and many threads may post, poll and call at once.
 class Connection {
@@ -198,6 +211,26 @@ class Connection {
   // nothing was sent). `response` is resized to the response length (may allocate).
   virtual Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
                       std::chrono::milliseconds timeout) = 0;
+
+  // Call in two halves, so that one thread can have requests on several connections in flight
+  // together (the primary forwards a write to all its backups at once). StartCall sends the
+  // request: OK, or any error Call returns before the request went out (then nothing is in
+  // flight and `call` needs no FinishCall). After OK, FinishCall must run exactly once, on any
+  // one thread, and waits for the answer until the deadline StartCall set: it returns what Call
+  // would have and fills `response`. `response` and `call` must stay alive and untouched until
+  // then. The default runs the whole Call inside StartCall (correct, only not overlapped).
+  virtual Status StartCall(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                           std::chrono::milliseconds timeout, PendingCall* call) {
+    call->response = response;
+    call->timeout = timeout;
+    call->result = Call(request, response, timeout);
+    call->started = true;
+    return Status::Ok();
+  }
+  virtual Status FinishCall(PendingCall* call) {
+    call->started = false;
+    return call->result;
+  }
 
   // False once the connection is known broken (peer died, QP in error, socket closed).
   virtual bool alive() const = 0;

@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <set>
+
 #include "common/kv/wire.h"
 #include "common/util/units.h"
 
@@ -45,44 +47,72 @@ struct Replicator::Peer {
   Clock::time_point last_logged GUARDED_BY(mu){};  // connect failures: a line per 10 s per cause
 
   Mutex queue_mu;
-  CondVar queue_cv;  // the sender waits for: queued writes and no batch in flight, or stopping
+  // The sender waits for: queued writes and room in flight, or stopping with nothing queued.
+  CondVar queue_cv;
   std::deque<Item*> queue GUARDED_BY(queue_mu);
-  // A batch is in flight (sent by the sender or by a Forward that found the backup idle).
-  bool busy GUARDED_BY(queue_mu) = false;
-  // The earliest deadline of the batch in flight (max: none), for the lag (Peers).
-  Clock::time_point batch_deadline GUARDED_BY(queue_mu) = Clock::time_point::max();
-  // Writes queued or in the batch in flight: added when queued, taken off when answered.
+  size_t max_in_flight = 1;
+  size_t pipeline_min_writes = 1;  // queued writes that start a batch beside one in flight
+  // The deadlines of the batches in flight (their earliest entry's), for the lag (Peers); its
+  // size is the number in flight.
+  std::multiset<Clock::time_point> in_flight GUARDED_BY(queue_mu);
+  // Writes queued or in a batch in flight: added when queued, taken off when answered.
   std::atomic<uint64_t> pending{0};
+  // Replaced or shutting down: the sender leaves once nothing is queued, and a Forward sends
+  // its batch itself whatever is in flight (no write may wait for a sender that left).
   bool stopping GUARDED_BY(queue_mu) = false;
   std::thread sender;  // started by PeerFor, joined by ~Replicator
 
-  // Moves the next batch off the queue into *batch: whatever is queued, up to
-  // kMaxReplicateBatchEntries and `max_bytes`, one map epoch (the frame carries it); marks the
-  // peer busy.
-  void Take(size_t max_bytes, std::vector<Item*>* batch) REQUIRES(queue_mu) {
-    batch->clear();
-    busy = true;
-    batch_deadline = Clock::time_point::max();
-    if (queue.empty()) return;
-    size_t bytes = 0;
-    const uint64_t epoch = queue.front()->m->map_epoch;
-    while (!queue.empty() && batch->size() < kv::kMaxReplicateBatchEntries) {
-      const kv::ReplicateRequest* m = queue.front()->m;
-      const size_t entry = kv::kReplicateBatchEntryHeaderBytes + m->key.size() + m->value.size();
-      if (!batch->empty() && (m->map_epoch != epoch || bytes + entry > max_bytes)) break;
-      bytes += entry;
-      batch_deadline = std::min(batch_deadline, queue.front()->deadline);
-      batch->push_back(queue.front());
-      queue.pop_front();
-    }
+  // A batch may start: something is queued, and nothing is in flight, or there is room and
+  // enough is queued to be worth a round trip of its own (or the peer is stopping).
+  bool CanTake() const REQUIRES(queue_mu) {
+    if (queue.empty()) return false;
+    if (in_flight.empty() || stopping) return true;
+    return in_flight.size() < max_in_flight && queue.size() >= pipeline_min_writes;
   }
-  // The batch in flight is answered: not busy; true when the sender must take the next one.
-  bool Done() REQUIRES(queue_mu) {
-    busy = false;
-    batch_deadline = Clock::time_point::max();
-    return !queue.empty();
-  }
+  // Moves the next batch off the queue: whatever is queued, up to kMaxReplicateBatchEntries
+  // and `max_bytes`, one map epoch (the frame carries it); counts it in flight.
+  std::unique_ptr<Batch> Take(size_t max_bytes) REQUIRES(queue_mu);
+  // `batch` is answered: its place in flight is free. True when the sender must take more.
+  bool Done(const Batch& batch) REQUIRES(queue_mu);
 };
+
+// A batch to one backup: its entries, and the round of it in flight.
+struct Replicator::Batch {
+  std::vector<Item*> items;  // every entry; each gets its result
+  std::vector<Item*> todo;   // entries still to send (the round in flight's first)
+  Clock::time_point deadline = Clock::time_point::max();  // the earliest entry's, when taken
+  size_t sent = 0;      // entries the round in flight carries (todo's first)
+  bool single = false;  // the round is a plain REPLICATE
+  bool in_flight = false;
+  bool busy = false;  // the last round met an epoch-behind backup: wait before the next
+  std::shared_ptr<transport::Connection> conn;
+  std::vector<uint8_t> request, response;
+  transport::PendingCall call;
+};
+
+std::unique_ptr<Replicator::Batch> Replicator::Peer::Take(size_t max_bytes) {
+  auto batch = std::make_unique<Batch>();
+  size_t bytes = 0;
+  const uint64_t epoch = queue.front()->m->map_epoch;
+  while (!queue.empty() && batch->items.size() < kv::kMaxReplicateBatchEntries) {
+    const kv::ReplicateRequest* m = queue.front()->m;
+    const size_t entry = kv::kReplicateBatchEntryHeaderBytes + m->key.size() + m->value.size();
+    if (!batch->items.empty() && (m->map_epoch != epoch || bytes + entry > max_bytes)) break;
+    bytes += entry;
+    batch->deadline = std::min(batch->deadline, queue.front()->deadline);
+    batch->items.push_back(queue.front());
+    queue.pop_front();
+  }
+  batch->todo = batch->items;
+  in_flight.insert(batch->deadline);
+  return batch;
+}
+
+bool Replicator::Peer::Done(const Batch& batch) {
+  auto it = in_flight.find(batch.deadline);
+  if (it != in_flight.end()) in_flight.erase(it);
+  return CanTake();
+}
 
 Replicator::Replicator(transport::Fabric* fabric, ReplicatorOptions options)
     : fabric_(fabric),
@@ -160,34 +190,34 @@ std::shared_ptr<Replicator::Peer> Replicator::PeerFor(uint32_t id, const std::st
   p->id = id;
   p->address = address;
   p->who = "backup server " + std::to_string(id) + " (" + address + ")";
+  p->max_in_flight = static_cast<size_t>(std::max(1, options_.batches_in_flight));
+  p->pipeline_min_writes = std::max<size_t>(1, options_.pipeline_min_writes);
   p->sender = std::thread([this, peer = p] { SenderLoop(peer); });
   return p;
 }
 
-void Replicator::Complete(const std::vector<Item*>& items) {
-  for (Item* item : items) {
-    Waiter* w = item->waiter;
-    MutexLock lock(&w->mu);
-    if (--w->pending == 0) w->cv.Signal();  // only the Forward waits on it
-  }
-}
-
 void Replicator::SenderLoop(std::shared_ptr<Peer> peer) {
-  std::vector<Item*> batch;
+  std::deque<std::unique_ptr<Batch>> mine;  // started by this thread, finished in that order
   for (;;) {
+    std::vector<std::unique_ptr<Batch>> fresh;
     {
       MutexLock lock(&peer->queue_mu);
-      while ((peer->queue.empty() || peer->busy) && !peer->stopping) {
-        peer->queue_cv.Wait(&peer->queue_mu);
+      if (mine.empty()) {
+        while (!peer->CanTake() && !(peer->stopping && peer->queue.empty())) {
+          peer->queue_cv.Wait(&peer->queue_mu);
+        }
+        if (!peer->CanTake()) return;  // stopping, and nothing is queued
       }
-      if (peer->queue.empty() || peer->busy) return;  // stopping, and nothing waits
-      peer->Take(max_batch_bytes_, &batch);
+      while (peer->CanTake()) fresh.push_back(peer->Take(max_batch_bytes_));
     }
-    SendBatch(peer.get(), batch);
-    peer->pending.fetch_sub(batch.size(), std::memory_order_relaxed);
-    Complete(batch);
-    MutexLock lock(&peer->queue_mu);
-    peer->Done();  // this thread looks at the queue again next
+    sender_batches_.fetch_add(fresh.size(), std::memory_order_relaxed);
+    for (std::unique_ptr<Batch>& b : fresh) {
+      StartRound(peer.get(), b.get());
+      mine.push_back(std::move(b));
+    }
+    std::unique_ptr<Batch> oldest = std::move(mine.front());
+    mine.pop_front();
+    RunBatch(peer.get(), oldest.get());
   }
 }
 
@@ -236,109 +266,141 @@ Result<std::shared_ptr<transport::Connection>> Replicator::ConnectionTo(Peer* pe
   return peer->conn;
 }
 
-void Replicator::SendBatch(Peer* peer, std::vector<Item*>& items) {
-  // The entries still to send: those answered kBusy (the backup's map is behind) go again.
-  std::vector<Item*> todo(items.begin(), items.end());
-  std::vector<uint8_t> request, response;
-  kv::ReplicateBatchBuilder builder(max_batch_bytes_);
-  while (!todo.empty()) {
-    Clock::time_point deadline = todo.front()->deadline;
-    for (Item* item : todo) deadline = std::min(deadline, item->deadline);
-    const Clock::time_point now = Clock::now();
-    if (now >= deadline) {
-      // Some waited past their deadline (behind a stalled batch or an epoch-behind backup).
-      std::vector<Item*> left;
-      for (Item* item : todo) {
-        if (now >= item->deadline) {
-          if (item->result.ok()) {
-            item->result =
-                Status::Unavailable(peer->who + " did not confirm within " +
-                                    std::to_string(options_.forward_timeout.count()) + " ms");
-          }
-        } else {
-          left.push_back(item);
+bool Replicator::StartRound(Peer* peer, Batch* batch) {
+  std::vector<Item*>& todo = batch->todo;
+  Clock::time_point deadline = Clock::time_point::max();
+  for (Item* item : todo) deadline = std::min(deadline, item->deadline);
+  const Clock::time_point now = Clock::now();
+  if (now >= deadline) {
+    // Some waited past their deadline (behind a stalled backup or an epoch-behind one).
+    std::vector<Item*> left;
+    for (Item* item : todo) {
+      if (now >= item->deadline) {
+        if (item->result.ok()) {
+          item->result =
+              Status::Unavailable(peer->who + " did not confirm within " +
+                                  std::to_string(options_.forward_timeout.count()) + " ms");
         }
-      }
-      todo.swap(left);
-      continue;
-    }
-    Result<std::shared_ptr<transport::Connection>> conn = ConnectionTo(peer);
-    if (!conn.ok()) {
-      for (Item* item : todo) item->result = conn.status();
-      return;
-    }
-    // One write: a plain REPLICATE. Several: a batch (what does not fit goes next round).
-    const bool single = todo.size() == 1 || !builder.Add(*todo[0]->m);
-    size_t sent = 1;
-    if (single) {
-      kv::EncodeRequest(kv::EncodeReplicate(*todo[0]->m), &request);
-    } else {
-      while (sent < todo.size() && builder.Add(*todo[sent]->m)) ++sent;
-      kv::EncodeRequest(builder.Encode(todo[0]->m->map_epoch, todo[0]->m->sender_id), &request);
-      builder.Clear();
-    }
-    batches_.fetch_add(1, std::memory_order_relaxed);
-    batched_writes_.fetch_add(sent, std::memory_order_relaxed);
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    Status called = (*conn)->Call(request, &response, std::max(left, std::chrono::milliseconds(1)));
-    std::vector<Item*> again(todo.begin() + static_cast<std::ptrdiff_t>(sent), todo.end());
-    bool busy = false;
-    auto settle = [&](Item* item, StatusCode code, uint64_t version, const std::string& why) {
-      if (code == StatusCode::kOk) {
-        item->result = Status::Ok();
-      } else if (code == StatusCode::kVersionMismatch) {
-        item->newer = version;
-        item->result = Status::VersionMismatch(peer->who + ": " + why);
-      } else if (code == StatusCode::kBusy && Clock::now() < item->deadline) {
-        // A backup whose map is behind ours answers kBusy until it installs our epoch.
-        epoch_retries_.fetch_add(1, std::memory_order_relaxed);
-        item->result = Status::Ok();
-        again.push_back(item);
-        busy = true;
       } else {
-        item->result = Status::Unavailable(peer->who + " refused: " + Status(code, why).ToString());
-      }
-    };
-    if (!called.ok()) {
-      {
-        MutexLock lock(&peer->mu);
-        if (peer->conn == *conn) peer->conn.reset();
-        peer->failed_ever = true;
-        peer->last_failure = Clock::now();
-        peer->last_error = "did not confirm: " + called.ToString();
-      }
-      for (size_t i = 0; i < sent; ++i) {
-        todo[i]->result = Status::Unavailable(peer->who + " did not confirm: " + called.ToString());
-      }
-    } else if (Result<kv::Response> answer = kv::DecodeResponse(response); !answer.ok()) {
-      for (size_t i = 0; i < sent; ++i) {
-        todo[i]->result =
-            Status::Unavailable(peer->who + " sent a bad answer: " + answer.status().message());
-      }
-    } else if (single || !answer->status.ok()) {
-      // A plain answer, or a batch refused whole (every entry gets its status).
-      for (size_t i = 0; i < sent; ++i) {
-        settle(todo[i], answer->status.code(), answer->version, answer->status.message());
-      }
-    } else {
-      Result<std::vector<kv::ReplicateBatchResult>> results =
-          kv::DecodeReplicateBatchAnswer(answer->version, answer->body, sent);
-      for (size_t i = 0; i < sent; ++i) {
-        if (!results.ok()) {
-          todo[i]->result = Status::Unavailable(
-              peer->who + " sent a bad batch answer: " + results.status().message());
-        } else {
-          const kv::ReplicateBatchResult& r = (*results)[i];
-          settle(todo[i], r.code, r.version,
-                 r.code == StatusCode::kVersionMismatch
-                     ? "the key has the newer version " + std::to_string(r.version)
-                     : std::string("(in a batch)"));
-        }
+        left.push_back(item);
       }
     }
-    if (busy) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    todo.swap(again);
+    todo.swap(left);
+    return false;
   }
+  Result<std::shared_ptr<transport::Connection>> conn = ConnectionTo(peer);
+  if (!conn.ok()) {
+    for (Item* item : todo) item->result = conn.status();
+    todo.clear();
+    return false;
+  }
+  // One write: a plain REPLICATE. Several: a batch (what does not fit goes next round).
+  kv::ReplicateBatchBuilder builder(max_batch_bytes_);
+  batch->single = todo.size() == 1 || !builder.Add(*todo[0]->m);
+  batch->sent = 1;
+  if (batch->single) {
+    kv::EncodeRequest(kv::EncodeReplicate(*todo[0]->m), &batch->request);
+  } else {
+    while (batch->sent < todo.size() && builder.Add(*todo[batch->sent]->m)) ++batch->sent;
+    kv::EncodeRequest(builder.Encode(todo[0]->m->map_epoch, todo[0]->m->sender_id),
+                      &batch->request);
+  }
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  batched_writes_.fetch_add(batch->sent, std::memory_order_relaxed);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+  Status started = (*conn)->StartCall(batch->request, &batch->response,
+                                      std::max(left, std::chrono::milliseconds(1)), &batch->call);
+  batch->conn = std::move(*conn);
+  if (!started.ok()) {  // nothing went out: FinishRound settles the round as a failed call
+    batch->call.result = started;
+    batch->call.started = false;
+  }
+  batch->in_flight = true;
+  return true;
+}
+
+void Replicator::FinishRound(Peer* peer, Batch* batch) {
+  std::vector<Item*>& todo = batch->todo;
+  const size_t sent = batch->sent;
+  Status called = batch->call.started ? batch->conn->FinishCall(&batch->call) : batch->call.result;
+  batch->in_flight = false;
+  std::vector<Item*> again(todo.begin() + static_cast<std::ptrdiff_t>(sent), todo.end());
+  batch->busy = false;
+  auto settle = [&](Item* item, StatusCode code, uint64_t version, const std::string& why) {
+    if (code == StatusCode::kOk) {
+      item->result = Status::Ok();
+    } else if (code == StatusCode::kVersionMismatch) {
+      item->newer = version;
+      item->result = Status::VersionMismatch(peer->who + ": " + why);
+    } else if (code == StatusCode::kBusy && Clock::now() < item->deadline) {
+      // A backup whose map is behind ours answers kBusy until it installs our epoch.
+      epoch_retries_.fetch_add(1, std::memory_order_relaxed);
+      item->result = Status::Ok();
+      again.push_back(item);
+      batch->busy = true;
+    } else {
+      item->result = Status::Unavailable(peer->who + " refused: " + Status(code, why).ToString());
+    }
+  };
+  if (!called.ok()) {
+    {
+      MutexLock lock(&peer->mu);
+      if (peer->conn == batch->conn) peer->conn.reset();
+      peer->failed_ever = true;
+      peer->last_failure = Clock::now();
+      peer->last_error = "did not confirm: " + called.ToString();
+    }
+    for (size_t i = 0; i < sent; ++i) {
+      todo[i]->result = Status::Unavailable(peer->who + " did not confirm: " + called.ToString());
+    }
+  } else if (Result<kv::Response> answer = kv::DecodeResponse(batch->response); !answer.ok()) {
+    for (size_t i = 0; i < sent; ++i) {
+      todo[i]->result =
+          Status::Unavailable(peer->who + " sent a bad answer: " + answer.status().message());
+    }
+  } else if (batch->single || !answer->status.ok()) {
+    // A plain answer, or a batch refused whole (every entry gets its status).
+    for (size_t i = 0; i < sent; ++i) {
+      settle(todo[i], answer->status.code(), answer->version, answer->status.message());
+    }
+  } else {
+    Result<std::vector<kv::ReplicateBatchResult>> results =
+        kv::DecodeReplicateBatchAnswer(answer->version, answer->body, sent);
+    for (size_t i = 0; i < sent; ++i) {
+      if (!results.ok()) {
+        todo[i]->result = Status::Unavailable(
+            peer->who + " sent a bad batch answer: " + results.status().message());
+      } else {
+        const kv::ReplicateBatchResult& r = (*results)[i];
+        settle(todo[i], r.code, r.version,
+               r.code == StatusCode::kVersionMismatch
+                   ? "the key has the newer version " + std::to_string(r.version)
+                   : std::string("(in a batch)"));
+      }
+    }
+  }
+  todo.swap(again);
+  batch->conn.reset();
+}
+
+void Replicator::RunBatch(Peer* peer, Batch* batch) {
+  while (batch->in_flight || !batch->todo.empty()) {
+    if (!batch->in_flight && !StartRound(peer, batch)) continue;
+    FinishRound(peer, batch);
+    if (batch->busy) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  peer->pending.fetch_sub(batch->items.size(), std::memory_order_relaxed);
+  for (Item* item : batch->items) {
+    Waiter* w = item->waiter;
+    MutexLock lock(&w->mu);
+    if (--w->pending == 0) w->cv.Signal();  // only the Forward waits on it
+  }
+  bool more = false;
+  {
+    MutexLock lock(&peer->queue_mu);
+    more = peer->Done(*batch);
+  }
+  if (more) peer->queue_cv.Signal();  // what queued meanwhile goes with the sender
 }
 
 Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
@@ -361,9 +423,9 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
   add(map.joining, false);
   if (targets.empty()) return Status::Ok();
 
-  // On every backup's queue at once; their senders send in parallel. When the first backup has
-  // no batch in flight, this thread sends the batch itself (no handoff to its sender): a lone
-  // write costs what an unbatched forward did, and writes that come meanwhile queue up.
+  // On every backup's queue at once. Each backup with room in flight gets its batch started by
+  // this thread (no handoff: a lone write goes to all its backups at once); a backup with no
+  // room keeps the write queued for its sender, which takes it when a batch of it is answered.
   Waiter waiter;
   std::vector<Item> items(targets.size());
   const Clock::time_point deadline = Clock::now() + options_.forward_timeout;
@@ -371,39 +433,25 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
     MutexLock lock(&waiter.mu);
     waiter.pending = targets.size();
   }
-  std::shared_ptr<Peer> lead;  // the backup this thread sends to
-  std::vector<Item*> batch;
+  std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>> mine;
   for (size_t i = 0; i < targets.size(); ++i) {
     items[i].m = &m;
     items[i].deadline = deadline;
     items[i].waiter = &waiter;
     std::shared_ptr<Peer> peer = PeerFor(targets[i].id, targets[i].address);
-    bool wake = false;
+    std::unique_ptr<Batch> batch;
     {
       MutexLock lock(&peer->queue_mu);
-      // The sender waits for a queued write with no batch in flight: wake it on that change.
-      wake = peer->queue.empty() && !peer->busy;
       peer->queue.push_back(&items[i]);
       peer->pending.fetch_add(1, std::memory_order_relaxed);
-      if (i == 0 && !peer->busy) {
-        peer->Take(max_batch_bytes_, &batch);
-        lead = peer;
-        wake = false;
-      }
+      if (peer->CanTake()) batch = peer->Take(max_batch_bytes_);
     }
-    if (wake) peer->queue_cv.Signal();
-  }
-  if (lead != nullptr) {
-    SendBatch(lead.get(), batch);
-    lead->pending.fetch_sub(batch.size(), std::memory_order_relaxed);
-    Complete(batch);
-    bool more = false;
-    {
-      MutexLock lock(&lead->queue_mu);
-      more = lead->Done();
+    if (batch != nullptr) {
+      StartRound(peer.get(), batch.get());
+      mine.emplace_back(std::move(peer), std::move(batch));
     }
-    if (more) lead->queue_cv.Signal();  // what queued meanwhile goes with the sender
   }
+  for (auto& [peer, batch] : mine) RunBatch(peer.get(), batch.get());
   {
     MutexLock lock(&waiter.mu);
     while (waiter.pending > 0) waiter.cv.Wait(&waiter.mu);
@@ -445,9 +493,9 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
 }
 
 ReplicatorStats Replicator::stats() const {
-  return {forwards_.load(),      forward_errors_.load(),  joining_errors_.load(),
-          epoch_retries_.load(), version_retries_.load(), batches_.load(),
-          batched_writes_.load()};
+  return {forwards_.load(),       forward_errors_.load(),  joining_errors_.load(),
+          epoch_retries_.load(),  version_retries_.load(), batches_.load(),
+          batched_writes_.load(), sender_batches_.load()};
 }
 
 std::vector<Replicator::PeerState> Replicator::Peers() const {
@@ -468,7 +516,7 @@ std::vector<Replicator::PeerState> Replicator::Peers() const {
     Clock::time_point oldest = Clock::time_point::max();
     {
       MutexLock q(&p->queue_mu);
-      if (p->busy) oldest = p->batch_deadline;
+      if (!p->in_flight.empty()) oldest = *p->in_flight.begin();
       // The queue is in arrival order: its front waited longest.
       if (!p->queue.empty()) oldest = std::min(oldest, p->queue.front()->deadline);
     }

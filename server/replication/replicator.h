@@ -6,13 +6,15 @@
 // to it fail fast with kUnavailable). A forward to a backup whose map is behind the primary's
 // (it answers kBusy "epoch behind") is retried until `forward_timeout`.
 //
-// Batching: each backup has a queue and one sender thread. Forward puts the write on the queue
-// of every backup and waits; a sender takes whatever is queued (up to a batch's size), sends
-// it as one REPLICATE batch (common/kv/admin_wire.h; a single write as a plain REPLICATE),
-// waits for the answer and hands each waiting Forward its entry's result. One batch is in
-// flight per backup; the writes that arrive meanwhile make the next batch, so the cost of a
-// round trip (the thread handoffs of the transport) is shared by every write of the batch.
-// When the first backup has no batch in flight, the Forward sends to it itself (no handoff).
+// Batching and pipelining: each backup has a queue, one sender thread and up to
+// `batches_in_flight` REPLICATE batches in flight. Forward puts the write on the queue of every
+// backup; for each backup with room it takes the batch itself (whatever is queued, its own
+// write included) and starts it (Connection::StartCall), so that a write goes to all its
+// backups at once from its own thread; then it waits for each batch it started. A backup with
+// no room keeps the write queued: when one of its batches is answered, its sender takes what
+// is queued (up to a batch's size per batch, while there is room), starts those batches and
+// finishes them in order. Under load a round trip is shared by every write of a batch, and
+// several batches overlap (docs/design.md "Batching").
 //
 // The writer pool (Submit): the primary runs its replicated writes there, not on the
 // transport's worker threads, so that a worker is always free to take a REPLICATE: two servers
@@ -57,6 +59,12 @@ struct ReplicatorOptions {
   // --busy_poll_us, so that 0 turns all of the server's polling off).
   std::chrono::microseconds busy_poll{50};
   int sender_threads = 16;  // the writer pool (Submit): replicated writes in flight at once
+  // REPLICATE batches in flight to one backup at once (1: each waits for the previous). A batch
+  // starts while another is in flight only when at least `pipeline_min_writes` writes are
+  // queued for that backup: fewer wait and go together in the next batch, since a round trip
+  // costs both servers CPU per batch, not per write (docs/design.md "Batching").
+  int batches_in_flight = 4;
+  size_t pipeline_min_writes = 8;
   // The largest batch body; also kept within the backups' --max_value_size
   // (set_max_value_bytes): a write larger than a batch goes alone as a plain REPLICATE.
   size_t max_batch_bytes = 64 * 1024;
@@ -70,6 +78,8 @@ struct ReplicatorStats {
   uint64_t version_retries = 0;  // a backup had a newer version of the key; retried above it
   uint64_t batches = 0;          // REPLICATE requests sent (a batch or a single write)
   uint64_t batched_writes = 0;   // writes they carried
+  uint64_t sender_batches = 0;   // batches a backup's sender started (a thread handoff); the
+                                 // rest were started by the writer itself
 };
 
 class Replicator {
@@ -124,14 +134,20 @@ class Replicator {
  private:
   struct Peer;
   struct Item;
+  struct Batch;
   // A connection to `peer` (opened when there is none); kUnavailable while it failed less than
   // reconnect_interval ago, or when it cannot be opened.
   Result<std::shared_ptr<transport::Connection>> ConnectionTo(Peer* peer);
-  // Sends `items` (one REPLICATE, batched when more than one) and fills in their results,
-  // retrying entries answered kBusy (epoch behind) until their deadlines.
-  void SendBatch(Peer* peer, std::vector<Item*>& items);
-  // Hands each item's result to the Forward waiting for it.
-  static void Complete(const std::vector<Item*>& items);
+  // One round of `batch`: sends its first entries still to send (as many as fit in one
+  // REPLICATE) without waiting. False when nothing went out: the entries past their deadline, or
+  // all of them when the backup cannot be reached, have their results.
+  bool StartRound(Peer* peer, Batch* batch);
+  // Waits for the round in flight and settles its entries; those answered kBusy (the backup's
+  // map is behind) and those that did not fit go back on the batch's list to send.
+  void FinishRound(Peer* peer, Batch* batch);
+  // Runs rounds (the one in flight first) until every entry of `batch` has its result, then
+  // hands each result to its Forward and frees the batch's place in flight.
+  void RunBatch(Peer* peer, Batch* batch);
   // Peer `id` at `address`, its sender started; a peer whose address changed is replaced (its
   // sender drains its queue and stops).
   std::shared_ptr<Peer> PeerFor(uint32_t id, const std::string& address) EXCLUDES(peers_mu_);
@@ -161,7 +177,7 @@ class Replicator {
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> joining_failures_ GUARDED_BY(joining_mu_);
 
   std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
-      version_retries_{0}, batches_{0}, batched_writes_{0};
+      version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0};
 };
 
 }  // namespace rdkv::server::replication

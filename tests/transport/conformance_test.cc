@@ -697,6 +697,43 @@ TEST_P(TransportConformance, DeferredRepliesFromAnotherThreadInAnyOrder) {
   EXPECT_EQ(resp2, Transform(r2));
 }
 
+// StartCall sends and returns without waiting: one thread has calls on two connections in
+// flight together (the server holds both replies until both requests are there), then finishes
+// them in the order it likes. A StartCall that waited for its answer would time out here.
+TEST_P(TransportConformance, OneThreadHasCallsOnTwoConnectionsInFlightTogether) {
+  auto second = Connect();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  std::vector<uint8_t> r1 = MakeRequest('D', 30, 11), r2 = MakeRequest('D', 70, 12);
+  std::vector<uint8_t> resp1, resp2;
+  PendingCall call1, call2;
+  ASSERT_TRUE(conn_->StartCall(r1, &resp1, 5s, &call1).ok());
+  std::thread replier([&] {
+    if (!WaitDeferred(2, 10s)) return;  // the test fails below: the calls time out
+    std::deque<Deferred> held;
+    {
+      std::lock_guard lock(mu_);
+      held.swap(deferred_);
+    }
+    for (Deferred& d : held) {
+      d.reply.session->Reply(d.reply.request_id, Transform(d.payload)).IgnoreError();
+    }
+  });
+  Joiner join_replier(replier, [&] { listener_.reset(); });
+  const Clock::time_point started = Clock::now();
+  Status s2 = (*second)->StartCall(r2, &resp2, 2s, &call2);
+  EXPECT_LT(Clock::now() - started, 1s) << "StartCall waited for the answer";
+  ASSERT_TRUE(s2.ok()) << s2.ToString();
+  Status f2 = (*second)->FinishCall(&call2);
+  Status f1 = conn_->FinishCall(&call1);
+  ASSERT_TRUE(f1.ok()) << f1.ToString();
+  ASSERT_TRUE(f2.ok()) << f2.ToString();
+  EXPECT_EQ(resp1, Transform(r1));
+  EXPECT_EQ(resp2, Transform(r2));
+  // The connections' call slots are free again: plain calls work on both.
+  CallAndCheck(conn_.get(), 20, 13);
+  CallAndCheck(second->get(), 20, 14);
+}
+
 TEST_P(TransportConformance, ReplyAfterTheListenerIsGoneReportsConnectionLost) {
   std::vector<uint8_t> response;
   Status call;

@@ -182,6 +182,13 @@ class TcpConnection final : public Connection {
 
   Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
               std::chrono::milliseconds timeout) override {
+    PendingCall call;
+    RDKV_RETURN_IF_ERROR(StartCall(request, response, timeout, &call));
+    return FinishCall(&call);
+  }
+
+  Status StartCall(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                   std::chrono::milliseconds timeout, PendingCall* call) override {
     if (request.size() > send_limit_) {
       return Status::InvalidArgument("request of " + std::to_string(request.size()) +
                                      " bytes exceeds the message limit of " +
@@ -245,9 +252,21 @@ class TcpConnection final : public Connection {
                                 std::to_string(timeout.count()) +
                                 " ms (the peer stopped reading); the connection is closed");
       }
+      // Otherwise Fail completed the slot: FinishCall reports the lost connection.
     }
+    call->response = response;
+    call->deadline = deadline;
+    call->timeout = timeout;
+    call->slot = slot_index;
+    call->token = finished;
+    call->started = true;
+    return Status::Ok();
+  }
 
-    Await(&FlagSet, finished, deadline);
+  Status FinishCall(PendingCall* call) override {
+    call->started = false;
+    Await(&FlagSet, call->token, call->deadline);
+    const uint32_t slot_index = call->slot;
     MutexLock lock(&calls_mu_);
     CallSlot& slot = call_slots_[slot_index];
     bool timed_out = slot.state == CallSlot::kWaiting;
@@ -255,7 +274,8 @@ class TcpConnection final : public Connection {
     std::string error = std::move(slot.error);
     ReleaseCallSlotLocked(slot_index);
     if (timed_out) {
-      return Status::TimedOut(peer_ + ": no response within " + std::to_string(timeout.count()) +
+      return Status::TimedOut(peer_ + ": no response within " +
+                              std::to_string(call->timeout.count()) +
                               " ms (the request may have been applied)");
     }
     if (code == StatusCode::kOk) return Status::Ok();

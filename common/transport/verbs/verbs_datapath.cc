@@ -648,6 +648,13 @@ Result<uint32_t> ClientConnection::AcquireSlot(Clock::time_point deadline, uint6
 
 Status ClientConnection::Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
                               std::chrono::milliseconds timeout) {
+  PendingCall call;
+  RDKV_RETURN_IF_ERROR(StartCall(request, response, timeout, &call));
+  return FinishCall(&call);
+}
+
+Status ClientConnection::StartCall(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                                   std::chrono::milliseconds timeout, PendingCall* call) {
   const Clock::time_point deadline = Clock::now() + timeout;
   if (request.size() > max_request_) {
     return Status::InvalidArgument("request exceeds max_message_size");
@@ -663,15 +670,28 @@ Status ClientConnection::Call(std::span<const uint8_t> request, std::vector<uint
     return LostStatus();
   }
   if (keepalive_ns_ > 0) last_sent_ns_.store(SteadyNanos(), std::memory_order_relaxed);
+  call->response = response;
+  call->deadline = deadline;
+  call->timeout = timeout;
+  call->slot = index;
+  call->sequence = seq;
+  call->started = true;
+  return Status::Ok();
+}
+
+Status ClientConnection::FinishCall(PendingCall* call) {
+  call->started = false;
+  const uint32_t index = call->slot;
+  const uint64_t seq = call->sequence;
   CallSlot& slot = slots_[index];
   while (true) {
     if ((slot.word.load(std::memory_order_acquire) & 7) == kDone) {
-      response->swap(slot.buf);  // no copy; the slot keeps the caller's old buffer for reuse
+      call->response->swap(slot.buf);  // no copy; the slot keeps the caller's old buffer
       const StatusCode code = slot.code;
       FreeSlot(index, seq);
       if (code != StatusCode::kOk) {
-        std::string text(response->begin(), response->end());
-        response->clear();
+        std::string text(call->response->begin(), call->response->end());
+        call->response->clear();
         return Status(code, "server: " + text);
       }
       return Status::Ok();
@@ -680,11 +700,11 @@ Status ClientConnection::Call(std::span<const uint8_t> request, std::vector<uint
       AbandonSlot(index, seq);
       return LostStatus();
     }
-    if (Clock::now() >= deadline) {
+    if (Clock::now() >= call->deadline) {
       AbandonSlot(index, seq);
       return Status::TimedOut("no response within the timeout");
     }
-    Progress(deadline);
+    Progress(call->deadline);
   }
 }
 

@@ -147,6 +147,9 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   Status WaitReads(std::span<ReadOp* const> ops, Clock::time_point deadline) override;
   Status Call(std::span<const uint8_t> request, std::vector<uint8_t>* response,
               std::chrono::milliseconds timeout) override;
+  Status StartCall(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                   std::chrono::milliseconds timeout, PendingCall* call) override;
+  Status FinishCall(PendingCall* call) override;
   bool alive() const override { return alive_.load(std::memory_order_acquire); }
   std::string peer() const override { return "verbs " + peer_; }
 

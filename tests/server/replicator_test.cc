@@ -1,0 +1,306 @@
+// The primary's Replicator (server/replication/replicator.h) against backups that are bare tcp
+// listeners: each answers every REPLICATE with OK, and the test decides when. So it sees which
+// thread started each batch and how many batches are in flight to a backup at once
+// (docs/design.md "Batching").
+#include "server/replication/replicator.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
+#include "common/kv/wire.h"
+#include "common/util/mutex.h"
+
+namespace rdkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using server::replication::Replicator;
+using server::replication::ReplicatorOptions;
+
+// A backup: answers OK to each entry of every REPLICATE (single or batch), at once or, while
+// `hold` is set, when the test releases it.
+class FakeBackup {
+ public:
+  explicit FakeBackup(transport::Fabric* fabric) {
+    transport::ListenOptions o;
+    o.worker_threads = 2;
+    o.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
+      Handle(payload, std::move(reply));
+    };
+    auto l = fabric->Listen(std::move(o));
+    EXPECT_TRUE(l.ok()) << l.status().ToString();
+    if (l.ok()) listener_ = std::move(*l);
+  }
+  ~FakeBackup() {
+    Release(/*stop_holding=*/true);
+    listener_.reset();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(listener_->port()); }
+
+  void Hold() {
+    MutexLock lock(&mu_);
+    hold_ = true;
+  }
+  // Answers every held request (and, with stop_holding, every later one at once).
+  void Release(bool stop_holding) {
+    std::vector<Held> held;
+    {
+      MutexLock lock(&mu_);
+      held.swap(held_);
+      if (stop_holding) hold_ = false;
+      in_flight_ -= static_cast<int>(held.size());
+    }
+    for (Held& h : held) h.reply.session->Reply(h.reply.request_id, h.answer).IgnoreError();
+  }
+  // Waits until `n` requests have arrived in all (false after 5 s).
+  bool WaitForRequests(int n) {
+    MutexLock lock(&mu_);
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+    while (requests_ < n) {
+      if (!cv_.WaitUntil(&mu_, deadline) && requests_ < n) return false;
+    }
+    return true;
+  }
+  int requests() {
+    MutexLock lock(&mu_);
+    return requests_;
+  }
+  int writes() {
+    MutexLock lock(&mu_);
+    return writes_;
+  }
+  int max_in_flight() {
+    MutexLock lock(&mu_);
+    return max_in_flight_;
+  }
+  std::vector<int> batch_sizes() {
+    MutexLock lock(&mu_);
+    return batch_sizes_;
+  }
+
+ private:
+  struct Held {
+    transport::ReplyHandle reply;
+    std::vector<uint8_t> answer;
+  };
+
+  void Handle(std::span<const uint8_t> payload, transport::ReplyHandle reply) {
+    std::vector<uint8_t> answer;
+    int entries = 0;
+    Result<kv::Request> r = kv::DecodeRequest(payload, kv::WireLimits{});
+    if (!r.ok()) {
+      ADD_FAILURE() << "the replicator sent a bad frame: " << r.status().ToString();
+      kv::EncodeResponse(r.status(), 0, {}, &answer);
+    } else if (kv::IsReplicateBatch(*r)) {
+      Result<kv::ReplicateBatch> b = kv::DecodeReplicateBatch(*r, kv::WireLimits{});
+      EXPECT_TRUE(b.ok()) << b.status().ToString();
+      std::string body;
+      if (b.ok()) {
+        for (const kv::ReplicateRequest& e : b->entries) {
+          kv::AppendReplicateBatchResult(StatusCode::kOk, e.version, &body);
+        }
+        entries = static_cast<int>(b->entries.size());
+      }
+      kv::EncodeResponse(Status::Ok(), static_cast<uint64_t>(entries), body, &answer);
+    } else {
+      Result<kv::ReplicateRequest> m = kv::DecodeReplicate(*r);
+      EXPECT_TRUE(m.ok()) << m.status().ToString();
+      entries = 1;
+      kv::EncodeResponse(Status::Ok(), m.ok() ? m->version : 0, {}, &answer);
+    }
+    bool now = true;
+    {
+      MutexLock lock(&mu_);
+      ++requests_;
+      writes_ += entries;
+      batch_sizes_.push_back(entries);
+      if (hold_) {
+        held_.push_back({std::move(reply), answer});
+        max_in_flight_ = std::max(max_in_flight_, ++in_flight_);
+        now = false;
+      } else {
+        max_in_flight_ = std::max(max_in_flight_, 1);
+      }
+    }
+    cv_.SignalAll();
+    if (now) reply.session->Reply(reply.request_id, answer).IgnoreError();
+  }
+
+  std::unique_ptr<transport::Listener> listener_;
+  Mutex mu_;
+  CondVar cv_;
+  bool hold_ GUARDED_BY(mu_) = false;
+  std::vector<Held> held_ GUARDED_BY(mu_);
+  int requests_ GUARDED_BY(mu_) = 0;
+  int writes_ GUARDED_BY(mu_) = 0;
+  int in_flight_ GUARDED_BY(mu_) = 0;
+  int max_in_flight_ GUARDED_BY(mu_) = 0;
+  std::vector<int> batch_sizes_ GUARDED_BY(mu_);
+};
+
+// On the way out of a test (an ASSERT included): answers what is held, joins the writers.
+struct ReleaseAndJoin {
+  FakeBackup* backup;
+  std::vector<std::thread>* writers;
+  ~ReleaseAndJoin() {
+    backup->Release(/*stop_holding=*/true);
+    for (std::thread& t : *writers) {
+      if (t.joinable()) t.join();
+    }
+  }
+};
+
+class ReplicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto f = transport::Fabric::Create({});
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    fabric_ = std::move(*f);
+  }
+
+  // Shard 0 of a map with servers 0..backups: primary 0 (never reached), the others backups.
+  cluster::ClusterMap MapWith(const std::vector<FakeBackup*>& backups) {
+    std::vector<std::string> addrs = {"127.0.0.1:1"};
+    for (FakeBackup* b : backups) addrs.push_back(b->address());
+    return cluster::MakeUniformMap(addrs, static_cast<uint32_t>(addrs.size()),
+                                   static_cast<uint32_t>(addrs.size()));
+  }
+
+  static kv::ReplicateRequest Write(const cluster::ClusterMap& map, const std::string& key,
+                                    uint64_t version) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = "value";
+    m.version = version;
+    m.map_epoch = map.epoch;
+    m.sender_id = 0;
+    return m;
+  }
+
+  std::unique_ptr<transport::Fabric> fabric_;
+};
+
+// A write goes to every backup at once from the writer's own thread: no backup's sender is
+// woken for it (each would be a thread handoff per write).
+TEST_F(ReplicatorTest, EachWriteGoesToEveryBackupFromTheWritersThread) {
+  FakeBackup b1(fabric_.get()), b2(fabric_.get());
+  const cluster::ClusterMap map = MapWith({&b1, &b2});
+  ASSERT_EQ(map.backups[0].size(), 2u);
+  Replicator replicator(fabric_.get(), ReplicatorOptions{});
+  constexpr int kWrites = 50;
+  for (int i = 0; i < kWrites; ++i) {
+    const std::string key = "key" + std::to_string(i);
+    uint64_t newer = 0;
+    Status s = replicator.Forward(map, 0, Write(map, key, 1000 + i), &newer);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  EXPECT_EQ(b1.writes(), kWrites);
+  EXPECT_EQ(b2.writes(), kWrites);
+  EXPECT_EQ(replicator.stats().sender_batches, 0u)
+      << "a backup's sender started batches of writes that had nothing to wait for";
+  EXPECT_EQ(replicator.stats().forwards, 2u * kWrites);
+}
+
+// While a batch is in flight to a backup, the next one starts only when pipeline_min_writes
+// writes wait for it; never more than batches_in_flight are in flight; every write is answered.
+TEST_F(ReplicatorTest, BatchesOverlapOnlyWhenEnoughWritesWait) {
+  FakeBackup b1(fabric_.get());
+  const cluster::ClusterMap map = MapWith({&b1});
+  ReplicatorOptions o;
+  o.batches_in_flight = 3;
+  o.pipeline_min_writes = 4;
+  o.forward_timeout = std::chrono::seconds(20);
+  Replicator replicator(fabric_.get(), o);
+  b1.Hold();
+  std::atomic<int> ok{0};
+  std::vector<std::thread> writers;
+  ReleaseAndJoin cleanup{&b1, &writers};
+  int started = 0;
+  auto start = [&](int n) {
+    for (int i = 0; i < n; ++i, ++started) {
+      writers.emplace_back([&, k = started] {
+        const cluster::ClusterMap& m = map;
+        uint64_t newer = 0;
+        Status s = replicator.Forward(m, 0, Write(m, "w" + std::to_string(k), 5000 + k), &newer);
+        EXPECT_TRUE(s.ok()) << s.ToString();
+        if (s.ok()) ++ok;
+      });
+    }
+  };
+  auto queued = [&](uint64_t want) {  // waits until `want` writes are queued or in flight
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+    while (Clock::now() < deadline) {
+      auto peers = replicator.Peers();
+      if (!peers.empty() && peers[0].pending >= want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  };
+  start(1);
+  ASSERT_TRUE(b1.WaitForRequests(1));
+  start(3);  // three wait: fewer than pipeline_min_writes
+  ASSERT_TRUE(queued(4));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(b1.requests(), 1) << "a batch of 3 started beside one in flight (threshold 4)";
+  start(1);  // four wait: a batch of its own
+  ASSERT_TRUE(b1.WaitForRequests(2));
+  start(8);  // four more make a third batch, then four wait for room
+  ASSERT_TRUE(b1.WaitForRequests(3));
+  ASSERT_TRUE(queued(13));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(b1.requests(), 3) << "more than batches_in_flight batches in flight";
+  EXPECT_EQ(b1.max_in_flight(), 3);
+  b1.Release(/*stop_holding=*/true);  // the four left go as the fourth batch
+  for (std::thread& t : writers) t.join();
+  EXPECT_EQ(ok.load(), started);
+  EXPECT_EQ(b1.writes(), started);
+  EXPECT_EQ(b1.batch_sizes(), (std::vector<int>{1, 4, 4, 4}));
+  EXPECT_EQ(replicator.stats().sender_batches, 1u) << "the fourth batch waited for room";
+}
+
+// With one batch in flight (batches_in_flight 1), whatever waits goes as the next batch.
+TEST_F(ReplicatorTest, OneBatchInFlightBatchesWhatWaits) {
+  FakeBackup b1(fabric_.get());
+  const cluster::ClusterMap map = MapWith({&b1});
+  ReplicatorOptions o;
+  o.batches_in_flight = 1;
+  o.forward_timeout = std::chrono::seconds(20);
+  Replicator replicator(fabric_.get(), o);
+  b1.Hold();
+  std::vector<std::thread> writers;
+  ReleaseAndJoin cleanup{&b1, &writers};
+  std::atomic<int> ok{0};
+  for (int k = 0; k < 10; ++k) {
+    writers.emplace_back([&, k] {
+      uint64_t newer = 0;
+      Status s = replicator.Forward(map, 0, Write(map, "k" + std::to_string(k), 100 + k), &newer);
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      if (s.ok()) ++ok;
+    });
+    if (k == 0) {
+      ASSERT_TRUE(b1.WaitForRequests(1));
+    }
+  }
+  const Clock::time_point deadline = Clock::now() + std::chrono::seconds(5);
+  while (replicator.Peers().empty() || replicator.Peers()[0].pending < 10) {
+    ASSERT_LT(Clock::now(), deadline) << "the writers did not queue";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(b1.requests(), 1);
+  b1.Release(/*stop_holding=*/true);
+  for (std::thread& t : writers) t.join();
+  EXPECT_EQ(ok.load(), 10);
+  EXPECT_EQ(b1.batch_sizes(), (std::vector<int>{1, 9}));
+  EXPECT_EQ(b1.max_in_flight(), 1);
+}
+
+}  // namespace
+}  // namespace rdkv
