@@ -155,6 +155,7 @@ class ServerImpl final : public Server {
     const OpCounters& c = service_.counters();
     s.items = sc.items;
     s.item_bytes = sc.item_bytes;
+    s.in_place_updates = sc.in_place_updates;
     s.heap_bytes = as.heap_units * kv::kUnit;
     s.free_bytes = as.free_units * kv::kUnit;
     s.limbo_bytes = as.limbo_units * kv::kUnit;

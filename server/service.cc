@@ -202,6 +202,7 @@ std::string Service::StatsJson() const {
   nlohmann::json j;
   j["items"] = sc.items;
   j["item_bytes"] = sc.item_bytes;
+  j["in_place_updates"] = sc.in_place_updates;
   j["region_bytes"] = store_->header().region_bytes;
   j["heap_bytes"] = as.heap_units * kv::kUnit;
   j["used_bytes"] = as.used_units * kv::kUnit;

@@ -172,8 +172,15 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   }
   size_t bytes = kv::ItemBytes(key.size(), value.size());
   uint32_t units = kv::UnitsFor(bytes);
+  if (options_.update_in_place && mode != Mode::kInsert && mode != Mode::kRestore) {
+    Result<uint64_t> result = Status::Internal("no write");
+    if (TryUpdateInPlace(mode, key, value, units, expected, current_version, where, &result)) {
+      return result;
+    }
+  }
 
-  // Allocate before locking; if the heap is full only because of limbo, wait it out once.
+  // A new item. Allocate before locking; if the heap is full only because of limbo, wait it out
+  // once.
   Allocator::Clock::duration retry_after{};
   Result<Block> block = allocator_.Allocate(units, &retry_after);
   if (!block.ok() && retry_after > Allocator::Clock::duration::zero() &&
@@ -201,19 +208,9 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   if (slot != nullptr) {
     const ItemHeader* cur = ItemAt(kv::UnpackSlot(*slot).offset_units);
     if (current_version) *current_version = cur->version;
-    if (mode == Mode::kInsert || mode == Mode::kRestore) {
+    if (Status over = CheckOverwrite(mode, cur->version, expected); !over.ok()) {
       allocator_.Release(b);
-      return Status::AlreadyExists("key exists (version " + std::to_string(cur->version) + ")");
-    }
-    if (mode == Mode::kApply && cur->version >= expected) {
-      allocator_.Release(b);
-      return Status::AlreadyExists("the key has version " + std::to_string(cur->version) +
-                                   ", not older than " + std::to_string(expected));
-    }
-    if (mode == Mode::kCas && cur->version != expected) {
-      allocator_.Release(b);
-      return Status::VersionMismatch("current version is " + std::to_string(cur->version) +
-                                     ", not " + std::to_string(expected));
+      return over;
     }
   } else {
     if (mode == Mode::kCas) {
@@ -226,17 +223,12 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
       return Status::OutOfSpace(IndexFullMessage());
     }
   }
-  h.version = mode == Mode::kRestore || mode == Mode::kApply
-                  ? expected
-                  : version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (h.version > kv::kMaxItemVersion) {
-    // Never wraps: the counter stays far below 2^64 (EnsureVersionAbove clamps, Restore refuses).
+  Result<uint64_t> version = NewVersion(mode, expected);
+  if (!version.ok()) {
     allocator_.Release(b);
-    return Status::OutOfSpace("the version counter reached its maximum " +
-                              std::to_string(kv::kMaxItemVersion) +
-                              ": this server cannot version more writes; reload its data into "
-                              "a new cluster member");
+    return version.status();
   }
+  h.version = *version;
   std::memcpy(body, key.data(), key.size());
   if (!value.empty()) std::memcpy(body + key.size(), value.data(), value.size());
   h.checksum = kv::ItemChecksum(h, key, value);
@@ -262,6 +254,87 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
                               static_cast<uint8_t>(second ? 1 : 0)};
   }
   return h.version;
+}
+
+Status Store::CheckOverwrite(Mode mode, uint64_t have, uint64_t expected) {
+  if (mode == Mode::kInsert || mode == Mode::kRestore) {
+    return Status::AlreadyExists("key exists (version " + std::to_string(have) + ")");
+  }
+  if (mode == Mode::kApply && have >= expected) {
+    return Status::AlreadyExists("the key has version " + std::to_string(have) +
+                                 ", not older than " + std::to_string(expected));
+  }
+  if (mode == Mode::kCas && have != expected) {
+    return Status::VersionMismatch("current version is " + std::to_string(have) + ", not " +
+                                   std::to_string(expected));
+  }
+  return Status::Ok();
+}
+
+Result<uint64_t> Store::NewVersion(Mode mode, uint64_t expected) {
+  const uint64_t v = mode == Mode::kRestore || mode == Mode::kApply
+                         ? expected
+                         : version_counter_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (v > kv::kMaxItemVersion) {
+    // Never wraps: the counter stays far below 2^64 (EnsureVersionAbove clamps, Restore refuses).
+    return Status::OutOfSpace("the version counter reached its maximum " +
+                              std::to_string(kv::kMaxItemVersion) +
+                              ": this server cannot version more writes; reload its data into "
+                              "a new cluster member");
+  }
+  return v;
+}
+
+bool Store::TryUpdateInPlace(Mode mode, std::string_view key, std::string_view value,
+                             uint32_t units, uint64_t expected, uint64_t* current_version,
+                             kv::ItemLocation* where, Result<uint64_t>* result) {
+  const Place place = PlaceOf(key);
+  WindowLock lock(*this, place);
+  uint64_t* slot = FindSlot(place, key);
+  if (slot == nullptr) return false;  // an insert: a new item and a free slot
+  const kv::SlotFields s = kv::UnpackSlot(LoadWord(slot));
+  ItemHeader* it = ItemAt(s.offset_units);
+  if (current_version) *current_version = it->version;
+  if (Status over = CheckOverwrite(mode, it->version, expected); !over.ok()) {
+    *result = over;
+    return true;
+  }
+  // The slot's length (what READs fetch, and what cached locations hold) must not change.
+  if (s.units != units) return false;  // another size: a new item
+  Result<uint64_t> version = NewVersion(mode, expected);
+  if (!version.ok()) {
+    *result = version.status();
+    return true;
+  }
+  // The new contents, LIVE, and their checksum; the item stays where it is (same length in
+  // units, same key, so the slot word does not change; its block keeps its allocated units).
+  ItemHeader h{};
+  h.state = kv::kStateLive;
+  h.key_bytes = it->key_bytes;
+  h.value_bytes = static_cast<uint32_t>(value.size());
+  h.units = it->units;
+  h.version = *version;
+  h.checksum = kv::ItemChecksum(h, key, value);
+  const uint64_t old_bytes = kv::ItemBytes(it->key_bytes, it->value_bytes);
+  // Value, then lengths and version, then the checksum last: a READ that overlaps any of it
+  // fails the checksum (docs/design.md "In-place updates"); one after the checksum store
+  // reads the new version whole.
+  uint8_t* body = reinterpret_cast<uint8_t*>(it) + sizeof(ItemHeader);
+  if (!value.empty()) std::memcpy(body + key.size(), value.data(), value.size());
+  StoreWord32(&it->value_bytes, h.value_bytes);
+  StoreWord(&it->version, h.version);
+  StoreWord(&it->checksum, h.checksum);
+  item_bytes_.fetch_add(kv::ItemBytes(key.size(), value.size()) - old_bytes,
+                        std::memory_order_relaxed);
+  in_place_updates_.fetch_add(1, std::memory_order_relaxed);
+  if (where != nullptr) {
+    const bool second = place.slots[1] != place.slots[0] && slot >= place.slots[1] &&
+                        slot < place.slots[1] + kv::kSlotsPerBucket;
+    *where = kv::ItemLocation{s.offset_units, static_cast<uint16_t>(s.units),
+                              static_cast<uint8_t>(second ? 1 : 0)};
+  }
+  *result = h.version;
+  return true;
 }
 
 Result<uint64_t> Store::Put(std::string_view key, std::string_view value, kv::ItemLocation* where) {
@@ -427,7 +500,8 @@ std::string Store::IndexFullMessage() const {
 }
 
 StoreCounters Store::counters() const {
-  return {items_.load(std::memory_order_relaxed), item_bytes_.load(std::memory_order_relaxed)};
+  return {items_.load(std::memory_order_relaxed), item_bytes_.load(std::memory_order_relaxed),
+          in_place_updates_.load(std::memory_order_relaxed)};
 }
 
 }  // namespace rdkv::server

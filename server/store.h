@@ -43,6 +43,9 @@ struct StoreOptions {
   uint32_t shard_count = 1;
   uint32_t server_id = 0;
   std::vector<uint32_t> owned_shards;
+  // An update whose item needs as many units as the key's current one rewrites that item in
+  // place (docs/design.md "In-place updates"); off: every write makes a new item.
+  bool update_in_place = true;
 };
 
 // The cursor ScanShard returns when it has visited every slot.
@@ -58,6 +61,7 @@ struct ScanItem {
 struct StoreCounters {
   uint64_t items = 0;
   uint64_t item_bytes = 0;
+  uint64_t in_place_updates = 0;  // writes that rewrote the key's item where it was
 };
 
 class Store {
@@ -149,6 +153,17 @@ class Store {
   // `expected`: the version to match (kCas) or to give the item (kRestore).
   Result<uint64_t> Write(Mode mode, std::string_view key, std::string_view value, uint64_t expected,
                          uint64_t* current_version, kv::ItemLocation* where = nullptr);
+  // Whether `mode` may write over the key's current item (at version `have`): OK, or the
+  // error the write returns. Caller holds the WindowLock.
+  static Status CheckOverwrite(Mode mode, uint64_t have, uint64_t expected);
+  // The version a write of `mode` gives its item; kOutOfSpace at the counter's maximum.
+  Result<uint64_t> NewVersion(Mode mode, uint64_t expected);
+  // The in-place update (docs/design.md "In-place updates") when the key exists in an item of
+  // `units` units: true when it ran (*result is the write's outcome), false when the write
+  // must make a new item.
+  bool TryUpdateInPlace(Mode mode, std::string_view key, std::string_view value, uint32_t units,
+                        uint64_t expected, uint64_t* current_version, kv::ItemLocation* where,
+                        Result<uint64_t>* result);
 
   // Where a key may live: its hash, fingerprint and two candidate buckets.
   struct Place {
@@ -183,6 +198,7 @@ class Store {
   std::atomic<uint64_t> version_counter_{0};
   std::atomic<uint64_t> items_{0};
   std::atomic<uint64_t> item_bytes_{0};
+  std::atomic<uint64_t> in_place_updates_{0};
 };
 
 }  // namespace rdkv::server

@@ -75,6 +75,10 @@ struct TortureConfig {
   double index_fraction = 0;  // 0: the server's default
   int fillers = 0;            // keys stored once before the run (fill the index)
   uint64_t gets_divisor = 1;  // of RDKV_TORTURE_GETS
+  // > 0: every value has this padding (one length, so nearly every update is in place:
+  // docs/design.md "In-place updates"); 0: mostly small values of many sizes, some large.
+  size_t fixed_padding = 0;
+  bool expect_in_place = false;  // check that most updates were in place
 };
 
 void RunTorture(const TortureConfig& cfg) {
@@ -144,7 +148,9 @@ void RunTorture(const TortureConfig& cfg) {
         int k = static_cast<int>(rng() % kKeys);
         std::string key = KeyName(k);
         // Mostly small values, sometimes large ones: different size classes, longer READs.
-        size_t pad = rng() % 10 == 0 ? 8000 + rng() % 40000 : rng() % 700;
+        size_t pad = cfg.fixed_padding > 0 ? cfg.fixed_padding
+                     : rng() % 10 == 0     ? 8000 + rng() % 40000
+                                           : rng() % 700;
         char fill = static_cast<char>('a' + rng() % 26);
         int op = static_cast<int>(rng() % 100);
         std::lock_guard<std::mutex> l(write_mu);
@@ -305,9 +311,26 @@ void RunTorture(const TortureConfig& cfg) {
   EXPECT_EQ(write_errors.load(), 0u);
   EXPECT_GT(found.load(), target_gets / 4);
   EXPECT_GT(writes.load(), 1000u);
+  if (cfg.expect_in_place) {
+    // Inserts (after deletes) and CAS/PUTs whose version grew a digit are not in place.
+    EXPECT_GT(server->stats().in_place_updates, writes.load() / 2)
+        << "the writers' updates were not made in place";
+  }
 }
 
 TEST(ClientTorture, ConcurrentWritersNeverYieldAWrongValue) { RunTorture(TortureConfig{}); }
+
+// Values of one length: the writers rewrite items in place while readers READ them (through
+// cached locations and the index), so READs overlap rewrites all the time. Every torn READ
+// must be caught (0 invalid) and none may go back in time (0 stale); the server must really
+// have updated in place.
+TEST(ClientTorture, InPlaceUpdatesNeverYieldATornOrStaleValue) {
+  TortureConfig cfg;
+  cfg.fixed_padding = 900;
+  cfg.gets_divisor = 2;
+  cfg.expect_in_place = true;
+  RunTorture(cfg);
+}
 
 // Index v2 near its limit: 32 buckets (2048 slots) about 80% used by fillers and 64 hot keys,
 // so keys share buckets with many others, and a hot key deleted and inserted again may land

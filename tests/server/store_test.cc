@@ -124,13 +124,90 @@ TEST_F(StoreTest, OverwrittenItemIsDeadBeforeTheWriteReturns) {
   std::vector<uint64_t> words = CandidateWords("k");
   ASSERT_EQ(words.size(), 1u);
   uint64_t old_word = words[0];
-  ASSERT_TRUE(store_->Put("k", "new").ok());
+  ASSERT_TRUE(store_->Put("k", std::string(200, 'n')).ok());  // longer: a new item
   kv::SlotFields s = kv::UnpackSlot(old_word);
   std::string_view v;
   uint64_t ver;
   EXPECT_EQ(kv::CheckItem(region_.data() + h.heap_offset + uint64_t{s.offset_units} * kv::kUnit,
                           uint64_t{s.units} * kv::kUnit, "k", &v, &ver),
             kv::ItemCheck::kDead);
+}
+
+// docs/design.md "In-place updates": a write whose item needs as many units as the key's
+// current one rewrites that item (the slot word and every cached location stay right); any
+// other length makes a new item and retires the old one.
+TEST_F(StoreTest, AnUpdateOfTheSameLengthRewritesTheItemWhereItIs) {
+  Make(1 << 20);
+  kv::ItemLocation first, where;
+  Result<uint64_t> v1 = store_->Put("k", "aaaaaaaaaa", &first);
+  ASSERT_TRUE(v1.ok());
+  const std::vector<uint64_t> words = CandidateWords("k");
+  ASSERT_EQ(words.size(), 1u);
+  auto expect_item = [&](const std::string& want, uint64_t want_version) {
+    std::string value;
+    uint64_t version = 0;
+    EXPECT_EQ(ClientRead("k", &value, &version), kv::ItemCheck::kOk);
+    EXPECT_EQ(value, want);
+    EXPECT_EQ(version, want_version);
+    EXPECT_EQ(store_->counters().items, 1u);
+    EXPECT_EQ(store_->counters().item_bytes, kv::ItemBytes(1, want.size()));
+  };
+  // PUT of the same length, then a shorter value of the same units, CAS and a backup's apply.
+  Result<uint64_t> v2 = store_->Put("k", "bbbbbbbbbb", &where);
+  ASSERT_TRUE(v2.ok());
+  EXPECT_GT(*v2, *v1);
+  EXPECT_EQ(where.offset_units, first.offset_units);
+  EXPECT_EQ(where.units, first.units);
+  EXPECT_EQ(where.choice, first.choice);
+  EXPECT_EQ(CandidateWords("k"), words) << "the slot word changed";
+  expect_item("bbbbbbbbbb", *v2);
+  uint64_t current = 0;
+  Result<uint64_t> v3 = store_->Cas("k", *v2, "ccc", &current, &where);
+  ASSERT_TRUE(v3.ok());
+  EXPECT_EQ(where.offset_units, first.offset_units);
+  expect_item("ccc", *v3);
+  // Refused writes change nothing.
+  EXPECT_TRUE(store_->Cas("k", *v2, "ddd", &current).status().Is(StatusCode::kVersionMismatch));
+  EXPECT_EQ(current, *v3);
+  bool applied = true;
+  ASSERT_TRUE(store_->ApplyVersioned("k", "eee", *v3, &applied, &current).ok());
+  EXPECT_FALSE(applied) << "a version not newer than the item's was applied";
+  EXPECT_TRUE(store_->Insert("k", "fff", &current).status().Is(StatusCode::kAlreadyExists));
+  expect_item("ccc", *v3);
+  ASSERT_TRUE(store_->ApplyVersioned("k", "ggg", *v3 + 10, &applied, &current, &where).ok());
+  EXPECT_TRUE(applied);
+  EXPECT_EQ(where.offset_units, first.offset_units);
+  expect_item("ggg", *v3 + 10);
+  EXPECT_EQ(store_->counters().in_place_updates, 3u);
+  EXPECT_EQ(CandidateWords("k"), words);
+  // Another length: a new item, the old one DEAD.
+  const std::string longer(300, 'h');
+  Result<uint64_t> v4 = store_->Put("k", longer, &where);
+  ASSERT_TRUE(v4.ok());
+  EXPECT_NE(where.offset_units, first.offset_units);
+  expect_item(longer, *v4);
+  std::string_view old_value;
+  uint64_t old_version = 0;
+  EXPECT_EQ(kv::CheckItem(region_.data() + store_->header().heap_offset +
+                              uint64_t{first.offset_units} * kv::kUnit,
+                          uint64_t{first.units} * kv::kUnit, "k", &old_value, &old_version),
+            kv::ItemCheck::kDead);
+  EXPECT_EQ(store_->counters().in_place_updates, 3u);
+}
+
+TEST_F(StoreTest, WithoutInPlaceUpdatesEveryWriteMakesANewItem) {
+  StoreOptions o;
+  o.update_in_place = false;
+  Make(1 << 20, o);
+  kv::ItemLocation first, where;
+  ASSERT_TRUE(store_->Put("k", "aaaaaaaaaa", &first).ok());
+  ASSERT_TRUE(store_->Put("k", "bbbbbbbbbb", &where).ok());
+  EXPECT_NE(where.offset_units, first.offset_units);
+  EXPECT_EQ(store_->counters().in_place_updates, 0u);
+  std::string value;
+  uint64_t version = 0;
+  EXPECT_EQ(ClientRead("k", &value, &version), kv::ItemCheck::kOk);
+  EXPECT_EQ(value, "bbbbbbbbbb");
 }
 
 TEST_F(StoreTest, LimitsAreClearErrors) {
