@@ -231,6 +231,14 @@ class Connection {
     call->started = false;
     return call->result;
   }
+  // Waits for a started call's answer until `until` (at most its deadline): true when
+  // FinishCall will return without waiting (answered, or the connection is lost), false when
+  // `until` passed first. The call stays started either way. The default: true.
+  virtual bool WaitCall(PendingCall* call, std::chrono::steady_clock::time_point until) {
+    (void)call;
+    (void)until;
+    return true;
+  }
 
   // False once the connection is known broken (peer died, QP in error, socket closed).
   virtual bool alive() const = 0;

@@ -61,6 +61,15 @@ struct Replicator::Peer {
   // its batch itself whatever is in flight (no write may wait for a sender that left).
   bool stopping GUARDED_BY(queue_mu) = false;
   std::thread sender;  // started by PeerFor, joined by ~Replicator
+  // Batches a Forward took and handed to the sender to finish (started) or to send too (when
+  // the backup had no open connection): each backup's answers are waited for on its own
+  // thread, so that a slow backup never holds another's places in flight.
+  std::deque<std::unique_ptr<Batch>> handed GUARDED_BY(queue_mu);
+
+  bool Connected() EXCLUDES(mu) {
+    MutexLock lock(&mu);
+    return conn != nullptr && conn->alive();
+  }
 
   // A batch may start: something is queued, and nothing is in flight, or there is room and
   // enough is queued to be worth a round trip of its own (or the peer is stopping).
@@ -84,7 +93,8 @@ struct Replicator::Batch {
   size_t sent = 0;      // entries the round in flight carries (todo's first)
   bool single = false;  // the round is a plain REPLICATE
   bool in_flight = false;
-  bool busy = false;  // the last round met an epoch-behind backup: wait before the next
+  bool busy = false;   // the last round met an epoch-behind backup: wait before the next
+  Status start_error;  // the round's StartCall failed (nothing was sent)
   std::shared_ptr<transport::Connection> conn;
   std::vector<uint8_t> request, response;
   transport::PendingCall call;
@@ -203,10 +213,14 @@ void Replicator::SenderLoop(std::shared_ptr<Peer> peer) {
     {
       MutexLock lock(&peer->queue_mu);
       if (mine.empty()) {
-        while (!peer->CanTake() && !(peer->stopping && peer->queue.empty())) {
+        while (!peer->CanTake() && peer->handed.empty() &&
+               !(peer->stopping && peer->queue.empty())) {
           peer->queue_cv.Wait(&peer->queue_mu);
         }
-        if (!peer->CanTake()) return;  // stopping, and nothing is queued
+        if (!peer->CanTake() && peer->handed.empty()) return;  // stopping, nothing queued
+      }
+      for (; !peer->handed.empty(); peer->handed.pop_front()) {
+        mine.push_back(std::move(peer->handed.front()));
       }
       while (peer->CanTake()) fresh.push_back(peer->Take(max_batch_bytes_));
     }
@@ -308,21 +322,24 @@ bool Replicator::StartRound(Peer* peer, Batch* batch) {
   batches_.fetch_add(1, std::memory_order_relaxed);
   batched_writes_.fetch_add(batch->sent, std::memory_order_relaxed);
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-  Status started = (*conn)->StartCall(batch->request, &batch->response,
-                                      std::max(left, std::chrono::milliseconds(1)), &batch->call);
+  // A failed start (nothing went out) is settled by FinishRound as a failed call.
+  batch->start_error = (*conn)->StartCall(
+      batch->request, &batch->response, std::max(left, std::chrono::milliseconds(1)), &batch->call);
   batch->conn = std::move(*conn);
-  if (!started.ok()) {  // nothing went out: FinishRound settles the round as a failed call
-    batch->call.result = started;
-    batch->call.started = false;
-  }
   batch->in_flight = true;
   return true;
+}
+
+bool Replicator::WaitRound(Batch* batch, Clock::time_point until) {
+  if (!batch->in_flight || !batch->start_error.ok()) return true;
+  return batch->conn->WaitCall(&batch->call, until);
 }
 
 void Replicator::FinishRound(Peer* peer, Batch* batch) {
   std::vector<Item*>& todo = batch->todo;
   const size_t sent = batch->sent;
-  Status called = batch->call.started ? batch->conn->FinishCall(&batch->call) : batch->call.result;
+  Status called =
+      batch->start_error.ok() ? batch->conn->FinishCall(&batch->call) : batch->start_error;
   batch->in_flight = false;
   std::vector<Item*> again(todo.begin() + static_cast<std::ptrdiff_t>(sent), todo.end());
   batch->busy = false;
@@ -433,25 +450,75 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
     MutexLock lock(&waiter.mu);
     waiter.pending = targets.size();
   }
-  std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>> mine;
+  // 1. On every backup's queue, taking a batch where one may start.
+  std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>> taken;
   for (size_t i = 0; i < targets.size(); ++i) {
     items[i].m = &m;
     items[i].deadline = deadline;
     items[i].waiter = &waiter;
     std::shared_ptr<Peer> peer = PeerFor(targets[i].id, targets[i].address);
     std::unique_ptr<Batch> batch;
+    bool more = false;
     {
       MutexLock lock(&peer->queue_mu);
       peer->queue.push_back(&items[i]);
       peer->pending.fetch_add(1, std::memory_order_relaxed);
       if (peer->CanTake()) batch = peer->Take(max_batch_bytes_);
+      more = batch != nullptr && peer->CanTake();  // what did not fit goes with the sender
     }
-    if (batch != nullptr) {
+    if (more) peer->queue_cv.Signal();
+    if (batch != nullptr) taken.emplace_back(std::move(peer), std::move(batch));
+  }
+  // 2. Start them, each on an open connection only (no connect on this path, except for the
+  //    first backup's batch); a batch for a backup with no connection goes to its sender.
+  // 3. Wait for the first backup's answer, then finish the others here too (their answers
+  //    have usually arrived meanwhile: no thread handoff). But a backup that is slow to answer
+  //    must not hold the others' places in flight: when the first answer takes longer than
+  //    hand_off_after, or its batch must go again, the other batches go to their backups'
+  //    senders, which wait for their answers.
+  std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>> others, kept;
+  auto hand_over = [&](std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch) {
+    bool handed = false;
+    {
+      MutexLock lock(&peer->queue_mu);
+      if (!peer->stopping) {  // a stopping peer's sender may be gone: keep it
+        peer->handed.push_back(std::move(batch));
+        handed = true;
+      }
+    }
+    if (handed) {
+      peer->queue_cv.Signal();
+    } else {
+      kept.emplace_back(std::move(peer), std::move(batch));
+    }
+  };
+  for (size_t i = 0; i < taken.size(); ++i) {
+    auto& [peer, batch] = taken[i];
+    if (i == 0 || peer->Connected()) {
       StartRound(peer.get(), batch.get());
-      mine.emplace_back(std::move(peer), std::move(batch));
+      if (i > 0) others.push_back(std::move(taken[i]));
+    } else {
+      hand_over(peer, batch);
     }
   }
-  for (auto& [peer, batch] : mine) RunBatch(peer.get(), batch.get());
+  if (!taken.empty()) {
+    auto& [peer, batch] = taken[0];
+    if (!others.empty()) {
+      bool answered =
+          !batch->in_flight || WaitRound(batch.get(), Clock::now() + options_.hand_off_after);
+      if (answered && batch->in_flight) {
+        FinishRound(peer.get(), batch.get());
+        answered = batch->todo.empty();  // else it goes again (a backup behind our epoch)
+      }
+      if (!answered) {
+        for (auto& [p, b] : others) hand_over(p, b);
+        others.clear();
+      }
+    }
+    RunBatch(peer.get(), batch.get());
+  }
+  for (auto& [peer, batch] : others) RunBatch(peer.get(), batch.get());
+  for (auto& [peer, batch] : kept) RunBatch(peer.get(), batch.get());
   {
     MutexLock lock(&waiter.mu);
     while (waiter.pending > 0) waiter.cv.Wait(&waiter.mu);

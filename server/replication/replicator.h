@@ -10,11 +10,12 @@
 // `batches_in_flight` REPLICATE batches in flight. Forward puts the write on the queue of every
 // backup; for each backup with room it takes the batch itself (whatever is queued, its own
 // write included) and starts it (Connection::StartCall), so that a write goes to all its
-// backups at once from its own thread; then it waits for each batch it started. A backup with
-// no room keeps the write queued: when one of its batches is answered, its sender takes what
-// is queued (up to a batch's size per batch, while there is room), starts those batches and
-// finishes them in order. Under load a round trip is shared by every write of a batch, and
-// several batches overlap (docs/design.md "Batching").
+// backups at once from its own thread. It waits for the first backup's answer and hands the
+// other started batches to their backups' senders (a stalled backup never holds another's
+// places in flight). A backup with no room keeps the write queued: when one of its batches is
+// answered, its sender takes what is queued (up to a batch's size per batch, while there is
+// room), starts those batches and finishes them in order. Under load a round trip is shared by
+// every write of a batch, and several batches overlap (docs/design.md "Batching").
 //
 // The writer pool (Submit): the primary runs its replicated writes there, not on the
 // transport's worker threads, so that a worker is always free to take a REPLICATE: two servers
@@ -65,6 +66,10 @@ struct ReplicatorOptions {
   // costs both servers CPU per batch, not per write (docs/design.md "Batching").
   int batches_in_flight = 4;
   size_t pipeline_min_writes = 8;
+  // A write waits for its first backup's answer and then collects its other backups' answers
+  // itself; if the first takes longer than this, the other batches go to their backups'
+  // senders, so that a slow backup does not hold the others' places in flight.
+  std::chrono::microseconds hand_off_after{2000};
   // The largest batch body; also kept within the backups' --max_value_size
   // (set_max_value_bytes): a write larger than a batch goes alone as a plain REPLICATE.
   size_t max_batch_bytes = 64 * 1024;
@@ -78,8 +83,8 @@ struct ReplicatorStats {
   uint64_t version_retries = 0;  // a backup had a newer version of the key; retried above it
   uint64_t batches = 0;          // REPLICATE requests sent (a batch or a single write)
   uint64_t batched_writes = 0;   // writes they carried
-  uint64_t sender_batches = 0;   // batches a backup's sender started (a thread handoff); the
-                                 // rest were started by the writer itself
+  uint64_t sender_batches = 0;   // batches a backup's sender took from its queue (their
+                                 // writes waited for a place in flight); writers took the rest
 };
 
 class Replicator {
@@ -145,6 +150,9 @@ class Replicator {
   // Waits for the round in flight and settles its entries; those answered kBusy (the backup's
   // map is behind) and those that did not fit go back on the batch's list to send.
   void FinishRound(Peer* peer, Batch* batch);
+  // Waits for the answer to the round in flight until `until`: true when it is there (or
+  // nothing is in flight), so FinishRound will not wait.
+  static bool WaitRound(Batch* batch, std::chrono::steady_clock::time_point until);
   // Runs rounds (the one in flight first) until every entry of `batch` has its result, then
   // hands each result to its Forward and frees the batch's place in flight.
   void RunBatch(Peer* peer, Batch* batch);

@@ -258,16 +258,29 @@ TEST_F(ClientE2ETest, LocationCacheMakesTheSecondGetOneRead) {
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(c.Get("hot").ok());
   EXPECT_EQ(c.stats().get_reads - s2.get_reads, 100u);
 
-  // Another client replaces the value: the cached location now holds a retired item, the GET
-  // falls back to the index and returns the new value.
+  // Another client rewrites the value with one of the same length: the item is rewritten in
+  // place (docs/design.md "In-place updates"), so the cached location still holds the key's
+  // current value: one READ.
   auto other = ConnectTo(server_->port(), Slow());
-  auto v = other->Put("hot", "newer");
+  auto v = other->Put("hot", "VALUE");
   ASSERT_TRUE(v.ok());
+  ClientStats s3 = c.stats();
   auto g = c.Get("hot");
   ASSERT_TRUE(g.ok());
-  EXPECT_EQ(g->value, "newer");
+  EXPECT_EQ(g->value, "VALUE");
   EXPECT_EQ(g->version, *v);
-  EXPECT_GE(c.stats().cache_misses, 1u);
+  EXPECT_EQ(c.stats().get_reads - s3.get_reads, 1u);
+  EXPECT_EQ(c.stats().cache_misses, s3.cache_misses);
+  // A longer value makes a new item: the cached location now holds a retired item, the GET
+  // falls back to the index and returns the new value.
+  const std::string longer(200, 'n');
+  v = other->Put("hot", longer);
+  ASSERT_TRUE(v.ok());
+  g = c.Get("hot");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->value, longer);
+  EXPECT_EQ(g->version, *v);
+  EXPECT_GE(c.stats().cache_misses, s3.cache_misses + 1);
 
   // Without a cache every GET is three READs (two buckets, then the item) in two round trips.
   ClientOptions o = Slow();
@@ -395,8 +408,11 @@ TEST(ClientE2E, AContendedKeyReadsItsBucketsWithTheCachedItem) {
   c = get("v0");  // cached
   EXPECT_EQ(c.reads, 1u);
   EXPECT_EQ(c.round_trips, 1u);
-  ASSERT_TRUE(writer->Put("contended", "v1").ok());
-  c = get("v1");  // stale: the item, then buckets, then the new item
+  // Values of another length in turn, so that each write makes a new item (a same-length
+  // one would be rewritten in place and leave the location right).
+  const std::string v1(200, '1');
+  ASSERT_TRUE(writer->Put("contended", v1).ok());
+  c = get(v1);  // stale: the item, then buckets, then the new item
   EXPECT_EQ(c.reads, 4u);
   EXPECT_EQ(c.round_trips, 3u);
   ASSERT_TRUE(writer->Put("contended", "v2").ok());

@@ -72,6 +72,9 @@ class FakeServer {
     server::StoreOptions o;
     o.max_value_bytes = max_value_;
     o.grace = grace_;
+    // Every update makes a new item, so that a test makes a stale location or a retired item
+    // with any rewrite. (In-place updates: StoreTest and ClientTorture, against a real store.)
+    o.update_in_place = false;
     auto store = server::Store::Format(region_, bytes_ - reserve, o);
     if (!store.ok()) std::abort();  // the region is too small for a store: a test bug
     store_ = std::move(store).value();

@@ -266,6 +266,46 @@ TEST_F(ReplicatorTest, BatchesOverlapOnlyWhenEnoughWritesWait) {
   EXPECT_EQ(replicator.stats().sender_batches, 1u) << "the fourth batch waited for room";
 }
 
+// A backup that does not answer holds up only the writes that need it: a write whose only
+// backup is another one goes through while the first is still waiting (its batch to the healthy
+// backup was answered and freed its place, though the writer that started it still waits).
+TEST_F(ReplicatorTest, ASlowBackupDoesNotHoldUpWritesToAnother) {
+  FakeBackup slow(fabric_.get()), healthy(fabric_.get());
+  cluster::ClusterMap map = MapWith({&slow, &healthy});
+  map.backups[0] = {1, 2};  // shard 0: both backups
+  map.backups[1] = {2};     // shard 1: the healthy one only
+  ReplicatorOptions o;
+  o.forward_timeout = std::chrono::seconds(10);
+  Replicator replicator(fabric_.get(), o);
+  // Connections open first: a write starts its batches only on open ones.
+  for (uint32_t shard : {0u, 1u}) {
+    uint64_t newer = 0;
+    ASSERT_TRUE(
+        replicator
+            .Forward(map, shard, Write(map, "warm" + std::to_string(shard), 10 + shard), &newer)
+            .ok());
+  }
+  slow.Hold();
+  std::atomic<bool> stuck_done{false};
+  std::vector<std::thread> writers;
+  ReleaseAndJoin cleanup{&slow, &writers};
+  writers.emplace_back([&] {
+    uint64_t newer = 0;
+    Status s = replicator.Forward(map, 0, Write(map, "both", 100), &newer);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    stuck_done = true;
+  });
+  ASSERT_TRUE(slow.WaitForRequests(2));
+  ASSERT_TRUE(healthy.WaitForRequests(3));  // the two warm-ups and "both", answered
+  for (int i = 0; i < 3; ++i) {
+    uint64_t newer = 0;
+    Status s = replicator.Forward(map, 1, Write(map, "only" + std::to_string(i), 200 + i), &newer);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_FALSE(stuck_done.load()) << "write " << i << " waited for the slow backup";
+  }
+  EXPECT_EQ(healthy.writes(), 6);
+}
+
 // With one batch in flight (batches_in_flight 1), whatever waits goes as the next batch.
 TEST_F(ReplicatorTest, OneBatchInFlightBatchesWhatWaits) {
   FakeBackup b1(fabric_.get());

@@ -263,6 +263,13 @@ class TcpConnection final : public Connection {
     return Status::Ok();
   }
 
+  bool WaitCall(PendingCall* call, Clock::time_point until) override {
+    const auto* finished = static_cast<const std::atomic<bool>*>(call->token);
+    if (finished->load(std::memory_order_acquire)) return true;
+    Await(&FlagSet, call->token, std::min(until, call->deadline));
+    return finished->load(std::memory_order_acquire);
+  }
+
   Status FinishCall(PendingCall* call) override {
     call->started = false;
     Await(&FlagSet, call->token, call->deadline);

@@ -679,11 +679,23 @@ Status ClientConnection::StartCall(std::span<const uint8_t> request, std::vector
   return Status::Ok();
 }
 
+bool ClientConnection::WaitCall(PendingCall* call, Clock::time_point until) {
+  const Clock::time_point end = std::min(until, call->deadline);
+  const CallSlot& slot = slots_[call->slot];
+  while (true) {
+    if ((slot.word.load(std::memory_order_acquire) & 7) == kDone) return true;
+    if (!alive()) return true;  // FinishCall reports the loss at once
+    if (Clock::now() >= end) return false;
+    Progress(end);
+  }
+}
+
 Status ClientConnection::FinishCall(PendingCall* call) {
   call->started = false;
   const uint32_t index = call->slot;
   const uint64_t seq = call->sequence;
   CallSlot& slot = slots_[index];
+  bool late_poll_done = false;
   while (true) {
     if ((slot.word.load(std::memory_order_acquire) & 7) == kDone) {
       call->response->swap(slot.buf);  // no copy; the slot keeps the caller's old buffer
@@ -701,6 +713,16 @@ Status ClientConnection::FinishCall(PendingCall* call) {
       return LostStatus();
     }
     if (Clock::now() >= call->deadline) {
+      // A FinishCall that starts late (the caller waited on other calls first) looks at the
+      // completion queue once before it gives up: the answer may be there, unread.
+      if (!late_poll_done && poll_mu_.TryLock()) {
+        size_t reads = 0;
+        PollCq(&reads);
+        poll_mu_.Unlock();
+        WakeWaiters();
+        late_poll_done = true;
+        continue;
+      }
       AbandonSlot(index, seq);
       return Status::TimedOut("no response within the timeout");
     }

@@ -150,6 +150,7 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   Status StartCall(std::span<const uint8_t> request, std::vector<uint8_t>* response,
                    std::chrono::milliseconds timeout, PendingCall* call) override;
   Status FinishCall(PendingCall* call) override;
+  bool WaitCall(PendingCall* call, Clock::time_point until) override;
   bool alive() const override { return alive_.load(std::memory_order_acquire); }
   std::string peer() const override { return "verbs " + peer_; }
 
