@@ -427,6 +427,7 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key, b
   if (torn) Add(counters_->torn_reads);
   if (v != Verdict::kAccept) {
     Add(counters_->cache_misses);
+    if (torn) return std::nullopt;  // an in-place rewrite overlapped: the location is right
     link->cache.Erase(hash, cached);
     *stale = true;
     return std::nullopt;
@@ -810,12 +811,13 @@ void GetEngine::EndAttempt(const Session& session, KeyJob& job, Clock::time_poin
 // for the index pass with a fresh lease. Not accepted: a miss, the entry is forgotten, and
 // false is returned.
 bool GetEngine::JudgeCachedItem(const Session& session, KeyJob& job, const uint8_t* item,
-                                uint32_t length, bool linked, Clock::time_point completed) {
+                                uint32_t length, bool linked, Clock::time_point completed,
+                                bool* torn) {
   std::string_view value;
   uint64_t version = 0;
-  bool torn = false;
-  Verdict v = ClassifyItem(item, length, job.key, &value, &version, &torn);
-  if (torn) Add(counters_->torn_reads);
+  *torn = false;
+  Verdict v = ClassifyItem(item, length, job.key, &value, &version, torn);
+  if (*torn) Add(counters_->torn_reads);
   if (v == Verdict::kAccept && linked) {
     if (LeaseAllows(session, job, completed)) {
       Add(counters_->cache_hits);
@@ -824,7 +826,7 @@ bool GetEngine::JudgeCachedItem(const Session& session, KeyJob& job, const uint8
     return true;
   }
   Add(counters_->cache_misses);
-  job.link->cache.Erase(job.hash, job.cached);
+  if (!*torn) job.link->cache.Erase(job.hash, job.cached);  // torn: the location is still right
   return false;
 }
 
@@ -906,10 +908,13 @@ GetTask GetEngine::CachePass(OwnerRun& run) {
             !check_slot ||
             (in_time && BucketHolds(x->buckets + ReadTag::Unpack(x->tags[k + 1]).offset,
                                     job.fingerprint, *job.cached));
+        bool torn = false;
         if (!JudgeCachedItem(session, job, x->items + tag.offset, x->batch[k]->length, linked,
-                             completed)) {
+                             completed, &torn)) {
           job.cached.reset();
-          job.contended = true;  // someone else rewrote it: expect it again
+          // Someone else moved it: expect it again. (A torn READ met an in-place rewrite: the
+          // location stays right, so no mark; this GET goes through the index.)
+          if (!torn) job.contended = true;
         }
       }
     }
@@ -1011,7 +1016,9 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
          BucketHolds(x->buckets + job.images + (job.cached->choice & 1u) * kv::kBucketBytes,
                      job.fingerprint, *job.cached));
     // Not accepted, or not allowed by the lease: the buckets below are judged as any index READ.
-    JudgeCachedItem(session, job, x->items + tag.offset, x->batch[n]->length, linked, buckets_done);
+    bool torn = false;
+    JudgeCachedItem(session, job, x->items + tag.offset, x->batch[n]->length, linked, buckets_done,
+                    &torn);
     job.cached.reset();
   }
 

@@ -153,8 +153,10 @@ class GetEngine {
   // lease).
   bool LeaseAllows(const Session& session, KeyJob& job,
                    std::chrono::steady_clock::time_point completed);
+  // *torn: the READ overlapped an in-place rewrite (the key's bytes, a failed checksum): the
+  // location is still right, so the entry is kept and the key is not marked contended.
   bool JudgeCachedItem(const Session& session, KeyJob& job, const uint8_t* item, uint32_t length,
-                       bool linked, std::chrono::steady_clock::time_point completed);
+                       bool linked, std::chrono::steady_clock::time_point completed, bool* torn);
   size_t CacheItemLimit(const ReadScratch& x) const;
 
   const ClientOptions& options_;

@@ -66,6 +66,33 @@ class ClusterState {
     SharedMutex* const mu_;
   };
 
+  // OwnerGuard's non-blocking form, for a write on the transport's receiving thread (which must
+  // never wait): held() is false when the lock could not be taken at once (an install holds or
+  // waits for it); then the caller must leave at once and touch nothing the lock guards. (For
+  // the analysis the lock is held in both cases, which holds only on the held() path: keep the
+  // other path to an immediate return.)
+  class SCOPED_CAPABILITY OwnerTryGuard {
+   public:
+    explicit OwnerTryGuard(const ClusterState* state)
+        ACQUIRE_SHARED(state->mu_) NO_THREAD_SAFETY_ANALYSIS : mu_(state ? &state->mu_ : nullptr) {
+      held_ = mu_ == nullptr || mu_->ReaderTryLock();
+      locked_ = mu_ != nullptr && held_;
+    }
+    ~OwnerTryGuard() RELEASE() NO_THREAD_SAFETY_ANALYSIS {
+      if (locked_) mu_->ReaderUnlock();
+    }
+    OwnerTryGuard(const OwnerTryGuard&) = delete;
+    OwnerTryGuard& operator=(const OwnerTryGuard&) = delete;
+    bool held() const { return held_; }
+
+   private:
+    SharedMutex* const mu_;
+    bool held_ = false;
+    bool locked_ = false;
+  };
+  // For a function called under an OwnerGuard (or a held OwnerTryGuard).
+  void AssertOwnerHeld() const ASSERT_SHARED_CAPABILITY(mu_) {}
+
   // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
   // (and *epoch set). Call holding an OwnerGuard.
   Status CheckOwner(std::string_view key, uint64_t* epoch) const REQUIRES_SHARED(mu_);

@@ -139,6 +139,9 @@ class ServerImpl final : public Server {
             .IgnoreError();  // client gone: nothing to do
       }  // else deferred: the service answers through `reply` when the write is durable
     };
+    lo.inline_handler = [this](std::span<const uint8_t> payload, std::vector<uint8_t>* response) {
+      return service_.TryWriteOnReceivingThread(payload, response);
+    };
     RDKV_ASSIGN_OR_RETURN(listener_, fabric_->Listen(std::move(lo)));
     return Status::Ok();
   }
@@ -156,6 +159,7 @@ class ServerImpl final : public Server {
     s.items = sc.items;
     s.item_bytes = sc.item_bytes;
     s.in_place_updates = sc.in_place_updates;
+    s.writes_on_receiving_thread = c.writes_on_receiving_thread.load();
     s.heap_bytes = as.heap_units * kv::kUnit;
     s.free_bytes = as.free_units * kv::kUnit;
     s.limbo_bytes = as.limbo_units * kv::kUnit;

@@ -203,6 +203,7 @@ std::string Service::StatsJson() const {
   j["items"] = sc.items;
   j["item_bytes"] = sc.item_bytes;
   j["in_place_updates"] = sc.in_place_updates;
+  j["writes_on_receiving_thread"] = counters_.writes_on_receiving_thread.load();
   j["region_bytes"] = store_->header().region_bytes;
   j["heap_bytes"] = as.heap_units * kv::kUnit;
   j["used_bytes"] = as.used_units * kv::kUnit;

@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -70,6 +71,8 @@ struct OpCounters {
   // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN
   // answers (the source side of catch-up copies and shard moves).
   std::atomic<uint64_t> catchup_applied{0}, scan_items{0};
+  // Writes run on the transport's receiving thread (no handoff to a worker).
+  std::atomic<uint64_t> writes_on_receiving_thread{0};
 };
 
 class Service {
@@ -91,6 +94,14 @@ class Service {
   // transport::SessionRole::kAdmin (docs/security.md).
   bool Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
               transport::ReplyHandle* reply);
+  // The write path on the transport's receiving thread (ListenOptions::inline_handler; docs/
+  // design.md "Writes on the receiving thread"): runs a PUT, INSERT, CAS or DELETE when it
+  // cannot wait for anything (no persister, a shard without backups, no repair pending, its
+  // locks free right now) and returns true with the answer in *response; false (nothing done,
+  // nothing counted) leaves the request to a worker (Handle). Never blocks, except that a store
+  // whose heap is full only of items in their grace period waits that period out (as on a
+  // worker).
+  bool TryWriteOnReceivingThread(std::span<const uint8_t> request, std::vector<uint8_t>* response);
   // Blocking form (tests, benchmarks): waits for a deferred answer. In-process callers are
   // trusted (kAdmin) unless they pass the role of the session they stand for.
   void Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
@@ -184,6 +195,14 @@ class Service {
   // the writer pool (OffloadWrite); others run here.
   bool HandleWrite(const kv::Request& r, Exchange ex);
   bool HandleWriteNow(const kv::Request& r, Exchange ex);
+  // The ownership step of a write (the caller holds an OwnerGuard): an answer (true: answered)
+  // when this server must refuse it (not the owner; an IMPORT into an owned shard), else none.
+  std::optional<bool> CheckWriteOwner(const kv::Request& r, Exchange ex);
+  // A write's steps under its locks (OwnerGuard and the key's stripe): the retry check, the
+  // apply (replicated when `map` is given: the shard's map), the retry record, and the answer
+  // now or once durable.
+  bool WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::ClusterMap* map,
+                       uint32_t shard);
   // Copies the request and runs HandleWriteNow on the replicator's writer pool; returns false
   // (the answer comes from there).
   bool OffloadWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);

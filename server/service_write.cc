@@ -108,31 +108,7 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   // Cluster: the owner check and the apply happen under one guard, so a map change that takes
   // the shard away waits for this write (and the shard's data is complete when it moves).
   ClusterState::OwnerGuard owner_guard(cluster_);  // holds nothing when standalone
-  if (cluster_ != nullptr) {
-    if (r.op == kv::Op::kImport) {
-      // A moved item goes only into a shard this server does not own yet: once it owns the
-      // shard it has acknowledged writes there, which a late or repeated copy must not replace.
-      const uint32_t shard = store_->ShardOfKey(r.key);
-      NoteCopy(shard, /*begin=*/false).IgnoreError();
-      if (store_->Owns(shard)) {
-        return AnswerNow(
-            ex, Status::InvalidArgument(
-                    "IMPORT refused: this server already owns shard " + std::to_string(shard) +
-                    " (a copy must finish before the new owner takes the shard; is another move "
-                    "running?)"));
-      }
-    } else {
-      uint64_t epoch = 0;
-      Status own = cluster_->CheckOwner(r.key, &epoch);
-      if (!own.ok()) {
-        // Not an error of this server: counted apart, and the answer carries the map epoch.
-        counters_.wrong_owner.fetch_add(1, std::memory_order_relaxed);
-        RecordAnswer(ex.op, ex.received, own.code());
-        kv::EncodeResponse(own, epoch, {}, ex.response);
-        return true;
-      }
-    }
-  }
+  if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
   // Writers of one key serialize across the retry check, the replication, the apply and the
@@ -152,6 +128,38 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
     }
     if (!IsReplicated(*map, shard)) map.reset();  // not replicated: the plain path
   }
+  return WriteUnderLocks(r, ex, map.get(), shard);
+}
+
+std::optional<bool> Service::CheckWriteOwner(const kv::Request& r, Exchange ex) {
+  if (cluster_ == nullptr) return std::nullopt;
+  cluster_->AssertOwnerHeld();  // the callers hold an OwnerGuard
+  if (r.op == kv::Op::kImport) {
+    // A moved item goes only into a shard this server does not own yet: once it owns the
+    // shard it has acknowledged writes there, which a late or repeated copy must not replace.
+    const uint32_t shard = store_->ShardOfKey(r.key);
+    NoteCopy(shard, /*begin=*/false).IgnoreError();
+    if (store_->Owns(shard)) {
+      return AnswerNow(
+          ex, Status::InvalidArgument(
+                  "IMPORT refused: this server already owns shard " + std::to_string(shard) +
+                  " (a copy must finish before the new owner takes the shard; is another move "
+                  "running?)"));
+    }
+    return std::nullopt;
+  }
+  uint64_t epoch = 0;
+  Status own = cluster_->CheckOwner(r.key, &epoch);
+  if (own.ok()) return std::nullopt;
+  // Not an error of this server: counted apart, and the answer carries the map epoch.
+  counters_.wrong_owner.fetch_add(1, std::memory_order_relaxed);
+  RecordAnswer(ex.op, ex.received, own.code());
+  kv::EncodeResponse(own, epoch, {}, ex.response);
+  return true;
+}
+
+bool Service::WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::ClusterMap* map,
+                              uint32_t shard) {
   if (r.client_id != 0) {
     // A retry of a write this server (or, before a promotion, its primary) already applied.
     if (std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq)) {
@@ -167,6 +175,37 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   retry_table_.Record(r.client_id, r.request_seq, {StatusCode::kOk, version});
   if (persister_ == nullptr) return AnswerNow(ex, Status::Ok(), version, WriteAnswerBody(where));
   return Persist(r, version, where, ex);
+}
+
+bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
+                                        std::vector<uint8_t>* response) {
+  // Only what can never wait: no persister (whose queue may push back), no replication (which
+  // waits for backups), no repair pending, and locks that are free right now.
+  if (persister_ != nullptr || repairs_pending_.load(std::memory_order_relaxed) > 0) {
+    return false;
+  }
+  Result<kv::Request> decoded = kv::DecodeRequest(request, limits_);
+  if (!decoded.ok()) return false;  // a worker answers (and counts) the error
+  const kv::Request& r = *decoded;
+  if (r.op != kv::Op::kPut && r.op != kv::Op::kInsert && r.op != kv::Op::kCas &&
+      r.op != kv::Op::kDelete) {
+    return false;
+  }
+  const std::function<Deliver()> no_defer;  // never used: this path answers at once
+  Exchange ex{response, &no_defer};
+  ex.op = static_cast<uint8_t>(r.op);
+  ClusterState::OwnerTryGuard owner_guard(cluster_);
+  if (!owner_guard.held()) return false;  // a map install is under way
+  if (cluster_ != nullptr && IsReplicated(*cluster_->map_held(), store_->ShardOfKey(r.key))) {
+    return false;
+  }
+  Mutex* stripe = KeyStripe(r.key);
+  if (!stripe->TryLock()) return false;  // another write of a key of this stripe is running
+  MutexLock key_lock(stripe, std::adopt_lock);
+  if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
+  CountWrite(r.op);
+  counters_.writes_on_receiving_thread.fetch_add(1, std::memory_order_relaxed);
+  return WriteUnderLocks(r, ex, nullptr, 0);
 }
 
 Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap& map,

@@ -299,8 +299,12 @@ bool Store::TryUpdateInPlace(Mode mode, std::string_view key, std::string_view v
     *result = over;
     return true;
   }
-  // The slot's length (what READs fetch, and what cached locations hold) must not change.
-  if (s.units != units) return false;  // another size: a new item
+  // The slot's length (what READs fetch, and what cached locations hold) must not change, and
+  // the item must be small: a READ overlapping a rewrite is torn and retried, and a large
+  // value rewritten back to back could tear every attempt (its copy takes longer than the gap
+  // between writes), where a new item leaves readers an intact DEAD one to accept.
+  if (s.units != units || uint64_t{units} * kUnit > kv::kInPlaceMaxItemBytes) return false;
+  if (it->state != kv::kStateLive) return false;  // (always LIVE under the lock; never assume)
   Result<uint64_t> version = NewVersion(mode, expected);
   if (!version.ok()) {
     *result = version.status();

@@ -272,6 +272,13 @@ class ServerSession {
 // Called on a worker thread for each complete request. Must not block for long; defer the
 // reply through the handle when the answer needs slow work.
 using RequestHandler = std::function<void(std::span<const uint8_t> payload, ReplyHandle reply)>;
+// Called on the thread that received a request (tcp: its NIC thread), before the request is
+// queued for a worker: answers it there when it can without waiting for anything (no lock held
+// for long, no I/O but the reply), returning true; false leaves it to a worker, untouched.
+// The answer goes into *response, which the transport sends (with the other answers of that
+// receive pass, in one write).
+using InlineHandler =
+    std::function<bool(std::span<const uint8_t> payload, std::vector<uint8_t>* response)>;
 
 struct ListenOptions {
   std::string host = "127.0.0.1";
@@ -289,6 +296,9 @@ struct ListenOptions {
   TlsOptions tls;
   std::vector<RegionDescriptor> regions;  // advertised to clients after authentication
   RequestHandler handler;
+  // Optional (tcp only; verbs runs every request on its workers, which receive it themselves):
+  // requests it answers skip the handoff to a worker. Not called while workers are paused.
+  InlineHandler inline_handler;
   int worker_threads = 2;  // threads that poll receive completions and run the handler
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
   // Authenticated sessions at once; more are REFUSED (kUnavailable) after their handshake.
@@ -316,7 +326,8 @@ struct ListenerStats {
   uint64_t connections_refused = 0;  // bad proof, too many, bad handshake, evicted, deadline
   uint64_t connections_open = 0;     // clients connected now (past the handshake)
   uint64_t requests = 0;
-  uint64_t reads_served = 0;        // tcp only: READs served by the transport thread
+  uint64_t requests_inline = 0;  // tcp: answered on the NIC thread (ListenOptions::inline_handler)
+  uint64_t reads_served = 0;     // tcp only: READs served by the transport thread
   uint64_t read_bytes_served = 0;   // tcp only: bytes those READs returned
   uint64_t reads_refused = 0;       // tcp only: bad rkey / out of bounds
   uint64_t protocol_errors = 0;     // malformed frames (connection dropped)

@@ -50,6 +50,7 @@ class CAPABILITY("shared_mutex") SharedMutex {
   void Unlock() RELEASE() { mu_.unlock(); }
   void ReaderLock() ACQUIRE_SHARED() { mu_.lock_shared(); }
   void ReaderUnlock() RELEASE_SHARED() { mu_.unlock_shared(); }
+  bool ReaderTryLock() TRY_ACQUIRE_SHARED(true) { return mu_.try_lock_shared(); }
   void AssertHeld() const ASSERT_CAPABILITY(this) {}
   void AssertReaderHeld() const ASSERT_SHARED_CAPABILITY(this) {}
 
@@ -61,6 +62,8 @@ class CAPABILITY("shared_mutex") SharedMutex {
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  // Takes over a mutex the caller already holds (e.g. after a successful TryLock).
+  MutexLock(Mutex* mu, std::adopt_lock_t) REQUIRES(mu) : mu_(mu) {}
   ~MutexLock() RELEASE() {
     if (held_) mu_->Unlock();
   }

@@ -30,6 +30,7 @@
 #define RELEASE_SHARED(...) RDKV_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 #define RELEASE_GENERIC(...) RDKV_THREAD_ANNOTATION(release_generic_capability(__VA_ARGS__))
 #define TRY_ACQUIRE(...) RDKV_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
+#define TRY_ACQUIRE_SHARED(...) RDKV_THREAD_ANNOTATION(try_acquire_shared_capability(__VA_ARGS__))
 #define EXCLUDES(...) RDKV_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define ASSERT_CAPABILITY(x) RDKV_THREAD_ANNOTATION(assert_capability(x))
 #define ASSERT_SHARED_CAPABILITY(x) RDKV_THREAD_ANNOTATION(assert_shared_capability(x))

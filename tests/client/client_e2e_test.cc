@@ -371,6 +371,14 @@ TEST(ClientE2E, AWritersNextGetIsOneRoundTrip) {
     // A delete leaves nothing cached that could answer.
     ASSERT_TRUE(a->Delete("k2").ok());
     EXPECT_TRUE(a->Get("k2").status().Is(StatusCode::kNotFound));
+    // Without persistence the writes ran on the tcp transport's receiving thread (no handoff
+    // to a worker); a sync-mode write waits for its WAL, so it runs on a worker.
+    const uint64_t inline_writes = server->stats().writes_on_receiving_thread;
+    if (durability == server::persistence::Durability::kNone) {
+      EXPECT_GE(inline_writes, 6u);
+    } else {
+      EXPECT_EQ(inline_writes, 0u);
+    }
     a.reset();
     b.reset();
     server.reset();

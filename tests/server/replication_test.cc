@@ -608,6 +608,10 @@ TEST_F(ReplicationTest, ServersBackingEachOtherWithTwoWorkersDoNotStall) {
   for (int id = 0; id < 3; ++id) forward_errors += servers_[id]->stats().forward_errors;
   EXPECT_EQ(failures.load(), 0);
   EXPECT_EQ(forward_errors, 0u) << "forwards timed out: the servers waited for each other";
+  for (int id = 0; id < 3; ++id) {
+    // A replicated write waits for its backups: never on the transport's receiving thread.
+    EXPECT_EQ(servers_[id]->stats().writes_on_receiving_thread, 0u) << "server " << id;
+  }
   EXPECT_EQ(writes.load(), kWriters * kEach) << "not every write was done within 20 s";
 }
 

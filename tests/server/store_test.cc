@@ -195,6 +195,22 @@ TEST_F(StoreTest, AnUpdateOfTheSameLengthRewritesTheItemWhereItIs) {
   EXPECT_EQ(store_->counters().in_place_updates, 3u);
 }
 
+// A large item is never rewritten in place (a READ of it overlaps a rewrite for longer; see
+// kInPlaceMaxItemBytes): the same length makes a new item.
+TEST_F(StoreTest, ALargeItemIsNotRewrittenInPlace) {
+  Make(4 << 20);
+  const std::string a(8000, 'a'), b(8000, 'b');
+  kv::ItemLocation first, where;
+  ASSERT_TRUE(store_->Put("big", a, &first).ok());
+  ASSERT_TRUE(store_->Put("big", b, &where).ok());
+  EXPECT_NE(where.offset_units, first.offset_units);
+  EXPECT_EQ(store_->counters().in_place_updates, 0u);
+  const std::string small(kv::kInPlaceMaxItemBytes - 64, 's');
+  ASSERT_TRUE(store_->Put("edge", small, &first).ok());
+  ASSERT_TRUE(store_->Put("edge", std::string(small.size(), 't'), &where).ok());
+  EXPECT_EQ(where.offset_units, first.offset_units) << "an item within the limit moved";
+}
+
 TEST_F(StoreTest, WithoutInPlaceUpdatesEveryWriteMakesANewItem) {
   StoreOptions o;
   o.update_in_place = false;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -732,6 +733,72 @@ TEST_P(TransportConformance, OneThreadHasCallsOnTwoConnectionsInFlightTogether) 
   // The connections' call slots are free again: plain calls work on both.
   CallAndCheck(conn_.get(), 20, 13);
   CallAndCheck(second->get(), 20, 14);
+}
+
+// tcp: ListenOptions::inline_handler answers requests on the receiving thread; what it leaves
+// goes to the workers as before, and it is not called while the workers are paused.
+TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThread) {
+  if (kind_ != TransportKind::kTcp) GTEST_SKIP() << "SKIPPED: inline handlers are tcp only";
+  std::atomic<int> inline_calls{0};
+  std::mutex ids_mu;
+  std::set<std::thread::id> inline_threads, worker_threads;
+  listener_.reset();
+  ListenOptions lo;
+  lo.host = host_;
+  lo.auth_token = kToken;
+  lo.regions = {region_->Describe(7)};
+  lo.worker_threads = 2;
+  lo.handler = [&](std::span<const uint8_t> payload, ReplyHandle reply) {
+    {
+      std::lock_guard lock(ids_mu);
+      worker_threads.insert(std::this_thread::get_id());
+    }
+    Handle(payload, std::move(reply));
+  };
+  lo.inline_handler = [&](std::span<const uint8_t> payload, std::vector<uint8_t>* response) {
+    if (payload.empty() || payload[0] != 'I') return false;
+    inline_calls.fetch_add(1);
+    {
+      std::lock_guard lock(ids_mu);
+      inline_threads.insert(std::this_thread::get_id());
+    }
+    *response = Transform(payload);
+    return true;
+  };
+  auto l = server_fabric_->Listen(std::move(lo));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  listener_ = std::move(*l);
+  auto conn = Connect();
+  ASSERT_TRUE(conn.ok()) << conn.status().ToString();
+  // Many threads at once: the answers of one receive pass go out together, each to its caller.
+  std::vector<std::thread> callers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        std::vector<uint8_t> request = MakeRequest(i % 2 == 0 ? 'I' : 'E', 10 + i, t * 1000 + i);
+        std::vector<uint8_t> response;
+        Status s = (*conn)->Call(request, &response, 10s);
+        if (!s.ok() || response != Transform(request)) ++wrong;
+      }
+    });
+  }
+  for (std::thread& c : callers) c.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(inline_calls.load(), 400);
+  EXPECT_EQ(handled_.load(), 400u) << "the workers took what the inline handler left";
+  EXPECT_EQ(listener_->stats().requests_inline, 400u);
+  for (const std::thread::id& id : inline_threads) {
+    EXPECT_EQ(worker_threads.count(id), 0u) << "an inline answer ran on a worker thread";
+  }
+  EXPECT_EQ(listener_->stats().requests, 800u);
+  // Paused workers: the inline handler does not answer either (the call times out).
+  listener_->PauseWorkers(true);
+  std::vector<uint8_t> response;
+  EXPECT_TRUE((*conn)->Call(MakeRequest('I', 10, 1), &response, 300ms).Is(StatusCode::kTimedOut));
+  listener_->PauseWorkers(false);
+  EXPECT_EQ(inline_calls.load(), 400);
+  conn->reset();
 }
 
 TEST_P(TransportConformance, ReplyAfterTheListenerIsGoneReportsConnectionLost) {

@@ -207,6 +207,9 @@ class TcpSession final : public ServerSession {
   std::atomic<SessionRole> role_{SessionRole::kData};
 };
 
+// The session whose receive pass this NIC thread is answering inline (QueueCall), if any.
+thread_local const TcpSession* t_reply_in_pass = nullptr;
+
 // ---------------------------------------------------------------------------------------------
 // Two-sided requests waiting for a worker. Items are recycled (with their payload capacity), so
 // in steady state queueing a request allocates nothing.
@@ -269,10 +272,14 @@ class WorkQueue {
     item->next = nullptr;
     return item;
   }
+  // Whether the workers are paused (the test hook), without the lock: the inline handler
+  // stands for a worker and must not run either.
+  bool paused() const { return paused_flag_.load(std::memory_order_acquire); }
   void SetPaused(bool paused) EXCLUDES(mu_) {
     {
       MutexLock lock(&mu_);
       paused_ = paused;
+      paused_flag_.store(paused, std::memory_order_release);
     }
     cv_.SignalAll();
   }
@@ -303,6 +310,7 @@ class WorkQueue {
   WorkItem* tail_ GUARDED_BY(mu_) = nullptr;
   WorkItem* free_ GUARDED_BY(mu_) = nullptr;
   bool paused_ GUARDED_BY(mu_) = false;
+  std::atomic<bool> paused_flag_{false};
   bool stopping_ GUARDED_BY(mu_) = false;
   int sleepers_ GUARDED_BY(mu_) = 0;  // workers waiting on cv_
 };
@@ -335,6 +343,7 @@ struct ListenerCore {
   std::atomic<uint64_t> connections_accepted{0};
   std::atomic<uint64_t> connections_refused{0};
   std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> requests_inline{0};  // answered by the inline handler
   std::atomic<uint64_t> reads_served{0};
   std::atomic<uint64_t> read_bytes_served{0};
   std::atomic<uint64_t> reads_refused{0};
@@ -888,6 +897,20 @@ class NicThread {
     if (!call.ok()) return ProtocolError(s, call.status().message());
     auto it = sessions_.find(s.id());
     if (it == sessions_.end()) return;
+    if (core_->options.inline_handler && !core_->queue.paused()) {
+      // Answered here when it can be: the reply joins this receive pass's output (flushed once
+      // at the end of the pass) and no worker is involved.
+      thread_local std::vector<uint8_t> response;
+      response.clear();
+      if (core_->options.inline_handler(call->payload, &response)) {
+        core_->requests.fetch_add(1, std::memory_order_relaxed);
+        core_->requests_inline.fetch_add(1, std::memory_order_relaxed);
+        t_reply_in_pass = &s;  // Reply leaves the flush to the end of the pass
+        s.Reply(call->request_id, response).IgnoreError();  // a cut-off client: nothing to do
+        t_reply_in_pass = nullptr;
+        return;
+      }
+    }
     WorkItem* item = core_->queue.Acquire();
     item->session = it->second;
     item->request_id = call->request_id;
@@ -1063,7 +1086,9 @@ Status TcpSession::Reply(uint64_t request_id, std::span<const uint8_t> response)
                  w.first<kCallHeadSize>());
   if (!response.empty()) std::memcpy(w.data() + kCallHeadSize, response.data(), response.size());
   out.Commit(kCallHeadSize + response.size());
-  FlushLocked();
+  // An inline answer on the NIC thread is sent with the rest of its receive pass (one write for
+  // all of them); any other reply goes out now.
+  if (t_reply_in_pass != this || out.size() >= kOutHighWater) FlushLocked();
   if (!broken && out.size() > out_limit) {
     // The client does not read its answers: cut it off rather than grow without bound. The
     // NIC thread sees the shutdown as a hang-up and closes the session.
@@ -1177,6 +1202,7 @@ class TcpListener final : public Listener {
     s.connections_accepted = core_->connections_accepted.load(std::memory_order_relaxed);
     s.connections_refused = core_->connections_refused.load(std::memory_order_relaxed);
     s.requests = core_->requests.load(std::memory_order_relaxed);
+    s.requests_inline = core_->requests_inline.load(std::memory_order_relaxed);
     s.connections_open = core_->authenticated.load(std::memory_order_relaxed);
     s.reads_served = core_->reads_served.load(std::memory_order_relaxed);
     s.read_bytes_served = core_->read_bytes_served.load(std::memory_order_relaxed);
