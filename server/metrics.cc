@@ -68,6 +68,12 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
   f.Gauge("rdkv_items", "Live items", static_cast<double>(s.items));
   f.Gauge("rdkv_item_bytes", "Bytes of live items (headers, keys and values)",
           static_cast<double>(s.item_bytes));
+  f.Counter("rdkv_in_place_updates_total",
+            "Writes that rewrote the key's item where it was (same length, small items)",
+            static_cast<double>(s.in_place_updates));
+  f.Counter("rdkv_writes_on_receiving_thread_total",
+            "Writes answered on the tcp transport's receiving thread (no handoff to a worker)",
+            static_cast<double>(s.writes_on_receiving_thread));
   f.Gauge("rdkv_region_bytes", "Size of the registered region (index and heap)",
           static_cast<double>(s.region_bytes));
   f.Gauge("rdkv_heap_bytes", "Size of the region's item heap", static_cast<double>(s.heap_bytes));
