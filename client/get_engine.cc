@@ -66,6 +66,16 @@ Verdict ClassifyItem(const uint8_t* bytes, size_t n, std::string_view key, std::
   return Verdict::kRetry;
 }
 
+namespace {
+// The key's item whose checksum failed: a READ that overlapped an in-place rewrite (as opposed
+// to bytes of another item, which say the location may be stale).
+bool TornRewrite(const uint8_t* bytes, size_t n, std::string_view key) {
+  std::string_view value;
+  uint64_t version = 0;
+  return kv::CheckItem(bytes, n, key, &value, &version) == kv::ItemCheck::kBadChecksum;
+}
+}  // namespace
+
 const char* ProblemText(Problem p) {
   switch (p) {
     case Problem::kNone:
@@ -427,7 +437,8 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key, b
   if (torn) Add(counters_->torn_reads);
   if (v != Verdict::kAccept) {
     Add(counters_->cache_misses);
-    if (torn) return std::nullopt;  // an in-place rewrite overlapped: the location is right
+    // A READ that overlapped an in-place rewrite of the key's item: the location is right.
+    if (torn && TornRewrite(x->items, len, key)) return std::nullopt;
     link->cache.Erase(hash, cached);
     *stale = true;
     return std::nullopt;
@@ -826,7 +837,9 @@ bool GetEngine::JudgeCachedItem(const Session& session, KeyJob& job, const uint8
     return true;
   }
   Add(counters_->cache_misses);
-  if (!*torn) job.link->cache.Erase(job.hash, job.cached);  // torn: the location is still right
+  // A READ that overlapped an in-place rewrite of the key's item: the location is still right.
+  *torn = *torn && TornRewrite(item, length, job.key);
+  if (!*torn) job.link->cache.Erase(job.hash, job.cached);
   return false;
 }
 

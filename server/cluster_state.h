@@ -75,8 +75,15 @@ class ClusterState {
    public:
     explicit OwnerTryGuard(const ClusterState* state)
         ACQUIRE_SHARED(state->mu_) NO_THREAD_SAFETY_ANALYSIS : mu_(state ? &state->mu_ : nullptr) {
-      held_ = mu_ == nullptr || mu_->ReaderTryLock();
-      locked_ = mu_ != nullptr && held_;
+      if (mu_ == nullptr) {
+        held_ = true;
+        return;
+      }
+      // Through the turnstile first, as OwnerGuard: the shared lock alone would still be
+      // granted while an install waits for it (glibc prefers readers).
+      if (!state->turnstile_.TryLock()) return;
+      state->turnstile_.Unlock();
+      held_ = locked_ = mu_->ReaderTryLock();
     }
     ~OwnerTryGuard() RELEASE() NO_THREAD_SAFETY_ANALYSIS {
       if (locked_) mu_->ReaderUnlock();

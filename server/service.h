@@ -95,12 +95,11 @@ class Service {
   bool Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
               transport::ReplyHandle* reply);
   // The write path on the transport's receiving thread (ListenOptions::inline_handler; docs/
-  // design.md "Writes on the receiving thread"): runs a PUT, INSERT, CAS or DELETE when it
-  // cannot wait for anything (no persister, a shard without backups, no repair pending, its
-  // locks free right now) and returns true with the answer in *response; false (nothing done,
-  // nothing counted) leaves the request to a worker (Handle). Never blocks, except that a store
-  // whose heap is full only of items in their grace period waits that period out (as on a
-  // worker).
+  // design.md "Writes on the receiving thread"): runs a PUT, INSERT, CAS or DELETE of a value of
+  // at most 4 KiB when it cannot wait for anything (no persister, a shard without backups, no
+  // repair pending, its locks free right now, ample heap) and returns true with the answer in
+  // *response; false (nothing done, nothing counted) leaves the request to a worker (Handle).
+  // Never blocks.
   bool TryWriteOnReceivingThread(std::span<const uint8_t> request, std::vector<uint8_t>* response);
   // Blocking form (tests, benchmarks): waits for a deferred answer. In-process callers are
   // trusted (kAdmin) unless they pass the role of the session they stand for.

@@ -191,6 +191,13 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
       r.op != kv::Op::kDelete) {
     return false;
   }
+  // Small values only (a large copy and checksum would hold up the thread's READs), and a heap
+  // with room: a write must not wait for blocks in their grace period here.
+  if (r.value.size() > kv::kInPlaceMaxItemBytes ||
+      !store_->HasRoomFor(r.key.size(), r.value.size())) {
+    return false;
+  }
+  Store::NoWaitScope no_wait;
   const std::function<Deliver()> no_defer;  // never used: this path answers at once
   Exchange ex{response, &no_defer};
   ex.op = static_cast<uint8_t>(r.op);

@@ -12,6 +12,8 @@ namespace rdkv::server {
 using kv::ItemHeader;
 using kv::kUnit;
 
+thread_local bool Store::t_no_wait = false;
+
 namespace {
 
 // Stores the region's words with atomic_ref: concurrent READs (DMA, or the tcp transport's
@@ -183,7 +185,7 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   // once.
   Allocator::Clock::duration retry_after{};
   Result<Block> block = allocator_.Allocate(units, &retry_after);
-  if (!block.ok() && retry_after > Allocator::Clock::duration::zero() &&
+  if (!block.ok() && !t_no_wait && retry_after > Allocator::Clock::duration::zero() &&
       retry_after <= options_.grace + std::chrono::milliseconds(10)) {
     std::this_thread::sleep_for(retry_after);
     block = allocator_.Allocate(units);
@@ -254,6 +256,12 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
                               static_cast<uint8_t>(second ? 1 : 0)};
   }
   return h.version;
+}
+
+bool Store::HasRoomFor(size_t key_bytes, size_t value_bytes) const {
+  constexpr uint64_t kMarginBytes = 1 << 20;
+  const AllocatorStats a = allocator_.stats();
+  return a.free_units * kUnit >= kv::ItemBytes(key_bytes, value_bytes) + kMarginBytes;
 }
 
 Status Store::CheckOverwrite(Mode mode, uint64_t have, uint64_t expected) {

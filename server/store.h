@@ -143,6 +143,20 @@ class Store {
   }
 
   const kv::RegionHeader& header() const { return *header_; }
+
+  // While one exists, this thread's writes never wait for blocks in their grace period: a
+  // heap full only of those refuses the write at once (kOutOfSpace). For a thread that must
+  // not sleep (the transport's receiving thread), with HasRoomFor checked first.
+  class NoWaitScope {
+   public:
+    NoWaitScope() { t_no_wait = true; }
+    ~NoWaitScope() { t_no_wait = false; }
+    NoWaitScope(const NoWaitScope&) = delete;
+    NoWaitScope& operator=(const NoWaitScope&) = delete;
+  };
+  // Whether the heap has plenty of room for an item of key and value of these sizes (free
+  // units beyond the item and a margin): then a write of it does not meet a full heap.
+  bool HasRoomFor(size_t key_bytes, size_t value_bytes) const;
   StoreCounters counters() const;
   AllocatorStats allocator_stats() const { return allocator_.stats(); }
 
@@ -199,6 +213,7 @@ class Store {
   std::atomic<uint64_t> items_{0};
   std::atomic<uint64_t> item_bytes_{0};
   std::atomic<uint64_t> in_place_updates_{0};
+  static thread_local bool t_no_wait;
 };
 
 }  // namespace rdkv::server

@@ -155,6 +155,19 @@ struct PendingCall {
   const void* token = nullptr;  // the transport's completion flag
   Status result;                // the default StartCall: the whole Call's outcome
   bool started = false;         // StartCall returned OK and FinishCall has not run
+
+  // For transports: records a request that went out.
+  void MarkStarted(std::vector<uint8_t>* out, std::chrono::steady_clock::time_point until,
+                   std::chrono::milliseconds limit, uint32_t slot_index, uint64_t seq,
+                   const void* flag) {
+    response = out;
+    deadline = until;
+    timeout = limit;
+    slot = slot_index;
+    sequence = seq;
+    token = flag;
+    started = true;
+  }
 };
 
 // Client side of one connection to a server. One connection per (client process, server) is

@@ -254,12 +254,7 @@ class TcpConnection final : public Connection {
       }
       // Otherwise Fail completed the slot: FinishCall reports the lost connection.
     }
-    call->response = response;
-    call->deadline = deadline;
-    call->timeout = timeout;
-    call->slot = slot_index;
-    call->token = finished;
-    call->started = true;
+    call->MarkStarted(response, deadline, timeout, slot_index, 0, finished);
     return Status::Ok();
   }
 

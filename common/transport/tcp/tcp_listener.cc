@@ -908,6 +908,15 @@ class NicThread {
         t_reply_in_pass = &s;  // Reply leaves the flush to the end of the pass
         s.Reply(call->request_id, response).IgnoreError();  // a cut-off client: nothing to do
         t_reply_in_pass = nullptr;
+        MutexLock lock(&s.out_mu);
+        if (s.out.size() >= kOutHighWater) {  // answers pile up unread: stop taking requests
+          s.FlushLocked();
+          if (s.out.size() >= kOutHighWater && !s.input_paused) {
+            s.input_paused = true;
+            s.out_progress = Clock::now();
+            s.UpdateEventsLocked();
+          }
+        }
         return;
       }
     }

@@ -670,12 +670,7 @@ Status ClientConnection::StartCall(std::span<const uint8_t> request, std::vector
     return LostStatus();
   }
   if (keepalive_ns_ > 0) last_sent_ns_.store(SteadyNanos(), std::memory_order_relaxed);
-  call->response = response;
-  call->deadline = deadline;
-  call->timeout = timeout;
-  call->slot = index;
-  call->sequence = seq;
-  call->started = true;
+  call->MarkStarted(response, deadline, timeout, index, seq, nullptr);
   return Status::Ok();
 }
 
