@@ -517,6 +517,33 @@ TEST_F(FakeClientTest, TornReadsAreRetriedNeverReturned) {
   EXPECT_EQ(s.get_reads, 12u);  // four attempts of buckets + item
 }
 
+// A cached READ that overlapped an in-place rewrite (the key's item, its checksum failing) says
+// nothing against the location: the GET goes through the index this time, but the entry stays
+// and the key is not marked contended, so the next GET is one READ again (docs/design.md
+// "In-place updates").
+TEST_F(FakeClientTest, ATornCachedReadKeepsTheLocationAndNoContendedMark) {
+  auto c = MustConnect();
+  ASSERT_TRUE(c->Put("k", std::string(200, 'a')).ok());  // the answer's location is cached
+  int tear = 1;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && tear > 0) {
+      --tear;
+      op.local[sizeof(kv::ItemHeader) + 50] ^= 0x55;  // a value byte of "the next version"
+    }
+    return transport::ReadStatus::kOk;
+  };
+  auto g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, std::string(200, 'a'));
+  ClientStats s1 = c->stats();
+  EXPECT_EQ(s1.torn_reads, 1u);
+  g = c->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ClientStats s2 = c->stats();
+  EXPECT_EQ(s2.get_reads - s1.get_reads, 1u) << "the location was dropped or marked contended";
+  EXPECT_EQ(s2.cache_hits - s1.cache_hits, 1u);
+}
+
 TEST_F(FakeClientTest, PersistentCorruptionIsAnErrorNotAValue) {
   ClientOptions o;
   o.max_get_attempts = 5;
