@@ -406,16 +406,18 @@ void Replicator::RunBatch(Peer* peer, Batch* batch) {
     FinishRound(peer, batch);
     if (batch->busy) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
+  // The place in flight is freed before the writers learn their results, so that a writer's
+  // next write finds it free (and is not queued behind a batch that is already answered).
+  bool more = false;
+  {
+    MutexLock lock(&peer->queue_mu);
+    more = peer->Done(*batch);
+  }
   peer->pending.fetch_sub(batch->items.size(), std::memory_order_relaxed);
   for (Item* item : batch->items) {
     Waiter* w = item->waiter;
     MutexLock lock(&w->mu);
     if (--w->pending == 0) w->cv.Signal();  // only the Forward waits on it
-  }
-  bool more = false;
-  {
-    MutexLock lock(&peer->queue_mu);
-    more = peer->Done(*batch);
   }
   if (more) peer->queue_cv.Signal();  // what queued meanwhile goes with the sender
 }
