@@ -250,10 +250,7 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   // The grace period starts once no slot points at the old block.
   if (old != 0) allocator_.Retire(old_block);
   if (where != nullptr) {
-    const bool second = place.slots[1] != place.slots[0] && slot >= place.slots[1] &&
-                        slot < place.slots[1] + kv::kSlotsPerBucket;
-    *where = kv::ItemLocation{b.offset_units, static_cast<uint16_t>(units),
-                              static_cast<uint8_t>(second ? 1 : 0)};
+    *where = LocationOf(place, slot, b.offset_units, units);
   }
   return h.version;
 }
@@ -262,6 +259,14 @@ bool Store::HasRoomFor(size_t key_bytes, size_t value_bytes) const {
   constexpr uint64_t kMarginBytes = 1 << 20;
   const AllocatorStats a = allocator_.stats();
   return a.free_units * kUnit >= kv::ItemBytes(key_bytes, value_bytes) + kMarginBytes;
+}
+
+kv::ItemLocation Store::LocationOf(const Place& place, const uint64_t* slot, uint32_t offset_units,
+                                   uint32_t units) {
+  const bool second = place.slots[1] != place.slots[0] && slot >= place.slots[1] &&
+                      slot < place.slots[1] + kv::kSlotsPerBucket;
+  return kv::ItemLocation{offset_units, static_cast<uint16_t>(units),
+                          static_cast<uint8_t>(second ? 1 : 0)};
 }
 
 Status Store::CheckOverwrite(Mode mode, uint64_t have, uint64_t expected) {
@@ -340,10 +345,7 @@ bool Store::TryUpdateInPlace(Mode mode, std::string_view key, std::string_view v
                         std::memory_order_relaxed);
   in_place_updates_.fetch_add(1, std::memory_order_relaxed);
   if (where != nullptr) {
-    const bool second = place.slots[1] != place.slots[0] && slot >= place.slots[1] &&
-                        slot < place.slots[1] + kv::kSlotsPerBucket;
-    *where = kv::ItemLocation{s.offset_units, static_cast<uint16_t>(s.units),
-                              static_cast<uint8_t>(second ? 1 : 0)};
+    *where = LocationOf(place, slot, s.offset_units, s.units);
   }
   *result = h.version;
   return true;

@@ -187,6 +187,10 @@ class Store {
     uint64_t* slots[kv::kChoices] = {};  // the buckets' first slots
   };
   Place PlaceOf(std::string_view key) const;
+  // The write answer's location of an item at `offset_units` whose slot is `slot` (which of
+  // the key's two buckets holds it).
+  static kv::ItemLocation LocationOf(const Place& place, const uint64_t* slot,
+                                     uint32_t offset_units, uint32_t units);
   class WindowLock;
   // Finds the slot holding `key` in its candidate buckets; nullptr when absent. Caller holds
   // the WindowLock.

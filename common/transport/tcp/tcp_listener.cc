@@ -909,14 +909,7 @@ class NicThread {
         s.Reply(call->request_id, response).IgnoreError();  // a cut-off client: nothing to do
         t_reply_in_pass = nullptr;
         MutexLock lock(&s.out_mu);
-        if (s.out.size() >= kOutHighWater) {  // answers pile up unread: stop taking requests
-          s.FlushLocked();
-          if (s.out.size() >= kOutHighWater && !s.input_paused) {
-            s.input_paused = true;
-            s.out_progress = Clock::now();
-            s.UpdateEventsLocked();
-          }
-        }
+        if (PauseInputIfBacklogged(s)) s.UpdateEventsLocked();
         return;
       }
     }
@@ -929,14 +922,20 @@ class NicThread {
     core_->queue.Push(item);
     MutexLock lock(&s.out_mu);
     if (too_many) s.queue_paused = true;
-    if (s.out.size() >= kOutHighWater) {  // replies pile up unread: stop taking requests
-      s.FlushLocked();
-      if (s.out.size() >= kOutHighWater && !s.input_paused) {
-        s.input_paused = true;
-        s.out_progress = Clock::now();
-      }
-    }
+    PauseInputIfBacklogged(s);
     s.UpdateEventsLocked();
+  }
+
+  // Answers pile up unread (past the high-water mark even after a flush): stop taking the
+  // session's requests until its output drains. True when input was paused here (the caller
+  // updates the epoll interest).
+  static bool PauseInputIfBacklogged(TcpSession& s) REQUIRES(s.out_mu) {
+    if (s.out.size() < kOutHighWater) return false;
+    s.FlushLocked();
+    if (s.out.size() < kOutHighWater || s.input_paused) return false;
+    s.input_paused = true;
+    s.out_progress = Clock::now();
+    return true;
   }
 
   void ProtocolError(TcpSession& s, const std::string& what) {
