@@ -310,7 +310,8 @@ struct ListenOptions {
   std::vector<RegionDescriptor> regions;  // advertised to clients after authentication
   RequestHandler handler;
   // Optional (tcp only; verbs runs every request on its workers, which receive it themselves):
-  // requests it answers skip the handoff to a worker. Not called while workers are paused.
+  // requests it answers skip the handoff to a worker. Not called while workers are paused, nor
+  // while an earlier request of the same connection is still with a worker (it would overtake).
   InlineHandler inline_handler;
   int worker_threads = 2;  // threads that poll receive completions and run the handler
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);

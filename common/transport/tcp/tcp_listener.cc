@@ -897,7 +897,10 @@ class NicThread {
     if (!call.ok()) return ProtocolError(s, call.status().message());
     auto it = sessions_.find(s.id());
     if (it == sessions_.end()) return;
-    if (core_->options.inline_handler && !core_->queue.paused()) {
+    // Not while an earlier request of this session is still with a worker: answered here, this
+    // one would overtake it (a write the client gave up on would apply after the next one).
+    if (core_->options.inline_handler && !core_->queue.paused() &&
+        s.queued.load(std::memory_order_acquire) == 0) {
       // Answered here when it can be: the reply joins this receive pass's output (flushed once
       // at the end of the pass) and no worker is involved.
       thread_local std::vector<uint8_t> response;
@@ -1409,7 +1412,7 @@ class TcpListener final : public Listener {
     while (WorkItem* item = core_->queue.Pop()) {
       handler(std::span<const uint8_t>(item->payload.data(), item->payload.size()),
               ReplyHandle{item->session, item->request_id});
-      item->session->queued.fetch_sub(1, std::memory_order_relaxed);
+      item->session->queued.fetch_sub(1, std::memory_order_release);  // QueueCall's inline test
       core_->queue.Release(item);
     }
   }
