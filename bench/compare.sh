@@ -27,6 +27,7 @@
 #   BUILD       build dir with kvbench and kvserver (default build/default; configured with
 #               the default preset and the two targets built when missing or stale)
 #   RDKV_TRANSPORT  tcp (default), verbs or auto       SERVER_THREADS  server threads (default 2)
+#   RDKV_PROPS  more kvbench properties for rdkv only (e.g. "-p rdkv.busy_poll_us=0")
 #   COMPARE_OUT     keep every kvbench output (text, plus status lines) in this directory
 #   COMPARE_CHART   where the chart goes (default build/compare/throughput.svg): throughput
 #                   against client threads per workload and backend (bench/throughput_chart.py),
@@ -57,6 +58,7 @@ REPEAT=${REPEAT:-1}
 BUILD=${BUILD:-build/default}
 TRANSPORT=${RDKV_TRANSPORT:-tcp}
 SERVER_THREADS=${SERVER_THREADS:-2}
+RDKV_PROPS=${RDKV_PROPS:-}
 
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 say() { echo "$PROG: $*" >&2; }
@@ -196,7 +198,7 @@ wait_tcp "$memcached_port" memcached "$work/memcached.log"
 
 dbprops() {
   case $1 in
-    rdkv) echo "-p rdkv.seed=127.0.0.1:$rdkv_port -p rdkv.transport=$TRANSPORT" ;;
+    rdkv) echo "-p rdkv.seed=127.0.0.1:$rdkv_port -p rdkv.transport=$TRANSPORT $RDKV_PROPS" ;;
     redis) echo "-p redis.host=127.0.0.1 -p redis.port=$redis_port" ;;
     memcached) echo "-p memcached.host=127.0.0.1 -p memcached.port=$memcached_port" ;;
   esac

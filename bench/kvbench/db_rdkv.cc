@@ -108,6 +108,16 @@ Result<std::unique_ptr<Backend>> MakeRdkvBackend(const Properties& props) {
     }
     o.op_timeout = std::chrono::milliseconds(ms);
   }
+  if (props.Has("rdkv.busy_poll_us")) {
+    const std::string v = props.Get("rdkv.busy_poll_us");
+    char* end = nullptr;
+    const long us = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || us < 0) {
+      return Status::InvalidArgument("property rdkv.busy_poll_us = '" + v +
+                                     "': microseconds, 0 or more");
+    }
+    o.busy_poll = std::chrono::microseconds(us);  // Client::Connect checks the upper bound
+  }
   if (o.transport != "auto" && o.transport != "tcp" && o.transport != "verbs") {
     return Status::InvalidArgument("property rdkv.transport = '" + o.transport +
                                    "': must be auto, tcp or verbs");

@@ -311,7 +311,10 @@ struct ListenOptions {
   RequestHandler handler;
   // Optional (tcp only; verbs runs every request on its workers, which receive it themselves):
   // requests it answers skip the handoff to a worker. Not called while workers are paused, nor
-  // while an earlier request of the same connection is still with a worker (it would overtake).
+  // while an earlier request of the same connection is still with a worker (until the handler
+  // call returns: a handler that keeps a ReplyHandle to answer later must make the inline
+  // handler decline what could overtake that deferred work), nor for more than 64 requests of
+  // one connection per receive pass.
   InlineHandler inline_handler;
   int worker_threads = 2;  // threads that poll receive completions and run the handler
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);

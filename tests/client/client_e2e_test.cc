@@ -555,7 +555,19 @@ TEST(ClientE2E, GetsWorkWhileWorkersArePaused) {
   auto g = c->Get("b");  // the connection is still good
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   server->PauseWorkers(false);
-  // The timed-out PUT may or may not apply later; the next write works either way.
+  // The timed-out PUT is still queued: it applies once the workers run again (an unknown
+  // outcome may take effect late). Wait for it, so that the next write surely follows it (the
+  // server's two workers may run requests in flight together in either order).
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  std::string seen;
+  while (std::chrono::steady_clock::now() < give_up) {
+    auto late = c->Get("a");
+    ASSERT_TRUE(late.ok()) << late.status().ToString();
+    seen = late->value;
+    if (seen == "changed") break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(seen, "changed") << "the queued PUT never applied after the workers resumed";
   auto v = c->Put("a", "final");
   ASSERT_TRUE(v.ok()) << v.status().ToString();
   g = c->Get("a");

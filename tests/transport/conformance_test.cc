@@ -786,8 +786,27 @@ TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThre
   EXPECT_EQ(inline_calls.load(), 50);
   EXPECT_EQ(listener_->stats().requests_inline, 50u);
   EXPECT_EQ(handled_.load(), 0u);
-  // Many threads at once: the answers of one receive pass go out together, each to its caller.
-  // An 'I' behind a request of its connection still with a worker goes to the workers too.
+  // Many threads at once, 'I' only: nothing is ever queued, so all of them are answered inline,
+  // and the answers of one receive pass go out together, each to its caller.
+  {
+    std::vector<std::thread> inline_callers;
+    std::atomic<int> inline_wrong{0};
+    for (int t = 0; t < 4; ++t) {
+      inline_callers.emplace_back([&, t] {
+        for (int i = 0; i < 100; ++i) {
+          std::vector<uint8_t> request = MakeRequest('I', 10 + i, 7000 + t * 1000 + i);
+          std::vector<uint8_t> response;
+          Status s = (*conn)->Call(request, &response, 10s);
+          if (!s.ok() || response != Transform(request)) ++inline_wrong;
+        }
+      });
+    }
+    for (std::thread& c : inline_callers) c.join();
+    EXPECT_EQ(inline_wrong.load(), 0);
+    EXPECT_EQ(inline_calls.load(), 450);
+    EXPECT_EQ(handled_.load(), 0u);
+  }
+  // Mixed: an 'I' behind a request of its connection still with a worker goes to the workers.
   std::vector<std::thread> callers;
   std::atomic<int> wrong{0};
   for (int t = 0; t < 4; ++t) {
@@ -803,13 +822,13 @@ TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThre
   for (std::thread& c : callers) c.join();
   EXPECT_EQ(wrong.load(), 0);
   const int answered_inline = inline_calls.load();
-  EXPECT_GE(answered_inline, 50);
-  EXPECT_EQ(handled_.load() + answered_inline, 850u) << "the workers took what was left";
+  EXPECT_GE(answered_inline, 450);
+  EXPECT_EQ(handled_.load() + answered_inline, 1250u) << "the workers took what was left";
   EXPECT_EQ(listener_->stats().requests_inline, static_cast<uint64_t>(answered_inline));
   for (const std::thread::id& id : inline_threads) {
     EXPECT_EQ(worker_threads.count(id), 0u) << "an inline answer ran on a worker thread";
   }
-  EXPECT_EQ(listener_->stats().requests, 850u);
+  EXPECT_EQ(listener_->stats().requests, 1250u);
   // Paused workers: the inline handler does not answer either (the call times out).
   listener_->PauseWorkers(true);
   std::vector<uint8_t> response;
@@ -879,7 +898,12 @@ TEST_P(TransportConformance, AnInlineAnswerDoesNotOvertakeItsConnectionsQueuedRe
   // The other connection has nothing queued: answered inline at once.
   ASSERT_TRUE((*other)->Call(elsewhere, &elsewhere_response, 10s).ok());
   EXPECT_EQ(elsewhere_response, Transform(elsewhere));
-  std::this_thread::sleep_for(100ms);  // room for a wrong inline answer to the quick request
+  // The listener has the quick request: counted when queued, or after an inline answer (which
+  // the inline handler put in `finished` first).
+  while (listener_->stats().requests < 3 && Clock::now() < wait_until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GE(listener_->stats().requests, 3u) << "the quick request never reached the listener";
   {
     std::lock_guard lock(order_mu);
     EXPECT_EQ(finished, std::vector<uint8_t>({3})) << "answered before its connection's earlier "

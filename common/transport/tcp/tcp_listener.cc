@@ -48,6 +48,10 @@ constexpr auto kLogPeriod = std::chrono::seconds(10);
 // connection until the workers catch up (checked every sweep), so a client that ignores
 // max_outstanding_calls cannot grow the queue without bound.
 constexpr uint32_t kMaxQueuedPerSession = 1024;
+// Requests of one connection the inline handler answers in one receive pass (ReadSocket); the
+// rest of the pass goes to the workers, so that one client's stream of small writes cannot
+// hold up the other sessions of its NIC thread (their READs) for long.
+constexpr uint32_t kMaxInlinePerPass = 64;
 constexpr auto kDrainTimeout = std::chrono::seconds(1);
 constexpr int kEpollTimeoutMs = 200;
 constexpr int kMaxEvents = 64;
@@ -170,6 +174,7 @@ class TcpSession final : public ServerSession {
   ByteBuffer in{kInitialInBuffer};
   size_t need = kFrameHeaderSize;  // bytes the frame at the head of `in` needs in total
   bool authenticated = false;
+  uint32_t inline_in_pass = 0;  // requests answered inline in this receive pass (ReadSocket)
 
   // ---- under out_mu (the NIC thread reads some bare: nic_closed() and the others above) ----
   // Lock order: a READ holds the region registry's lock (shared) and then takes out_mu.
@@ -638,6 +643,7 @@ class NicThread {
   }
 
   void ReadSocket(TcpSession& s) {
+    s.inline_in_pass = 0;
     for (int round = 0; round < 8; ++round) {
       size_t want = kRecvChunk;
       if (s.need > s.in.size()) want = std::max(want, s.need - s.in.size());
@@ -898,14 +904,18 @@ class NicThread {
     auto it = sessions_.find(s.id());
     if (it == sessions_.end()) return;
     // Not while an earlier request of this session is still with a worker: answered here, this
-    // one would overtake it (a write the client gave up on would apply after the next one).
+    // one would overtake it, where the workers start a connection's requests in arrival order
+    // (a write that timed out at the client while the workers were busy would apply after the
+    // write sent next). Only that order is kept: requests in flight together are unordered on
+    // either path. Nor past kMaxInlinePerPass in one receive pass.
     if (core_->options.inline_handler && !core_->queue.paused() &&
-        s.queued.load(std::memory_order_acquire) == 0) {
+        s.inline_in_pass < kMaxInlinePerPass && s.queued.load(std::memory_order_acquire) == 0) {
       // Answered here when it can be: the reply joins this receive pass's output (flushed once
       // at the end of the pass) and no worker is involved.
       thread_local std::vector<uint8_t> response;
       response.clear();
       if (core_->options.inline_handler(call->payload, &response)) {
+        ++s.inline_in_pass;
         core_->requests.fetch_add(1, std::memory_order_relaxed);
         core_->requests_inline.fetch_add(1, std::memory_order_relaxed);
         t_reply_in_pass = &s;  // Reply leaves the flush to the end of the pass
