@@ -118,6 +118,16 @@ Result<std::unique_ptr<Backend>> MakeRdkvBackend(const Properties& props) {
     }
     o.busy_poll = std::chrono::microseconds(us);  // Client::Connect checks the upper bound
   }
+  if (props.Has("rdkv.connections_per_server")) {
+    const std::string v = props.Get("rdkv.connections_per_server");
+    char* end = nullptr;
+    const long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || n < 1) {
+      return Status::InvalidArgument("property rdkv.connections_per_server = '" + v +
+                                     "': a number of connections, 1 or more");
+    }
+    o.connections_per_server = static_cast<uint32_t>(std::min(n, 1000L));  // Connect checks
+  }
   if (o.transport != "auto" && o.transport != "tcp" && o.transport != "verbs") {
     return Status::InvalidArgument("property rdkv.transport = '" + o.transport +
                                    "': must be auto, tcp or verbs");

@@ -171,6 +171,7 @@ const std::vector<std::pair<std::string, std::string>>& KnownProperties() {
       {"rdkv.tls_cert_file", "rdkv: PEM client certificate (servers requiring one)"},
       {"rdkv.tls_key_file", "rdkv: PEM key of rdkv.tls_cert_file"},
       {"rdkv.op_timeout_ms", "rdkv: deadline of one operation in ms (default 2000)"},
+      {"rdkv.connections_per_server", "rdkv: connections to each server (default 2)"},
       {"rdkv.busy_poll_us", "rdkv: tcp, us a waiting thread polls before it sleeps (default 50)"},
       {"redis.host", "redis: host (default 127.0.0.1)"},
       {"redis.port", "redis: port (default 6379)"},
