@@ -30,9 +30,10 @@ struct CachedLocation {
   uint32_t offset_units = 0;  // from the heap start
   uint16_t units = 0;         // item length
   uint8_t choice = 0;         // which candidate bucket (0 or 1) held the slot
-  // The key's cached location went stale recently (another client rewrote it): its GETs READ
-  // the buckets in the same batch as the cached item (GetEngine::IndexChunk), so a stale
-  // location costs 2 round trips, not 3. Cleared when this client writes the key.
+  // The key's cached location went stale since this client last wrote the key (another client
+  // moved its item): its GETs READ the buckets in the same batch as the cached item
+  // (GetEngine::IndexChunk), so a stale location costs 2 round trips, not 3. Cleared when this
+  // client writes the key (or when the entry is evicted).
   bool contended = false;
 };
 

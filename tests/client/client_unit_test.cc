@@ -136,8 +136,9 @@ TEST(LocationCacheTest, BoundedAndClear) {
       const uint32_t j = loc->offset_units;
       if (j != static_cast<uint32_t>(i)) {
         ASSERT_LT(j, 10000u);
-        EXPECT_EQ(kv::KeyHash("k" + std::to_string(i)) >> 50,
-                  kv::KeyHash("k" + std::to_string(j)) >> 50)
+        auto tag = [](uint64_t h) { return (h >> 50) == 0 ? uint64_t{1} : h >> 50; };
+        EXPECT_EQ(tag(kv::KeyHash("k" + std::to_string(i))),
+                  tag(kv::KeyHash("k" + std::to_string(j))))
             << "key " << i << " found key " << j << "'s location without a tag alias";
       }
     }
@@ -169,10 +170,20 @@ TEST(LocationCacheTest, KeysOfOneSetAndAThirdFullCacheAllStay) {
   for (uint32_t i = 1; i < client::LocationCache::kWays; ++i) {
     EXPECT_TRUE(one_set.Lookup(kv::KeyHash("s" + std::to_string(i))).has_value());
   }
-  EXPECT_EQ(one_set.Lookup(kv::KeyHash("s0"))->offset_units, 100u);
+  auto again = one_set.Lookup(kv::KeyHash("s0"));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->offset_units, 100u);
+  // A full set gives up a way at random: after 64 more keys, hardly any of the first eight is
+  // left ((7/8)^64 each; a victim chosen the same way every time would keep seven).
+  for (uint32_t i = 0; i < 64; ++i) one_set.Store(kv::KeyHash("t" + std::to_string(i)), {i, 1});
+  int left = 0;
+  for (uint32_t i = 0; i < client::LocationCache::kWays; ++i) {
+    if (one_set.Lookup(kv::KeyHash("s" + std::to_string(i))).has_value()) ++left;
+  }
+  EXPECT_LE(left, 2);
 
-  // 20,000 keys in 65,536 entries (the default size): a direct-mapped array would keep about
-  // 86 % of them.
+  // 20,000 keys in 65,536 entries (the default size): a direct-mapped array keeps about 86 %
+  // of them.
   client::LocationCache cache(65536);
   constexpr int kKeys = 20000;
   for (int i = 0; i < kKeys; ++i) {
@@ -183,7 +194,8 @@ TEST(LocationCacheTest, KeysOfOneSetAndAThirdFullCacheAllStay) {
     auto loc = cache.Lookup(kv::KeyHash("key" + std::to_string(i)));
     if (loc.has_value() && loc->offset_units == static_cast<uint32_t>(i)) ++kept;
   }
-  EXPECT_GE(kept, kKeys * 999 / 1000) << "of " << kKeys << " keys";
+  // About 15 keys overflow sets of more than eight and a few alias: 99.5 % leaves room.
+  EXPECT_GE(kept, kKeys * 995 / 1000) << "of " << kKeys << " keys";
 }
 
 TEST(LocationCacheTest, DisabledCacheIsEmpty) {
@@ -475,7 +487,7 @@ TEST_F(FakeClientTest, CacheChecksSlotNeverGoesBackInTime) {
 TEST_F(FakeClientTest, CacheChecksSlotReadsTheBucketThatHeldTheKey) {
   ClientOptions o;
   o.cache_checks_slot = true;
-  o.location_cache_entries = 1 << 20;  // no two of these keys share an entry (it is direct-mapped)
+  o.location_cache_entries = 1 << 20;  // room for every key of the test
   auto c = MustConnect(o);
   constexpr int kKeys = 500;
   size_t in_second = 0;
