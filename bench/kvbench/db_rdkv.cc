@@ -1,6 +1,7 @@
 // -db rdkv: the rdkv client library. One Client for the process (it is thread-safe and shares its
 // connections_per_server connections per server between threads, as applications are told to
 // use it); GETs are one-sided READs, writes are requests to the owning server.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -98,36 +99,27 @@ Result<std::unique_ptr<Backend>> MakeRdkvBackend(const Properties& props) {
   o.tls.ca_file = props.Get("rdkv.tls_ca_file", "");
   o.tls.cert_file = props.Get("rdkv.tls_cert_file", "");
   o.tls.key_file = props.Get("rdkv.tls_key_file", "");
-  if (props.Has("rdkv.op_timeout_ms")) {
-    const std::string v = props.Get("rdkv.op_timeout_ms");
-    char* end = nullptr;
-    const long ms = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || ms <= 0) {
-      return Status::InvalidArgument("property rdkv.op_timeout_ms = '" + v +
-                                     "': a positive number of milliseconds");
-    }
-    o.op_timeout = std::chrono::milliseconds(ms);
-  }
-  if (props.Has("rdkv.busy_poll_us")) {
-    const std::string v = props.Get("rdkv.busy_poll_us");
-    char* end = nullptr;
-    const long us = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || us < 0) {
-      return Status::InvalidArgument("property rdkv.busy_poll_us = '" + v +
-                                     "': microseconds, 0 or more");
-    }
-    o.busy_poll = std::chrono::microseconds(us);  // Client::Connect checks the upper bound
-  }
-  if (props.Has("rdkv.connections_per_server")) {
-    const std::string v = props.Get("rdkv.connections_per_server");
+  // Integer properties: absent leaves the default; below `min` is refused (Client::Connect
+  // checks the upper bounds).
+  auto number = [&](const char* name, long min, const char* what, long* out) -> Status {
+    if (!props.Has(name)) return Status::Ok();
+    const std::string v = props.Get(name);
     char* end = nullptr;
     const long n = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || n < 1) {
-      return Status::InvalidArgument("property rdkv.connections_per_server = '" + v +
-                                     "': a number of connections, 1 or more");
+    if (v.empty() || *end != '\0' || n < min) {
+      return Status::InvalidArgument(std::string("property ") + name + " = '" + v + "': " + what);
     }
-    o.connections_per_server = static_cast<uint32_t>(std::min(n, 1000L));  // Connect checks
-  }
+    *out = n;
+    return Status::Ok();
+  };
+  long ms = o.op_timeout.count(), us = o.busy_poll.count(), conns = o.connections_per_server;
+  RDKV_RETURN_IF_ERROR(number("rdkv.op_timeout_ms", 1, "a positive number of milliseconds", &ms));
+  RDKV_RETURN_IF_ERROR(number("rdkv.busy_poll_us", 0, "microseconds, 0 or more", &us));
+  RDKV_RETURN_IF_ERROR(
+      number("rdkv.connections_per_server", 1, "a number of connections, 1 or more", &conns));
+  o.op_timeout = std::chrono::milliseconds(ms);
+  o.busy_poll = std::chrono::microseconds(us);
+  o.connections_per_server = static_cast<uint32_t>(std::min(conns, 1000L));
   if (o.transport != "auto" && o.transport != "tcp" && o.transport != "verbs") {
     return Status::InvalidArgument("property rdkv.transport = '" + o.transport +
                                    "': must be auto, tcp or verbs");

@@ -313,6 +313,26 @@ class TransportConformance : public testing::TestWithParam<TransportKind> {
     }
   }
 
+  // Stops the test's listener and gives the options of a new one (on the same region), with
+  // `workers` worker threads and no handler yet.
+  ListenOptions OptionsForANewListener(int workers) {
+    listener_.reset();
+    ListenOptions lo;
+    lo.host = host_;
+    lo.auth_token = kToken;
+    lo.regions = {region_->Describe(7)};
+    lo.worker_threads = workers;
+    return lo;
+  }
+
+  // Makes the listener of `lo` the test's listener.
+  Status StartListener(ListenOptions lo) {
+    auto l = server_fabric_->Listen(std::move(lo));
+    if (!l.ok()) return l.status();
+    listener_ = std::move(*l);
+    return Status::Ok();
+  }
+
   void CallAndCheck(Connection* conn, size_t size, uint64_t seed) {
     std::vector<uint8_t> request = MakeRequest('E', size, seed);
     std::vector<uint8_t> response;
@@ -743,12 +763,7 @@ TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThre
   std::atomic<int> inline_calls{0};
   std::mutex ids_mu;
   std::set<std::thread::id> inline_threads, worker_threads;
-  listener_.reset();
-  ListenOptions lo;
-  lo.host = host_;
-  lo.auth_token = kToken;
-  lo.regions = {region_->Describe(7)};
-  lo.worker_threads = 2;
+  ListenOptions lo = OptionsForANewListener(2);
   lo.handler = [&](std::span<const uint8_t> payload, ReplyHandle reply) {
     {
       std::lock_guard lock(ids_mu);
@@ -771,9 +786,8 @@ TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThre
     *response = Transform(payload);
     return true;
   };
-  auto l = server_fabric_->Listen(std::move(lo));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  listener_ = std::move(*l);
+  Status listening = StartListener(std::move(lo));
+  ASSERT_TRUE(listening.ok()) << listening.ToString();
   auto conn = Connect();
   ASSERT_TRUE(conn.ok()) << conn.status().ToString();
   // One caller: nothing of its connection waits for a worker, so every 'I' is answered inline.
@@ -786,41 +800,35 @@ TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThre
   EXPECT_EQ(inline_calls.load(), 50);
   EXPECT_EQ(listener_->stats().requests_inline, 50u);
   EXPECT_EQ(handled_.load(), 0u);
-  // Many threads at once, 'I' only: nothing is ever queued, so all of them are answered inline,
-  // and the answers of one receive pass go out together, each to its caller.
-  {
-    std::vector<std::thread> inline_callers;
-    std::atomic<int> inline_wrong{0};
+  // Four threads calling at once, `calls` each; op(i) picks the i-th call's kind. Returns the
+  // calls that failed or got a wrong answer.
+  auto call_from_threads = [&](int calls, auto op, uint64_t seed) {
+    std::vector<std::thread> callers;
+    std::atomic<int> wrong{0};
     for (int t = 0; t < 4; ++t) {
-      inline_callers.emplace_back([&, t] {
-        for (int i = 0; i < 100; ++i) {
-          std::vector<uint8_t> request = MakeRequest('I', 10 + i, 7000 + t * 1000 + i);
+      callers.emplace_back([&, t] {
+        for (int i = 0; i < calls; ++i) {
+          std::vector<uint8_t> request = MakeRequest(op(i), 10 + i, seed + t * 1000 + i);
           std::vector<uint8_t> response;
           Status s = (*conn)->Call(request, &response, 10s);
-          if (!s.ok() || response != Transform(request)) ++inline_wrong;
+          if (!s.ok() || response != Transform(request)) ++wrong;
         }
       });
     }
-    for (std::thread& c : inline_callers) c.join();
-    EXPECT_EQ(inline_wrong.load(), 0);
-    EXPECT_EQ(inline_calls.load(), 450);
-    EXPECT_EQ(handled_.load(), 0u);
-  }
+    for (std::thread& c : callers) c.join();
+    return wrong.load();
+  };
+  // Many threads at once, 'I' only: nothing is ever queued, so all of them are answered inline,
+  // and the answers of one receive pass go out together, each to its caller.
+  EXPECT_EQ(call_from_threads(
+                100, [](int) { return 'I'; }, 7000),
+            0);
+  EXPECT_EQ(inline_calls.load(), 450);
+  EXPECT_EQ(handled_.load(), 0u);
   // Mixed: an 'I' behind a request of its connection still with a worker goes to the workers.
-  std::vector<std::thread> callers;
-  std::atomic<int> wrong{0};
-  for (int t = 0; t < 4; ++t) {
-    callers.emplace_back([&, t] {
-      for (int i = 0; i < 200; ++i) {
-        std::vector<uint8_t> request = MakeRequest(i % 2 == 0 ? 'I' : 'E', 10 + i, t * 1000 + i);
-        std::vector<uint8_t> response;
-        Status s = (*conn)->Call(request, &response, 10s);
-        if (!s.ok() || response != Transform(request)) ++wrong;
-      }
-    });
-  }
-  for (std::thread& c : callers) c.join();
-  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(call_from_threads(
+                200, [](int i) { return i % 2 == 0 ? 'I' : 'E'; }, 0),
+            0);
   const int answered_inline = inline_calls.load();
   EXPECT_GE(answered_inline, 450);
   EXPECT_EQ(handled_.load() + answered_inline, 1250u) << "the workers took what was left";
@@ -849,12 +857,7 @@ TEST_P(TransportConformance, AnInlineAnswerDoesNotOvertakeItsConnectionsQueuedRe
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::atomic<bool> slow_started{false};
-  listener_.reset();
-  ListenOptions lo;
-  lo.host = host_;
-  lo.auth_token = kToken;
-  lo.regions = {region_->Describe(7)};
-  lo.worker_threads = 1;
+  ListenOptions lo = OptionsForANewListener(1);
   lo.handler = [&](std::span<const uint8_t> payload, ReplyHandle reply) {
     if (!payload.empty() && payload[0] == 'W') {
       slow_started.store(true);
@@ -875,9 +878,8 @@ TEST_P(TransportConformance, AnInlineAnswerDoesNotOvertakeItsConnectionsQueuedRe
     *response = Transform(payload);
     return true;
   };
-  auto l = server_fabric_->Listen(std::move(lo));
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
-  listener_ = std::move(*l);
+  Status listening = StartListener(std::move(lo));
+  ASSERT_TRUE(listening.ok()) << listening.ToString();
   auto conn = Connect();
   ASSERT_TRUE(conn.ok()) << conn.status().ToString();
   auto other = Connect();
