@@ -381,8 +381,21 @@ class FakeClientTest : public ::testing::Test {
   }
   kv::RegionHeader header() { return server_.header(); }
   bool IsItemRead(uint64_t offset) { return offset >= header().heap_offset; }
+  // The next `count` READs of items come back with the byte at `at` (from the item's start)
+  // changed, as a READ that overlapped a rewrite would: the item fails its checksum.
+  void TearNextItemReads(int count, size_t at) {
+    tears_left_ = count;
+    server_.on_read = [this, at](transport::ReadOp& op, uint64_t offset) {
+      if (IsItemRead(offset) && tears_left_ > 0) {
+        --tears_left_;
+        op.local[at] ^= 0x55;
+      }
+      return transport::ReadStatus::kOk;
+    };
+  }
 
   FakeServer server_;
+  int tears_left_ = 0;  // TearNextItemReads
   FakeFabric* fabric_ = nullptr;
 };
 
@@ -555,14 +568,7 @@ TEST_F(FakeClientTest, TornReadsAreRetriedNeverReturned) {
   o.location_cache_entries = 0;
   auto c = MustConnect(o);
   ASSERT_TRUE(c->Put("k", std::string(500, 'a')).ok());
-  int tear = 3;
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset) && tear > 0) {
-      --tear;
-      op.local[100] ^= 0x55;  // a value byte from "another write"
-    }
-    return transport::ReadStatus::kOk;
-  };
+  TearNextItemReads(3, 100);  // a value byte from "another write"
   auto g = c->Get("k");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, std::string(500, 'a'));
@@ -579,14 +585,7 @@ TEST_F(FakeClientTest, TornReadsAreRetriedNeverReturned) {
 TEST_F(FakeClientTest, ATornCachedReadKeepsTheLocationAndNoContendedMark) {
   auto c = MustConnect();
   ASSERT_TRUE(c->Put("k", std::string(200, 'a')).ok());  // the answer's location is cached
-  int tear = 1;
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset) && tear > 0) {
-      --tear;
-      op.local[sizeof(kv::ItemHeader) + 50] ^= 0x55;  // a value byte of "the next version"
-    }
-    return transport::ReadStatus::kOk;
-  };
+  TearNextItemReads(1, sizeof(kv::ItemHeader) + 50);     // a value byte of "the next version"
   auto g = c->Get("k");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, std::string(200, 'a'));
