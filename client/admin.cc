@@ -48,10 +48,17 @@ Result<ReplicaReport> Admin::AddReplica(uint32_t shard, uint32_t server,
                                        progress);
 }
 
+Result<ReplicaReport> Admin::AddReplicas(std::span<const ReplicaAddition> additions,
+                                         const MoveProgressFn& progress) {
+  if (impl_ == nullptr) return NotOurs();
+  return impl_->admin().AddReplicas(additions, progress);
+}
+
 Result<ReplicaReport> Admin::AddReplicaToShards(std::span<const uint32_t> shards, uint32_t server,
                                                 const MoveProgressFn& progress) {
-  if (impl_ == nullptr) return NotOurs();
-  return impl_->admin().AddReplicas(shards, server, progress);
+  std::vector<ReplicaAddition> additions;
+  for (uint32_t shard : shards) additions.push_back({shard, server});
+  return AddReplicas(additions, progress);
 }
 
 Result<ReplicaReport> Admin::RemoveReplica(uint32_t shard, uint32_t server,

@@ -202,11 +202,11 @@ Result<MoveReport> ClusterAdmin::MoveShards(std::span<const uint32_t> shards, ui
   return report;
 }
 
-Result<ReplicaReport> ClusterAdmin::AddReplicas(std::span<const uint32_t> shards, uint32_t server,
+Result<ReplicaReport> ClusterAdmin::AddReplicas(std::span<const ReplicaAddition> additions,
                                                 const MoveProgressFn& progress) {
   return ChangeReplicaSets(
       [&](AdminChannel& channel, const cluster::ClusterMap& map) -> Result<ReplicaReport> {
-        return RunAddReplicas(channel, map, shards, server, progress);
+        return RunAddReplicas(channel, map, additions, progress);
       });
 }
 

@@ -35,8 +35,8 @@ class ClusterAdmin {
   Result<MoveReport> MoveShards(std::span<const uint32_t> shards, uint32_t to_server,
                                 const MoveProgressFn& progress);
   enum class ReplicaChange { kPromote, kAdd, kRemove };
-  // Admin::AddReplicaToShards.
-  Result<ReplicaReport> AddReplicas(std::span<const uint32_t> shards, uint32_t server,
+  // Admin::AddReplicas.
+  Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
                                     const MoveProgressFn& progress);
   Result<ReplicaReport> ChangeReplicas(ReplicaChange change, uint32_t shard, uint32_t server,
                                        const MoveProgressFn& progress);

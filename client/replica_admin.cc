@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/kv/admin_wire.h"
+#include "common/util/mutex.h"
 
 namespace rdkv::client {
 
@@ -244,86 +245,185 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
   return Status::Ok();
 }
 
-// "shard 3", or "shards 0,3,5".
-std::string ShardsText(const std::vector<uint32_t>& ids) {
-  std::string out = ids.size() == 1 ? "shard " : "shards ";
-  for (size_t i = 0; i < ids.size(); ++i) out += (i == 0 ? "" : ",") + std::to_string(ids[i]);
-  return out;
-}
-
 }  // namespace
 
 Result<ReplicaReport> RunAddReplica(AdminChannel& channel, const cluster::ClusterMap& known,
                                     uint32_t shard, uint32_t server,
                                     const MoveProgressFn& progress) {
-  const uint32_t one[] = {shard};
-  return RunAddReplicas(channel, known, one, server, progress);
+  const ReplicaAddition one[] = {{shard, server}};
+  return RunAddReplicas(channel, known, one, progress);
 }
 
+namespace {
+
+void AddOnce(std::vector<uint32_t>* v, uint32_t id) {
+  if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
+}
+
+// "shard 3 -> server 2, shard 4 -> server 2".
+std::string PairsText(const std::vector<ReplicaAddition>& pairs) {
+  std::string out;
+  for (const ReplicaAddition& a : pairs) {
+    out += (out.empty() ? "" : ", ") + ("shard " + std::to_string(a.shard)) + " -> server " +
+           std::to_string(a.server);
+  }
+  return out;
+}
+
+// What the copy threads of CopyShards share with the calling thread: the pairs not started
+// yet, the lines for `progress` (called on the calling thread only) and how many copies run.
+struct CopyBoard {
+  Mutex mu;
+  CondVar changed;
+  size_t next GUARDED_BY(mu) = 0;
+  size_t running GUARDED_BY(mu) = 0;
+  std::vector<std::string> lines GUARDED_BY(mu);
+};
+
+// Step 2 for every pair (joining in `joining`): up to kReplicaCopiesInFlight copies at once,
+// pairs of different target servers first (`pairs` is in that order). One status per pair;
+// the copies' counts are summed into `out` (copy_seconds: the wall time of the whole step).
+std::vector<Status> CopyShards(AdminChannel& channel, const cluster::ClusterMap& joining,
+                               const std::vector<ReplicaAddition>& pairs, ReplicaReport* out,
+                               const MoveProgressFn& progress) {
+  std::vector<Status> status(pairs.size());
+  std::vector<ReplicaReport> reports(pairs.size());
+  CopyBoard board;
+  const MoveProgressFn queue_line = [&board](std::string_view line) {
+    MutexLock lock(&board.mu);
+    board.lines.emplace_back(line);
+    board.changed.SignalAll();
+  };
+  const Clock::time_point start = Clock::now();
+  const size_t threads = std::min(kReplicaCopiesInFlight, pairs.size());
+  std::vector<std::thread> copiers;
+  {
+    MutexLock lock(&board.mu);
+    board.running = threads;
+  }
+  for (size_t t = 0; t < threads; ++t) {
+    copiers.emplace_back([&] {
+      for (;;) {
+        size_t i = 0;
+        {
+          MutexLock lock(&board.mu);
+          if (board.next == pairs.size()) {
+            --board.running;
+            board.changed.SignalAll();
+            return;
+          }
+          i = board.next++;
+        }
+        status[i] = CopyShard(channel, joining, pairs[i].shard, pairs[i].server, &reports[i],
+                              progress ? queue_line : MoveProgressFn());
+      }
+    });
+  }
+  for (;;) {
+    std::vector<std::string> lines;
+    bool done = false;
+    {
+      MutexLock lock(&board.mu);
+      while (board.lines.empty() && board.running > 0) board.changed.Wait(&board.mu);
+      lines.swap(board.lines);
+      done = board.running == 0;
+    }
+    for (const std::string& line : lines) progress(line);
+    if (done) break;
+  }
+  for (std::thread& t : copiers) t.join();
+  for (const ReplicaReport& r : reports) {
+    out->items_copied += r.items_copied;
+    out->bytes_copied += r.bytes_copied;
+  }
+  out->copy_seconds += std::chrono::duration<double>(Clock::now() - start).count();
+  return status;
+}
+
+}  // namespace
+
 Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::ClusterMap& known,
-                                     std::span<const uint32_t> wanted, uint32_t server,
+                                     std::span<const ReplicaAddition> wanted,
                                      const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
   if (wanted.empty()) return Status::InvalidArgument("no shard to add a replica to");
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
-  for (uint32_t shard : wanted) RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
+  for (const ReplicaAddition& a : wanted) RDKV_RETURN_IF_ERROR(CheckArgs(cur, a.shard, a.server));
   ReplicaReport report;
   report.from_epoch = cur.epoch;
   report.to_epoch = cur.epoch;
-  std::vector<uint32_t> shards;     // to add `server` to, in the order given
-  std::vector<uint32_t> primaries;  // theirs, each once
-  for (uint32_t shard : wanted) {
-    if (std::find(shards.begin(), shards.end(), shard) != shards.end()) continue;
-    if (cur.OwnerOf(shard) == server || cur.IsBackup(shard, server)) {
-      if (progress) progress(Name(cur, server) + " already holds shard " + std::to_string(shard));
+  std::vector<ReplicaAddition> pairs;  // to add, each once, in the order given
+  std::vector<uint32_t> targets;       // their servers, each once
+  std::vector<uint32_t> primaries;     // their shards' primaries, each once
+  std::vector<size_t> joining_added(cur.shards, 0);
+  for (const ReplicaAddition& a : wanted) {
+    if (std::find(pairs.begin(), pairs.end(), a) != pairs.end()) continue;
+    if (cur.OwnerOf(a.shard) == a.server || cur.IsBackup(a.shard, a.server)) {
+      if (progress) {
+        progress(Name(cur, a.server) + " already holds shard " + std::to_string(a.shard));
+      }
       continue;
     }
-    if (cur.ReplicasOf(shard).size() + cur.joining[shard].size() +
-            (cur.IsJoining(shard, server) ? 0 : 1) >
+    if (!cur.IsJoining(a.shard, a.server)) ++joining_added[a.shard];
+    if (cur.ReplicasOf(a.shard).size() + cur.joining[a.shard].size() + joining_added[a.shard] >
         cluster::kMaxReplicas) {
-      return Status::InvalidArgument("shard " + std::to_string(shard) + " would have more than " +
+      return Status::InvalidArgument("shard " + std::to_string(a.shard) + " would have more than " +
                                      std::to_string(cluster::kMaxReplicas) + " replicas");
     }
-    shards.push_back(shard);
-    const uint32_t primary = cur.OwnerOf(shard);
-    if (std::find(primaries.begin(), primaries.end(), primary) == primaries.end()) {
-      primaries.push_back(primary);
+    pairs.push_back(a);
+    AddOnce(&targets, a.server);
+    AddOnce(&primaries, cur.OwnerOf(a.shard));
+  }
+  if (pairs.empty()) return report;
+  // Copies of different target servers run first, side by side: pair k of each server in turn.
+  {
+    std::vector<ReplicaAddition> spread;
+    for (size_t k = 0; spread.size() < pairs.size(); ++k) {
+      for (uint32_t t : targets) {
+        size_t seen = 0;
+        for (const ReplicaAddition& a : pairs) {
+          if (a.server == t && seen++ == k) spread.push_back(a);
+        }
+      }
     }
+    pairs = std::move(spread);
   }
-  if (shards.empty()) return report;
-  // 1. Joining, for every shard in one map change: the new replica first (it must accept the
-  //    forwards), then the primaries (from here every write of those shards is forwarded to it
-  //    too), then the rest.
-  std::vector<uint32_t> first = {server};
-  for (uint32_t p : primaries) {
-    if (p != server) first.push_back(p);
-  }
+  // 1. Joining, for every pair in one map change: the new replicas first (they must accept
+  //    the forwards), then the primaries (from here every write of those shards is forwarded
+  //    to the new replicas too), then the rest. A server both new replica of one shard and
+  //    primary of another is installed with the new replicas; a forward that reaches a new
+  //    replica before its install is answered kBusy and resent (the replicator retries).
+  std::vector<uint32_t> first = targets;
+  for (uint32_t p : primaries) AddOnce(&first, p);
   cluster::ClusterMap joining = cur;
-  std::vector<uint32_t> fresh;  // not joining yet (the others resume an interrupted copy)
-  for (uint32_t shard : shards) {
-    if (!cur.IsJoining(shard, server)) fresh.push_back(shard);
+  std::vector<ReplicaAddition> fresh;  // not joining yet (the others resume an interrupted copy)
+  std::vector<uint32_t> fresh_targets;
+  for (const ReplicaAddition& a : pairs) {
+    if (cur.IsJoining(a.shard, a.server)) continue;
+    fresh.push_back(a);
+    AddOnce(&fresh_targets, a.server);
   }
   if (!fresh.empty()) {
     // A replica starts empty: whatever the server holds of a shard is stale (an earlier
     // replica or move), and an old item of a key deleted since would come back with the copy.
     // First the newest map (a server that was down missed the change that removed it).
-    RDKV_RETURN_IF_ERROR(InstallOn(channel, cur, {server}, progress));
-    const cluster::ServerEntry* target = cur.FindServer(server);
-    for (uint32_t shard : fresh) {
+    RDKV_RETURN_IF_ERROR(InstallOn(channel, cur, fresh_targets, progress));
+    for (const ReplicaAddition& a : fresh) {
+      const cluster::ServerEntry* target = cur.FindServer(a.server);
       std::string drop_scratch;
       uint64_t stale = 0;
       Status d =
-          channel.Call(*target, kv::EncodeDropShard({shard, 0}, &drop_scratch), &stale, nullptr);
+          channel.Call(*target, kv::EncodeDropShard({a.shard, 0}, &drop_scratch), &stale, nullptr);
       if (!d.ok()) {
-        return Status(d.code(), "dropping stale data of shard " + std::to_string(shard) + " on " +
-                                    Name(cur, server) + " before it joins: " + d.message());
+        return Status(d.code(), "dropping stale data of shard " + std::to_string(a.shard) + " on " +
+                                    Name(cur, a.server) + " before it joins: " + d.message());
       }
-      joining.joining[shard].push_back(server);
+      joining.joining[a.shard].push_back(a.server);
     }
     joining.epoch = cur.epoch + 1;
     if (progress) {
-      progress("add replica " + Name(cur, server) + " to " + ShardsText(fresh) +
-               ": joining at map epoch " + std::to_string(joining.epoch));
+      progress("add replicas (" + PairsText(fresh) + "): joining at map epoch " +
+               std::to_string(joining.epoch));
     }
     RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
     RDKV_RETURN_IF_ERROR(
@@ -332,24 +432,39 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     // Interrupted earlier runs: make sure everyone has its map, then copy again.
     RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
   }
-  // 2. Copy each shard.
-  for (uint32_t shard : shards) {
-    RDKV_RETURN_IF_ERROR(CopyShard(channel, joining, shard, server, &report, progress));
+  // 2. Copy the shards, several at once.
+  const std::vector<Status> copied = CopyShards(channel, joining, pairs, &report, progress);
+  // 3. In sync, for every copied pair in one map change: their primaries first (from here
+  //    they wait for the new replicas' answers), then the rest. A pair whose copy failed stays
+  //    joining; the first failure is returned after the others are in sync.
+  std::vector<ReplicaAddition> done;
+  std::vector<uint32_t> done_primaries;
+  Status first_failure;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    if (!copied[i].ok()) {
+      if (first_failure.ok()) first_failure = copied[i];
+      continue;
+    }
+    done.push_back(pairs[i]);
+    AddOnce(&done_primaries, joining.OwnerOf(pairs[i].shard));
   }
-  // 3. In sync, for every shard in one map change: the primaries first (from here they wait
-  //    for the replica's answers), then the rest.
+  if (done.empty()) return first_failure;
   cluster::ClusterMap in_sync = joining;
   in_sync.epoch = joining.epoch + 1;
-  for (uint32_t shard : shards) {
-    Erase(&in_sync.joining[shard], server);
-    in_sync.backups[shard].push_back(server);
+  for (const ReplicaAddition& a : done) {
+    Erase(&in_sync.joining[a.shard], a.server);
+    in_sync.backups[a.shard].push_back(a.server);
   }
-  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, primaries, progress));
-  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, primaries), progress,
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, done_primaries, progress));
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, done_primaries), progress,
                                  /*required=*/false));
   if (progress) {
-    progress(Name(in_sync, server) + " is an in-sync replica of " + ShardsText(shards) +
-             " at map epoch " + std::to_string(in_sync.epoch));
+    progress("in sync at map epoch " + std::to_string(in_sync.epoch) + ": " + PairsText(done));
+  }
+  if (!first_failure.ok()) {
+    return Status(first_failure.code(),
+                  first_failure.message() + " (the other copies completed: " + PairsText(done) +
+                      " in sync at map epoch " + std::to_string(in_sync.epoch) + ")");
   }
   report.to_epoch = in_sync.epoch;
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

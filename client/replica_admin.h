@@ -22,7 +22,7 @@ Result<ReplicaReport> RunAddReplica(AdminChannel& channel, const cluster::Cluste
                                     uint32_t shard, uint32_t server,
                                     const MoveProgressFn& progress);
 Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::ClusterMap& known,
-                                     std::span<const uint32_t> shards, uint32_t server,
+                                     std::span<const ReplicaAddition> additions,
                                      const MoveProgressFn& progress);
 // MoveShards of a replicated cluster: each shard moves as replica changes, so it keeps serving
 // GETs and writes throughout (only the promotion pauses writes, about one lease): `to_server`

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -74,6 +75,23 @@ std::string DefaultName() {
 std::string Join(const std::vector<uint32_t>& v) {
   std::string s;
   for (uint32_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+// "server 2: shards 0,3; server 3: shard 1", servers in the order they first appear.
+std::string Describe(const std::vector<ReplicaAddition>& additions) {
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> by_server;
+  for (const ReplicaAddition& a : additions) {
+    auto it = std::find_if(by_server.begin(), by_server.end(),
+                           [&](const auto& e) { return e.first == a.server; });
+    if (it == by_server.end()) it = by_server.insert(by_server.end(), {a.server, {}});
+    it->second.push_back(a.shard);
+  }
+  std::string s;
+  for (const auto& [server, shards] : by_server) {
+    s += (s.empty() ? "server " : "; server ") + std::to_string(server) +
+         (shards.size() == 1 ? ": shard " : ": shards ") + Join(shards);
+  }
   return s;
 }
 
@@ -400,8 +418,10 @@ void Coordinator::StartReplicaTask(const ReplicaTask& task,
   MutexLock lock(&mu_);
   if (replica_thread_.joinable()) replica_thread_.join();  // finished: replica_running_ false
   replica_running_.store(true, std::memory_order_release);
-  LOG(INFO) << "coordinator: " << (task.resume ? "resuming the copy of" : "adding") << " server "
-            << task.server << " as a replica of shard(s) " << Join(task.shards);
+  LOG(INFO) << "coordinator: adding replicas (" << Describe(task.additions) << ")"
+            << (task.resumed > 0
+                    ? "; " + std::to_string(task.resumed) + " of them resume an interrupted copy"
+                    : "");
   replica_thread_ = std::thread([this, task, seeds] {
     const Clock::time_point t0 = Clock::now();
     ClientOptions o;
@@ -421,26 +441,24 @@ void Coordinator::StartReplicaTask(const ReplicaTask& task,
     Result<ReplicaReport> report = client.status();
     if (client.ok()) {
       Admin admin(**client);
-      report = admin.AddReplicaToShards(task.shards, task.server, [](std::string_view line) {
-        LOG(INFO) << "coordinator: " << line;
-      });
+      report = admin.AddReplicas(
+          task.additions, [](std::string_view line) { LOG(INFO) << "coordinator: " << line; });
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     rereplication_seconds_.Observe(s);
     if (report.ok()) {
-      LOG(INFO) << "coordinator: server " << task.server << " is an in-sync replica of shard(s) "
-                << Join(task.shards) << " (" << report->items_copied << " items copied in " << s
-                << " s, map epoch " << report->to_epoch << ")";
-      Event("replicated", "shard(s) " + Join(task.shards) + ": server " +
-                              std::to_string(task.server) + " in sync (" +
+      LOG(INFO) << "coordinator: in-sync replicas (" << Describe(task.additions)
+                << "): " << report->items_copied << " items copied in " << s << " s, map epoch "
+                << report->to_epoch;
+      Event("replicated", Describe(task.additions) + ": in sync (" +
                               std::to_string(report->items_copied) + " items, " +
                               std::to_string(s) + " s)");
       MutexLock lock(&mu_);
-      stats_.replicas_added += task.shards.size();
+      stats_.replicas_added += task.additions.size();
     } else {
-      LOG(WARNING) << "coordinator: adding server " << task.server << " to shard(s) "
-                   << Join(task.shards) << " failed after " << s
-                   << " s (tried again later): " << report.status().ToString();
+      LOG(WARNING) << "coordinator: adding replicas (" << Describe(task.additions)
+                   << ") failed after " << s << " s (those not in sync are tried again later): "
+                   << report.status().ToString();
       MutexLock lock(&mu_);
       ++stats_.replica_errors;
     }

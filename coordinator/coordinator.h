@@ -12,9 +12,9 @@
 //   * Fast detection (tcp clusters, `probe_refused`): a server whose port refuses a TCP
 //     connection has no process; its etcd lease is revoked at once instead of waiting for the
 //     TTL, so the decision above follows within a probe period.
-//   * Re-replication (NextReplicaTask): one server at a time is added to every shard it is
-//     given (rdkv::Admin::AddReplicaToShards: two map changes, the shards copied in between)
-//     until every shard has the map's replication_factor replicas again.
+//   * Re-replication (NextReplicaTask): every replica missing is added in one task
+//     (rdkv::Admin::AddReplicas: two map changes, the copies side by side in between) until
+//     every shard has the map's replication_factor replicas again.
 //   * Events: each decision and copy is logged and appended to /rdkv/<cluster>/events/
 //     (`kvcli cluster events`).
 //   * Metrics: with CoordinatorOptions::metrics_port, Prometheus /metrics (leadership, terms,

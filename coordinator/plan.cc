@@ -128,18 +128,15 @@ std::optional<ReplicaTask> NextReplicaTask(const cluster::ClusterMap& map,
     return r != registrations.end() && e != nullptr && e->incarnation != 0 &&
            r->second.incarnation == e->incarnation;
   };
-  // Interrupted copies first: a joining replica nobody is copying to any more, with every
-  // other shard that server is joining.
-  std::optional<ReplicaTask> resume;
+  // Interrupted copies: joining replicas nobody is copying to any more.
+  ReplicaTask task;
   for (uint32_t s = 0; s < map.shards && s < map.joining.size(); ++s) {
     for (uint32_t id : map.joining[s]) {
       if (!available(id) || !available(map.owners[s])) continue;
-      if (!resume) resume = ReplicaTask{id, {}, true};
-      if (resume->server == id) resume->shards.push_back(s);
+      task.additions.push_back({s, id});
+      ++task.resumed;
     }
   }
-  if (resume) return resume;
-  if (map.replication_factor <= 1) return std::nullopt;
   std::map<uint32_t, size_t> load;
   for (const cluster::ServerEntry& e : map.servers) {
     if (available(e.id)) load[e.id] = 0;
@@ -154,8 +151,7 @@ std::optional<ReplicaTask> NextReplicaTask(const cluster::ClusterMap& map,
       }
     }
   }
-  std::optional<ReplicaTask> task;
-  for (uint32_t s = 0; s < map.shards; ++s) {
+  for (uint32_t s = 0; s < map.shards && map.replication_factor > 1; ++s) {
     const std::vector<uint32_t> replicas = map.ReplicasOf(s);
     const size_t joining = s < map.joining.size() ? map.joining[s].size() : 0;
     if (replicas.size() + joining >= map.replication_factor) continue;
@@ -168,9 +164,9 @@ std::optional<ReplicaTask> NextReplicaTask(const cluster::ClusterMap& map,
     }
     if (!best) continue;
     ++load[*best];
-    if (!task) task = ReplicaTask{*best, {}, false};
-    if (task->server == *best) task->shards.push_back(s);
+    task.additions.push_back({s, *best});
   }
+  if (task.additions.empty()) return std::nullopt;
   return task;
 }
 

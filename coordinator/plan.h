@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
+#include "rdkv/admin.h"
 #include "rdkv/status.h"
 
 namespace rdkv::coordinator {
@@ -51,18 +52,17 @@ struct FailoverPlan {
 FailoverPlan PlanFailover(const cluster::ClusterMap& map,
                           const std::map<uint32_t, Registration>& registrations);
 
-// The next re-replication: one server and every shard it is to be added to, done as one
-// Admin::AddReplicaToShards (two map changes in all). Interrupted copies first: a server
-// joining shards nobody copies to any more, with all of them. Otherwise the shards below the
-// map's replication_factor are each given the available, admitted server holding the fewest
-// replicas (counting the ones given so far, so that several new servers share the work), not
-// already a replica of the shard; the task is the first such server with all the shards it
-// was given. nullopt when every shard has its replicas or none can be added. Joining replicas
-// count as replicas (their copy is under way); a shard without an available primary waits.
+// The next re-replication: every replica to add now, done as one Admin::AddReplicas (two map
+// changes in all, the copies side by side). Interrupted copies: every joining replica nobody
+// copies to any more (the coordinator runs one task at a time), whose server and primary are
+// available. Then the shards below the map's replication_factor, each given the available,
+// admitted server holding the fewest replicas (counting the ones given so far, so that
+// several servers share the work), not already a replica of the shard. nullopt when every
+// shard has its replicas or none can be added. Joining replicas count as replicas; a shard
+// without an available primary waits.
 struct ReplicaTask {
-  uint32_t server = 0;
-  std::vector<uint32_t> shards;  // ascending
-  bool resume = false;  // `server` is already joining these shards: their copies were interrupted
+  std::vector<ReplicaAddition> additions;  // the resumed ones first, then by shard
+  size_t resumed = 0;                      // how many of `additions` resume an interrupted copy
 };
 std::optional<ReplicaTask> NextReplicaTask(const cluster::ClusterMap& map,
                                            const std::map<uint32_t, Registration>& registrations);

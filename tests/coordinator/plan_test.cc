@@ -153,10 +153,11 @@ TEST(NextReplicaTask, AddsTheLeastLoadedAvailableServerToAShardBelowTheFactor) {
   // Server 1 is back (same incarnation after a partition): every shard lacks one replica.
   std::optional<ReplicaTask> t = NextReplicaTask(p.next, Regs({0, 1, 2}));
   ASSERT_TRUE(t.has_value());
-  EXPECT_EQ(t->server, 1u);
-  EXPECT_FALSE(t->resume);
+  EXPECT_EQ(t->resumed, 0u);
   // All six shards in one task (two map changes), not one task per shard.
-  EXPECT_EQ(t->shards, (std::vector<uint32_t>{0, 1, 2, 3, 4, 5}));
+  std::vector<ReplicaAddition> all;
+  for (uint32_t s = 0; s < 6; ++s) all.push_back({s, 1});
+  EXPECT_EQ(t->additions, all);
   // While it is down, no server can be added (0 and 2 hold every shard already).
   EXPECT_FALSE(NextReplicaTask(p.next, Regs({0, 2})).has_value());
 }
@@ -169,9 +170,27 @@ TEST(NextReplicaTask, ResumesAnInterruptedCopyFirst) {
   m.joining[5] = {0};
   std::optional<ReplicaTask> t = NextReplicaTask(m, Regs({0, 1, 2}));
   ASSERT_TRUE(t.has_value());
-  EXPECT_EQ(t->shards, (std::vector<uint32_t>{4, 5}));
-  EXPECT_EQ(t->server, 0u);
-  EXPECT_TRUE(t->resume);
+  // The interrupted copies first, then one new replica for each other shard below R (0-3 have
+  // two replicas of three), all in the same task.
+  ASSERT_EQ(t->resumed, 2u);
+  ASSERT_EQ(t->additions.size(), 6u);
+  EXPECT_EQ(t->additions[0], (ReplicaAddition{4, 0}));
+  EXPECT_EQ(t->additions[1], (ReplicaAddition{5, 0}));
+  for (size_t i = 2; i < 6; ++i) {
+    const ReplicaAddition& a = t->additions[i];
+    EXPECT_EQ(a.shard, i - 2);
+    const std::vector<uint32_t> r = m.ReplicasOf(a.shard);
+    EXPECT_EQ(std::count(r.begin(), r.end(), a.server), 0) << "shard " << a.shard;
+  }
+  // A joining replica whose server is gone is not resumed (the failover takes it out), and a
+  // shard whose primary is gone waits.
+  std::optional<ReplicaTask> without0 = NextReplicaTask(m, Regs({1, 2}));
+  ASSERT_TRUE(without0.has_value());
+  EXPECT_EQ(without0->resumed, 0u);
+  for (const ReplicaAddition& a : without0->additions) {
+    EXPECT_NE(a.server, 0u);
+    EXPECT_NE(m.OwnerOf(a.shard), 0u);
+  }
 }
 
 TEST(NextReplicaTask, TwoReturningServersShareTheShards) {
@@ -187,13 +206,19 @@ TEST(NextReplicaTask, TwoReturningServersShareTheShards) {
   regs[3] = Registration{3, "127.0.0.1:7003", 103, false, 1, 1};
   std::optional<ReplicaTask> t = NextReplicaTask(m, regs);
   ASSERT_TRUE(t.has_value());
-  EXPECT_FALSE(t->resume);
-  EXPECT_GE(t->shards.size(), 2u);
-  EXPECT_LT(t->shards.size(), 8u) << "one server was given every shard";
-  for (uint32_t s : t->shards) {
-    const std::vector<uint32_t> r = m.ReplicasOf(s);
-    EXPECT_EQ(std::count(r.begin(), r.end(), t->server), 0) << "shard " << s;
+  EXPECT_EQ(t->resumed, 0u);
+  // One task for every shard (one pair of map changes, the copies side by side).
+  ASSERT_EQ(t->additions.size(), 8u);
+  std::map<uint32_t, size_t> per_server;
+  for (size_t i = 0; i < t->additions.size(); ++i) {
+    const ReplicaAddition& a = t->additions[i];
+    EXPECT_EQ(a.shard, i);
+    const std::vector<uint32_t> r = m.ReplicasOf(a.shard);
+    EXPECT_EQ(std::count(r.begin(), r.end(), a.server), 0) << "shard " << a.shard;
+    ++per_server[a.server];
   }
+  EXPECT_GE(per_server.size(), 2u) << "one server was given every shard";
+  for (const auto& [server, n] : per_server) EXPECT_LE(n, 4u) << "server " << server;
 }
 
 TEST(NextReplicaTask, NothingWithoutAReplicationFactor) {

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "client/replica_admin.h"
 #include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
 #include "rdkv/admin.h"
@@ -412,6 +414,156 @@ TEST_F(ReplicationTest, AddReplicaToShardsAddsAServerToSeveralShardsInTwoMapChan
   const uint32_t none[] = {99};
   EXPECT_EQ(admin.AddReplicaToShards(none, 2, nullptr).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// Restoring R = 3 on every shard of an R = 2 cluster: each server becomes a replica of the
+// shards it lacks, and each is also the primary of shards another server joins (a forward may
+// reach a new replica before it installs the joining map: kBusy, resent). One call, two map
+// changes, the copies side by side, under writes to every shard.
+TEST_F(ReplicationTest, AddReplicasToSeveralServersAtOnceUnderWrites) {
+  StartReplicated(2);  // shard s: primary s % 3, backup (s + 1) % 3
+  std::atomic<bool> stop{false};
+  std::map<std::string, Item> acked;
+  std::thread writer([&] {
+    auto c = NewClient(0);
+    for (int i = 0; !stop; ++i) {
+      std::string key = KeyIn(i % kShards, i % 60, "multi");
+      auto v = c->Put(key, "v" + std::to_string(i));
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      acked[key] = {"v" + std::to_string(i), *v};
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto admin_client = NewClient(1);
+  Admin admin(*admin_client);
+  std::vector<ReplicaAddition> additions;
+  for (uint32_t s = 0; s < kShards; ++s) additions.push_back({s, (s + 2) % 3});
+  additions.push_back({0, 2});  // a repeated pair is done once
+  additions.push_back({0, 1});  // server 1 already holds shard 0: skipped
+  std::vector<std::string> lines;
+  auto added = admin.AddReplicas(additions, [&](std::string_view l) { lines.emplace_back(l); });
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(added->to_epoch, added->from_epoch + 2) << "not two map changes in all";
+  EXPECT_GT(added->items_copied, 0u);
+  size_t copies = 0;
+  bool skipped = false;
+  for (const std::string& l : lines) {
+    copies += l.find(": copied ") != std::string::npos;
+    skipped |= l.find("already holds shard 0") != std::string::npos;
+  }
+  EXPECT_EQ(copies, kShards) << "one copy per shard";
+  EXPECT_TRUE(skipped);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  stop = true;
+  writer.join();
+  ASSERT_FALSE(acked.empty());
+  Content all;
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    Content primary = ScanOf(shard % 3, shard);
+    EXPECT_FALSE(primary.empty()) << "shard " << shard;
+    for (int id = 0; id < 3; ++id) {
+      EXPECT_EQ(ScanOf(id, shard), primary) << "shard " << shard << " on server " << id;
+    }
+    all.insert(primary.begin(), primary.end());
+  }
+  for (const auto& [k, item] : acked) EXPECT_EQ(all[k], item) << k;
+  // Every replica is in sync: a write now reaches all three before its answer.
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    const std::string k = KeyIn(shard, 999, "after");
+    auto v = admin_client->Put(k, "after");
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    for (int id = 0; id < 3; ++id) {
+      EXPECT_EQ(ScanOf(id, shard)[k], (Item{"after", *v})) << "shard " << shard << " on " << id;
+    }
+  }
+}
+
+// The admin channel of a replica change over new raw connections to the fixture's servers,
+// failing every SHARD_SCAN of one shard: that shard's copy breaks, the others complete.
+class ScanFailingChannel final : public client::AdminChannel {
+ public:
+  ScanFailingChannel(std::function<std::unique_ptr<transport::Connection>(uint16_t)> connect,
+                     uint32_t failing_shard)
+      : connect_(std::move(connect)), failing_shard_(failing_shard) {}
+  Status Call(const cluster::ServerEntry& server, const kv::Request& r, uint64_t* version,
+              std::string* body) override {
+    if (r.op == kv::Op::kShardScan) {
+      Result<kv::ShardScanRequest> scan = kv::DecodeShardScan(r);
+      if (scan.ok() && scan->shard == failing_shard_) {
+        return Status::Unavailable("injected: the scan of shard " + std::to_string(scan->shard) +
+                                   " fails");
+      }
+    }
+    const uint16_t port =
+        static_cast<uint16_t>(std::stoi(server.address.substr(server.address.rfind(':') + 1)));
+    std::unique_ptr<transport::Connection> c = connect_(port);
+    if (c == nullptr) return Status::Unavailable("no connection to " + server.address);
+    std::vector<uint8_t> request;
+    std::vector<uint8_t> buf;
+    kv::EncodeRequest(r, &request);
+    RDKV_RETURN_IF_ERROR(c->Call(request, &buf, std::chrono::seconds(30)));
+    Result<kv::Response> answer = kv::DecodeResponse(buf);
+    if (!answer.ok()) return answer.status();
+    if (!answer->status.ok()) return answer->status;
+    if (version != nullptr) *version = answer->version;
+    if (body != nullptr) body->assign(answer->body);
+    return Status::Ok();
+  }
+
+ private:
+  const std::function<std::unique_ptr<transport::Connection>(uint16_t)> connect_;
+  const uint32_t failing_shard_;
+};
+
+TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
+  StartReplicated(2);
+  auto c = NewClient(0);
+  std::map<std::string, Item> acked;
+  for (int i = 0; i < 120; ++i) {
+    std::string key = KeyIn(i % kShards, i, "part");
+    auto v = c->Put(key, "v" + std::to_string(i));
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    acked[key] = {"v" + std::to_string(i), *v};
+  }
+  std::vector<ReplicaAddition> additions;
+  for (uint32_t s = 0; s < kShards; ++s) additions.push_back({s, (s + 2) % 3});
+  ScanFailingChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                             /*failing_shard=*/4);
+  auto added = client::RunAddReplicas(channel, map_, additions, nullptr);
+  ASSERT_FALSE(added.ok());
+  EXPECT_EQ(added.status().code(), StatusCode::kUnavailable) << added.status().ToString();
+  EXPECT_NE(added.status().message().find("shard 4"), std::string::npos)
+      << added.status().ToString();
+  EXPECT_NE(added.status().message().find("other copies completed"), std::string::npos)
+      << added.status().ToString();
+  // Two map changes: every pair joining, then all but shard 4's in sync.
+  kv::Response m = Call(0, kv::EncodeMapFetch({}));
+  ASSERT_TRUE(m.status.ok()) << m.status.ToString();
+  auto answer = kv::DecodeMapAnswer(m.version, m.body);
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  auto now = cluster::ParseClusterMap(answer->map_json);
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_EQ(now->epoch, map_.epoch + 2);
+  for (uint32_t s = 0; s < kShards; ++s) {
+    const uint32_t added_server = (s + 2) % 3;
+    EXPECT_EQ(now->IsBackup(s, added_server), s != 4) << "shard " << s;
+    EXPECT_EQ(now->IsJoining(s, added_server), s == 4) << "shard " << s;
+  }
+  // The same call again (public, no fault) resumes shard 4 alone: one map change.
+  Admin admin(*c);
+  auto resumed = admin.AddReplicas(additions, nullptr);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().ToString();
+  EXPECT_EQ(resumed->from_epoch, map_.epoch + 2);
+  EXPECT_EQ(resumed->to_epoch, map_.epoch + 3);
+  Content all;
+  for (uint32_t shard = 0; shard < kShards; ++shard) {
+    Content primary = ScanOf(shard % 3, shard);
+    for (int id = 0; id < 3; ++id) {
+      EXPECT_EQ(ScanOf(id, shard), primary) << "shard " << shard << " on server " << id;
+    }
+    all.insert(primary.begin(), primary.end());
+  }
+  for (const auto& [k, item] : acked) EXPECT_EQ(all[k], item) << k;
 }
 
 TEST_F(ReplicationTest, MoveOfAReplicatedShardKeepsServingGetsAndWrites) {

@@ -17,6 +17,7 @@
 // Errors: every call returns a Status or Result (rdkv/status.h); the error names the server.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -70,6 +71,15 @@ struct ReplicaReport {
   double copy_seconds = 0;
   double seconds = 0;
 };
+
+// One replica to add (Admin::AddReplicas): `server` becomes a replica of `shard`.
+struct ReplicaAddition {
+  uint32_t shard = 0;
+  uint32_t server = 0;
+  friend bool operator==(const ReplicaAddition&, const ReplicaAddition&) = default;
+};
+// How many shards Admin::AddReplicas copies at once.
+inline constexpr size_t kReplicaCopiesInFlight = 4;
 
 // One server of the cluster as a client sees it (Admin::Servers).
 struct ServerInfo {
@@ -147,11 +157,18 @@ class Admin {
   // again after a failure resumes. kInvalidArgument when the shard would have more than
   // kMaxReplicas (5) replicas.
   Result<ReplicaReport> AddReplica(uint32_t shard, uint32_t server, const MoveProgressFn& progress);
-  // AddReplica for several shards at once, in two map changes in all (every shard joining,
-  // then every shard in sync) with the shards copied one after the other in between: restoring
-  // a returning server to all its shards costs two map changes instead of two per shard.
-  // Shards `server` already holds are skipped; the report sums the copies. Errors as
-  // AddReplica's (nothing is in sync before every copy is done; running it again resumes).
+  // AddReplica for several (shard, server) pairs at once, in two map changes in all (every
+  // pair joining, then every copied pair in sync), the copies running at once in between (up
+  // to kReplicaCopiesInFlight shards at a time): restoring R after a failure costs two map
+  // changes and about the longest copy, not two changes and a copy per shard. Pairs whose
+  // server already holds the shard are skipped (and repeated pairs); a pair already joining
+  // resumes its copy; the report sums the copies. Errors as AddReplica's, checked for every
+  // pair before anything changes. When a copy fails, the pairs whose copies completed are
+  // still made in sync, the failed ones stay joining, and the first failure is returned
+  // (running the same call again resumes them).
+  Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
+                                    const MoveProgressFn& progress);
+  // AddReplicas of `server` to each of `shards`.
   Result<ReplicaReport> AddReplicaToShards(std::span<const uint32_t> shards, uint32_t server,
                                            const MoveProgressFn& progress);
   // Removes backup `server` from `shard` (the primary first, so writes stop waiting for it),
