@@ -4,8 +4,9 @@
 # GET/PUT/INSERT/CAS/DELETE load on 16 hot keys) with ROUNDS SIGKILLs of the server holding the
 # most primaries, each restarted after its promotion, then checks the history with lincheck and
 # prints per round and as p50/max: kill -> the promoted map seen in etcd, kill -> writes answered
-# again (the end of the longest gap in write answers), restart -> every shard back to R in-sync
-# replicas;
+# again (the end of the longest gap in write answers), with --servers above 3 kill -> every
+# shard back to R in-sync replicas on the survivors (before the restart), restart -> every shard
+# back to R in-sync replicas;
 # then the coordinator's own decision times from its log (revocation after a refused probe ->
 # map committed); then, per kill, the throughput of the unaffected shards (bench/
 # failover_analysis.py: GETs and writes on keys whose shard's primary was not the killed server,
@@ -102,7 +103,7 @@ for log in glob.glob(sys.argv[1] + "/c/coord-*/kvcoord.log"):
             continue
         if "committed map epoch" in line and ("failed servers" in line or "admitted servers" in line):
             events.append((t, "decision"))
-        elif "is an in-sync replica of shard" in line and "items copied" in line:
+        elif "coordinator: in-sync replicas (" in line and "items copied" in line:
             events.append((t, "synced"))
 events.sort()
 gaps = []

@@ -96,7 +96,7 @@ def unaffected_ratios(ops, rounds, maps, key_hashes, before_ns=1e9):
     get_clients = readers(ops) or None
     out = []
     prev_full = 0
-    for r, victim, t_kill, _t_prom, t_restart, t_full in rounds:
+    for r, victim, t_kill, _t_prom, t_restart, t_full, *_ in rounds:
         classes = key_classes(maps[r], victim, key_hashes)
         # The outage of the affected keys (all writes when no key is affected): the writes of
         # the other keys may flow throughout.
