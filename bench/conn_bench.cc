@@ -18,16 +18,27 @@
 // The clients run without the location cache by default (--location_cache=false): every GET
 // takes the index path whichever connection it uses, so both phases do the same work per GET.
 //
+// With --memcached=HOST:PORT the same phases run against a memcached instead (raw TCP sockets,
+// text protocol, one blocking socket per connection, a GET is "get KEY" answered "VALUE ...
+// END"): the reference for what the host's kernel and this driver cost per connection, measured
+// the same way (connection-scaling.sh runs both). --server_pid is then memcached's pid.
+//
 // Prints one line of "key=value" figures (and --json). Exit status 1 when a connection failed,
 // 2 on a setup error.
+#include <arpa/inet.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -54,6 +65,9 @@ DEFINE_int32(keys, 1000, "Keys loaded");
 DEFINE_int32(value_size, 64, "Bytes per value");
 DEFINE_bool(location_cache, false, "Clients' location cache (see the header)");
 DEFINE_string(json, "", "Also write the figures as JSON to this file");
+DEFINE_string(memcached, "",
+              "host:port of a memcached to measure instead of rdkv (the reference: same phases, "
+              "text protocol over one blocking socket per connection)");
 DEFINE_string(only, "",
               "For profiling: after the storm run only the GET phase over 'base' or 'all' "
               "connections, once, and print its rate");
@@ -97,6 +111,91 @@ double CpuSeconds(int pid) {
 
 std::string Key(int i) { return "conn:key:" + std::to_string(i); }
 
+// One connection of the store measured, used by one thread at a time.
+class BenchConn {
+ public:
+  virtual ~BenchConn() = default;
+  // True when the key was found.
+  virtual bool Get(const std::string& key) = 0;
+};
+
+class RdkvConn final : public BenchConn {
+ public:
+  explicit RdkvConn(std::unique_ptr<rdkv::Client> c) : c_(std::move(c)) {}
+  bool Get(const std::string& key) override { return c_->Get(key).ok(); }
+
+ private:
+  std::unique_ptr<rdkv::Client> c_;
+};
+
+// memcached's text protocol over one blocking TCP socket.
+class McConn final : public BenchConn {
+ public:
+  // Connects to --memcached; nullptr and *error on failure.
+  static std::unique_ptr<McConn> Open(std::string* error) {
+    const std::string& a = FLAGS_memcached;
+    const size_t colon = a.rfind(':');
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    if (colon == std::string::npos ||
+        inet_pton(AF_INET, a.substr(0, colon).c_str(), &sa.sin_addr) != 1) {
+      *error = "--memcached must be IPv4:port, not '" + a + "'";
+      return nullptr;
+    }
+    sa.sin_port = htons(static_cast<uint16_t>(std::stoi(a.substr(colon + 1))));
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+      *error = "connect to memcached " + a + ": " + std::strerror(errno);
+      if (fd >= 0) close(fd);
+      return nullptr;
+    }
+    const int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return std::unique_ptr<McConn>(new McConn(fd));
+  }
+  ~McConn() override { close(fd_); }
+
+  bool Get(const std::string& key) override {
+    thread_local std::string request;
+    request.assign("get ").append(key).append("\r\n");
+    std::string_view answer;
+    if (!Roundtrip(request, "END\r\n", &answer)) return false;
+    return answer.rfind("VALUE ", 0) == 0;
+  }
+  bool Set(const std::string& key, const std::string& value) {
+    std::string request = "set " + key + " 0 0 " + std::to_string(value.size()) + "\r\n";
+    request.append(value).append("\r\n");
+    std::string_view answer;
+    return Roundtrip(request, "\r\n", &answer) && answer == "STORED\r\n";
+  }
+
+ private:
+  explicit McConn(int fd) : fd_(fd) {}
+
+  // Sends `request` and reads until the answer ends with `end`; *answer views a thread-local
+  // buffer until this thread's next call.
+  bool Roundtrip(const std::string& request, std::string_view end, std::string_view* answer) {
+    if (send(fd_, request.data(), request.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(request.size())) {
+      return false;
+    }
+    thread_local std::string buf;
+    buf.clear();
+    char chunk[4096];
+    for (;;) {
+      const ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return false;
+      buf.append(chunk, static_cast<size_t>(n));
+      if (buf.size() >= end.size() && buf.compare(buf.size() - end.size(), end.size(), end) == 0) {
+        *answer = buf;
+        return true;
+      }
+    }
+  }
+
+  const int fd_;
+};
+
 rdkv::ClientOptions Options() {
   rdkv::ClientOptions co;
   co.seed = FLAGS_server;
@@ -109,7 +208,7 @@ rdkv::ClientOptions Options() {
 
 // GETs per second over clients[0, n): thread t takes clients t, t + threads, ... in turn.
 // *server_us: the server's CPU microseconds per GET meanwhile (0 without --server_pid).
-double GetRate(const std::vector<std::unique_ptr<rdkv::Client>>& clients, size_t n,
+double GetRate(const std::vector<std::unique_ptr<BenchConn>>& clients, size_t n,
                double* server_us) {
   const double cpu0 = CpuSeconds(FLAGS_server_pid);
   std::atomic<bool> stop{false};
@@ -122,8 +221,7 @@ double GetRate(const std::vector<std::unique_ptr<rdkv::Client>>& clients, size_t
       std::mt19937_64 r(t + 1);
       uint64_t done = 0;
       for (size_t i = t % n; !stop.load(std::memory_order_relaxed); i = (i + threads) % n) {
-        auto g = clients[i]->Get(Key(static_cast<int>(r() % FLAGS_keys)));
-        if (!g.ok()) failed.fetch_add(1);
+        if (!clients[i]->Get(Key(static_cast<int>(r() % FLAGS_keys)))) failed.fetch_add(1);
         ++done;
       }
       total += done;
@@ -157,10 +255,19 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  {
+  const bool memcached = !FLAGS_memcached.empty();
+  const char* const store = memcached ? "memcached" : "rdkv";
+  const std::string value(FLAGS_value_size, 'v');
+  if (memcached) {
+    std::string error;
+    std::unique_ptr<McConn> loader = McConn::Open(&error);
+    if (loader == nullptr) Die(rdkv::Status::Unavailable(error), "connect");
+    for (int i = 0; i < FLAGS_keys; ++i) {
+      if (!loader->Set(Key(i), value)) Die(rdkv::Status::Unavailable("set failed"), "load");
+    }
+  } else {
     auto loader = rdkv::Client::Connect(Options());
     if (!loader.ok()) Die(loader.status(), "connect");
-    const std::string value(FLAGS_value_size, 'v');
     for (int i = 0; i < FLAGS_keys; ++i) {
       auto r = (*loader)->Put(Key(i), value);
       if (!r.ok()) Die(r.status(), "load");
@@ -171,7 +278,7 @@ int main(int argc, char** argv) {
 
   // The storm.
   const size_t n = static_cast<size_t>(FLAGS_connections);
-  std::vector<std::unique_ptr<rdkv::Client>> clients(n);
+  std::vector<std::unique_ptr<BenchConn>> clients(n);
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> failures{0};
   std::mutex first_error_mu;
@@ -182,14 +289,21 @@ int main(int argc, char** argv) {
     storm.emplace_back([&] {
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-        auto c = rdkv::Client::Connect(Options());
-        if (c.ok()) {
-          clients[i] = std::move(*c);
-          continue;
+        std::string error;
+        if (memcached) {
+          clients[i] = McConn::Open(&error);
+        } else {
+          auto c = rdkv::Client::Connect(Options());
+          if (c.ok()) {
+            clients[i] = std::make_unique<RdkvConn>(std::move(*c));
+          } else {
+            error = c.status().ToString();
+          }
         }
+        if (clients[i] != nullptr) continue;
         failures.fetch_add(1);
         std::lock_guard<std::mutex> l(first_error_mu);
-        if (first_error.empty()) first_error = c.status().ToString();
+        if (first_error.empty()) first_error = error;
       }
     });
   }
@@ -207,17 +321,15 @@ int main(int argc, char** argv) {
 
   // Every connection serves a GET, then the throughput phases.
   for (auto& c : clients) {
-    auto g = c->Get(Key(0));
-    if (!g.ok()) Die(g.status(), "first GET");
+    if (!c->Get(Key(0))) Die(rdkv::Status::NotFound(Key(0) + " not found"), "first GET");
   }
   const size_t base = static_cast<size_t>(FLAGS_base_connections);
   if (!FLAGS_only.empty()) {
     const size_t over = FLAGS_only == "base" ? base : n;
     double us = 0;
     const double rate = GetRate(clients, over, &us);
-    std::printf(
-        "rdkv conn_bench only=%s connections=%zu get_ops_per_s=%.0f server_us_per_get=%.1f\n",
-        FLAGS_only.c_str(), over, rate, us);
+    std::printf("%s conn_bench only=%s connections=%zu get_ops_per_s=%.0f server_us_per_get=%.1f\n",
+                store, FLAGS_only.c_str(), over, rate, us);
     return 0;
   }
   double base_rate = 0, all_rate = 0, base_us = 0, all_us = 0;
@@ -233,14 +345,14 @@ int main(int argc, char** argv) {
   const double per_conn_open = rss0 > 0 ? (double(rss_open) - double(rss0)) / double(n) : 0;
   const double per_conn_used = rss0 > 0 ? (double(rss_used) - double(rss0)) / double(n) : 0;
   std::printf(
-      "rdkv conn_bench transport=%s connections=%zu storm_threads=%d handshakes_per_s=%.0f "
+      "%s conn_bench transport=%s connections=%zu storm_threads=%d handshakes_per_s=%.0f "
       "storm_s=%.3f rss0_mib=%.1f rss_bytes_per_conn_open=%.0f rss_bytes_per_conn_used=%.0f "
       "threads=%d get_ops_per_s_base=%.0f (%zu conns) get_ops_per_s_all=%.0f ratio=%.3f "
       "server_us_per_get_base=%.1f server_us_per_get_all=%.1f server_cpu_ratio=%.3f\n",
-      FLAGS_transport.c_str(), n, FLAGS_storm_threads, double(n) / storm_s, storm_s,
-      double(rss0) / (1 << 20), per_conn_open, per_conn_used, FLAGS_threads, base_rate, base,
-      all_rate, all_rate / std::max(base_rate, 1e-9), base_us, all_us,
-      all_us / std::max(base_us, 1e-9));
+      store, memcached ? "tcp" : FLAGS_transport.c_str(), n, FLAGS_storm_threads,
+      double(n) / storm_s, storm_s, double(rss0) / (1 << 20), per_conn_open, per_conn_used,
+      FLAGS_threads, base_rate, base, all_rate, all_rate / std::max(base_rate, 1e-9), base_us,
+      all_us, all_us / std::max(base_us, 1e-9));
   if (!FLAGS_json.empty()) {
     std::ofstream(FLAGS_json) << "{\"connections\":" << n
                               << ",\"handshakes_per_s\":" << double(n) / storm_s

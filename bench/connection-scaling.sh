@@ -3,7 +3,9 @@
 # connections; the handshake rate (connections/s) under a storm of simultaneous connects; the
 # server's memory per connection (RSS delta / connections); GET throughput at CONNECTIONS
 # connections vs BASE (target: at least 0.8) and the server's CPU per GET in both. Driven by
-# bench/conn_bench (see its header).
+# bench/conn_bench (see its header). Then the same phases against a memcached on the same host
+# (the reference: what the kernel's sockets and this driver lose from BASE to CONNECTIONS
+# connections for a server known to scale; its ratio is printed beside rdkv's).
 #
 #   bench/connection-scaling.sh                      2000 connections vs 16
 #   CONNECTIONS=300 SECONDS_PER_PHASE=1 bench/connection-scaling.sh
@@ -21,6 +23,8 @@
 #                      built first unless NO_BUILD=1)
 #   SERVER_ARGS        extra kvserver flags
 #   JSON               also write conn_bench's figures there
+#   REFERENCE          memcached (default; skipped with a line saying so when it is not
+#                      installed: deploy/install-deps.sh --bench) or none
 #
 # Raises the open-file limit to what CONNECTIONS needs (both processes hold one socket per
 # connection; the client also one thread each) and starts the server with
@@ -38,6 +42,7 @@ KEYS=${KEYS:-1000}
 BUILD=${BUILD:-build/ci}
 SERVER_ARGS=${SERVER_ARGS:-}
 JSON=${JSON:-}
+REFERENCE=${REFERENCE:-memcached}
 
 die() {
   echo "$PROG: $*" >&2
@@ -62,11 +67,12 @@ threads_max=$(cat /proc/sys/kernel/threads-max 2>/dev/null || echo 0)
 
 state=$(mktemp -d)
 server_pid=""
+memcached_pid=""
 cleanup() {
-  if [[ -n $server_pid ]]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  for pid in $server_pid $memcached_pid; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   rm -rf "$state"
 }
 trap cleanup EXIT
@@ -97,10 +103,48 @@ out=$("$BUILD/bench/conn_bench" --server="127.0.0.1:$port" --server_pid="$server
   exit "$rc"
 }
 echo "$out"
+kill "$server_pid" 2>/dev/null || true
+wait "$server_pid" 2>/dev/null || true
+server_pid=""
+
+# The reference: memcached, same driver and phases, its own ratio.
+mc_out=""
+if [[ $REFERENCE == memcached ]]; then
+  if command -v memcached >/dev/null; then
+    mc_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    mc_user=()
+    [[ $(id -u) -eq 0 ]] && mc_user=(-u nobody)  # memcached refuses to run as root without -u
+    memcached "${mc_user[@]}" -l 127.0.0.1 -p "$mc_port" -U 0 -t 2 -m 64 \
+      -c $((CONNECTIONS + 64)) >"$state/memcached.log" 2>&1 &
+    memcached_pid=$!
+    for ((i = 0; i < 100; i++)); do
+      (exec 3<>"/dev/tcp/127.0.0.1/$mc_port") 2>/dev/null && break
+      sleep 0.1
+    done
+    mc_out=$("$BUILD/bench/conn_bench" --memcached="127.0.0.1:$mc_port" \
+      --server_pid="$memcached_pid" --connections="$CONNECTIONS" --base_connections="$BASE" \
+      --storm_threads="$STORM_THREADS" --threads="$THREADS" --seconds="$SECONDS_PER_PHASE" \
+      --keys="$KEYS") || {
+      echo "$mc_out"
+      die "the memcached reference run failed (log: $(tail -3 "$state/memcached.log"))"
+    }
+    echo "$mc_out"
+  else
+    echo "reference: SKIPPED (memcached is not installed: deploy/install-deps.sh --bench)"
+  fi
+fi
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
-ratio=$(sed -n 's/.* ratio=\([0-9.]*\).*/\1/p' <<<"$out")
-cpu_ratio=$(sed -n 's/.* server_cpu_ratio=\([0-9.]*\).*/\1/p' <<<"$out")
+field() { sed -n "s/.* $1=\([0-9.]*\).*/\1/p" <<<"$2"; }
+ratio=$(field ratio "$out")
+cpu_ratio=$(field server_cpu_ratio "$out")
 awk -v r="$ratio" -v cr="$cpu_ratio" -v c="$CONNECTIONS" -v b="$BASE" 'BEGIN {
   printf "GET throughput at %d connections / at %d: %.3f (target >= 0.800: %s)\n", c, b, r,
     (r >= 0.8 ? "met" : "MISSED")
   printf "server CPU per GET at %d connections / at %d: %.3f\n", c, b, cr }'
+if [[ -n $mc_out ]]; then
+  mc_ratio=$(field ratio "$mc_out")
+  awk -v r="$ratio" -v m="$mc_ratio" -v mc="$(field server_cpu_ratio "$mc_out")" \
+    -v c="$CONNECTIONS" -v b="$BASE" 'BEGIN {
+    printf "memcached, same driver: GET throughput at %d / at %d: %.3f, server CPU per GET: %.3f\n", c, b, m, mc
+    printf "rdkv ratio / memcached ratio: %.3f\n", r / m }'
+fi
