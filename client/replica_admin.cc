@@ -183,7 +183,8 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
   while (cursor != kv::kScanDone) {
     uint64_t next = 0;
     std::string body;
-    Status s = channel.Call(*from, kv::EncodeShardScan({shard, cursor}, &scratch), &next, &body);
+    Status s =
+        channel.Call(*from, kv::EncodeShardScan({shard, cursor, server}, &scratch), &next, &body);
     if (!s.ok()) {
       return Status(s.code(), "copying shard " + std::to_string(shard) + " from " +
                                   Name(joining, primary) + ": " + s.message() +
@@ -230,7 +231,8 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
     cursor = answer->next_cursor;
     if (progress && Clock::now() - last_line > std::chrono::seconds(1)) {
       last_line = Clock::now();
-      progress("  copy: " + std::to_string(report.items_copied) + " items");
+      progress("  copy of shard " + std::to_string(shard) + " into " + Name(joining, server) +
+               ": " + std::to_string(report.items_copied) + " items");
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
@@ -342,6 +344,114 @@ std::vector<Status> CopyShards(AdminChannel& channel, const cluster::ClusterMap&
 
 }  // namespace
 
+namespace {
+
+// The order to install a joining map in: each new replica before the primaries that will
+// forward to it, where the pairs allow; in a cycle (A a new replica of a shard B is primary of,
+// and B of one A is primary of) the first one left goes first: its forwards to a replica that
+// has not installed the map yet are answered kBusy and resent until it has. Then nobody else.
+std::vector<uint32_t> JoiningInstallOrder(const cluster::ClusterMap& m,
+                                          const std::vector<ReplicaAddition>& pairs) {
+  std::vector<uint32_t> todo;  // the new replicas, then the primaries, each once
+  for (const ReplicaAddition& a : pairs) AddOnce(&todo, a.server);
+  for (const ReplicaAddition& a : pairs) AddOnce(&todo, m.OwnerOf(a.shard));
+  std::vector<uint32_t> order;
+  auto installed = [&](uint32_t id) {
+    return std::find(order.begin(), order.end(), id) != order.end();
+  };
+  // Whether `id` would forward to a new replica that has not installed the map yet.
+  auto forwards_early = [&](uint32_t id) {
+    for (const ReplicaAddition& a : pairs) {
+      if (m.OwnerOf(a.shard) == id && !installed(a.server)) return true;
+    }
+    return false;
+  };
+  while (!todo.empty()) {
+    auto next =
+        std::find_if(todo.begin(), todo.end(), [&](uint32_t id) { return !forwards_early(id); });
+    if (next == todo.end()) next = todo.begin();  // a cycle
+    order.push_back(*next);
+    todo.erase(next);
+  }
+  return order;
+}
+
+// `base` with every pair of `pairs` moved from joining to in sync, at epoch base.epoch + 1.
+cluster::ClusterMap WithInSync(const cluster::ClusterMap& base,
+                               const std::vector<ReplicaAddition>& pairs) {
+  cluster::ClusterMap next = base;
+  next.epoch = base.epoch + 1;
+  for (const ReplicaAddition& a : pairs) {
+    Erase(&next.joining[a.shard], a.server);
+    next.backups[a.shard].push_back(a.server);
+  }
+  return next;
+}
+
+// A pair that did not become in sync, and why.
+struct PairFailure {
+  ReplicaAddition pair;
+  Status status;
+};
+
+// Which copied pairs may become in sync in a map built on `newest` (what the servers hold now):
+// those still joining under the primary their copy came from (in `joining`) whose primary's
+// check passes: MAP_INSTALL check-only, which refuses a joining replica that missed a forwarded
+// write since its copy began. Every primary is asked before anything changes: with several
+// primaries in one map change, the first install commits it (etcd), so a later primary's
+// refusal would come too late. One check per primary; the pairs of a primary that refuses
+// are checked one by one. The others go to *failures.
+std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
+                                                 const cluster::ClusterMap& joining,
+                                                 const cluster::ClusterMap& newest,
+                                                 const std::vector<ReplicaAddition>& copied,
+                                                 std::vector<PairFailure>* failures) {
+  std::vector<ReplicaAddition> candidates;
+  std::vector<uint32_t> primaries;
+  for (const ReplicaAddition& a : copied) {
+    if (a.shard >= newest.shards || !newest.IsJoining(a.shard, a.server) ||
+        newest.OwnerOf(a.shard) != joining.OwnerOf(a.shard)) {
+      failures->push_back(
+          {a, Status::Unavailable("the map changed during the copy of shard " +
+                                  std::to_string(a.shard) + " into " + Name(newest, a.server) +
+                                  ": it is no longer joining under the primary it was copied "
+                                  "from (run the same command again to copy it anew)")});
+      continue;
+    }
+    candidates.push_back(a);
+    AddOnce(&primaries, newest.OwnerOf(a.shard));
+  }
+  auto check = [&](uint32_t primary, const std::vector<ReplicaAddition>& pairs) {
+    const cluster::ServerEntry* e = newest.FindServer(primary);
+    if (e == nullptr) return Status::InvalidArgument("no primary");
+    return channel.Call(*e, kv::EncodeMapInstall({WithInSync(newest, pairs).ToJson(), true}),
+                        nullptr, nullptr);
+  };
+  std::vector<ReplicaAddition> ready;
+  for (uint32_t p : primaries) {
+    std::vector<ReplicaAddition> mine;
+    for (const ReplicaAddition& a : candidates) {
+      if (newest.OwnerOf(a.shard) == p) mine.push_back(a);
+    }
+    if (check(p, mine).ok()) {
+      ready.insert(ready.end(), mine.begin(), mine.end());
+      continue;
+    }
+    for (const ReplicaAddition& a : mine) {
+      Status s = check(p, {a});
+      if (s.ok()) {
+        ready.push_back(a);
+      } else {
+        failures->push_back({a, Status(s.code(), "shard " + std::to_string(a.shard) + " on " +
+                                                     Name(newest, a.server) + ": " + s.message())});
+      }
+    }
+  }
+  return ready;
+}
+
+}  // namespace
+
 Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::ClusterMap& known,
                                      std::span<const ReplicaAddition> wanted,
                                      const MoveProgressFn& progress) {
@@ -353,8 +463,6 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
   report.from_epoch = cur.epoch;
   report.to_epoch = cur.epoch;
   std::vector<ReplicaAddition> pairs;  // to add, each once, in the order given
-  std::vector<uint32_t> targets;       // their servers, each once
-  std::vector<uint32_t> primaries;     // their shards' primaries, each once
   std::vector<size_t> joining_added(cur.shards, 0);
   for (const ReplicaAddition& a : wanted) {
     if (std::find(pairs.begin(), pairs.end(), a) != pairs.end()) continue;
@@ -371,12 +479,58 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
                                      std::to_string(cluster::kMaxReplicas) + " replicas");
     }
     pairs.push_back(a);
-    AddOnce(&targets, a.server);
-    AddOnce(&primaries, cur.OwnerOf(a.shard));
   }
   if (pairs.empty()) return report;
+  std::vector<PairFailure> failures;
+  // 0. A replica starts empty: whatever a new replica holds of its shard is stale (an earlier
+  //    replica or move), and an old item of a key deleted since would come back with the copy.
+  //    First the newest map on each new server (one that was down missed the change that
+  //    removed it). A server that cannot take it, or a shard it cannot drop, leaves the call
+  //    (as a failure) without holding up the other pairs.
+  cluster::ClusterMap joining = cur;
+  {
+    std::vector<uint32_t> fresh_targets;
+    for (const ReplicaAddition& a : pairs) {
+      if (!cur.IsJoining(a.shard, a.server)) AddOnce(&fresh_targets, a.server);
+    }
+    std::vector<uint32_t> unready;
+    for (uint32_t t : fresh_targets) {
+      Status s = InstallOn(channel, cur, {t}, progress);
+      if (!s.ok()) {
+        unready.push_back(t);
+        for (const ReplicaAddition& a : pairs) {
+          if (a.server == t && !cur.IsJoining(a.shard, a.server)) failures.push_back({a, s});
+        }
+      }
+    }
+    std::vector<ReplicaAddition> kept;
+    for (const ReplicaAddition& a : pairs) {
+      if (cur.IsJoining(a.shard, a.server)) {
+        kept.push_back(a);  // resumed: it holds a partial copy already
+        continue;
+      }
+      if (std::find(unready.begin(), unready.end(), a.server) != unready.end()) continue;
+      std::string drop_scratch;
+      uint64_t stale = 0;
+      Status d = channel.Call(*cur.FindServer(a.server),
+                              kv::EncodeDropShard({a.shard, 0}, &drop_scratch), &stale, nullptr);
+      if (!d.ok()) {
+        failures.push_back(
+            {a,
+             Status(d.code(), "dropping stale data of shard " + std::to_string(a.shard) + " on " +
+                                  Name(cur, a.server) + " before it joins: " + d.message())});
+        continue;
+      }
+      joining.joining[a.shard].push_back(a.server);
+      kept.push_back(a);
+    }
+    pairs = std::move(kept);
+  }
+  if (pairs.empty()) return failures.front().status;
   // Copies of different target servers run first, side by side: pair k of each server in turn.
   {
+    std::vector<uint32_t> targets;
+    for (const ReplicaAddition& a : pairs) AddOnce(&targets, a.server);
     std::vector<ReplicaAddition> spread;
     for (size_t k = 0; spread.size() < pairs.size(); ++k) {
       for (uint32_t t : targets) {
@@ -388,40 +542,17 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     }
     pairs = std::move(spread);
   }
-  // 1. Joining, for every pair in one map change: the new replicas first (they must accept
-  //    the forwards), then the primaries (from here every write of those shards is forwarded
-  //    to the new replicas too), then the rest. A server both new replica of one shard and
-  //    primary of another is installed with the new replicas; a forward that reaches a new
-  //    replica before its install is answered kBusy and resent (the replicator retries).
-  std::vector<uint32_t> first = targets;
-  for (uint32_t p : primaries) AddOnce(&first, p);
-  cluster::ClusterMap joining = cur;
-  std::vector<ReplicaAddition> fresh;  // not joining yet (the others resume an interrupted copy)
-  std::vector<uint32_t> fresh_targets;
-  for (const ReplicaAddition& a : pairs) {
-    if (cur.IsJoining(a.shard, a.server)) continue;
-    fresh.push_back(a);
-    AddOnce(&fresh_targets, a.server);
-  }
-  if (!fresh.empty()) {
-    // A replica starts empty: whatever the server holds of a shard is stale (an earlier
-    // replica or move), and an old item of a key deleted since would come back with the copy.
-    // First the newest map (a server that was down missed the change that removed it).
-    RDKV_RETURN_IF_ERROR(InstallOn(channel, cur, fresh_targets, progress));
-    for (const ReplicaAddition& a : fresh) {
-      const cluster::ServerEntry* target = cur.FindServer(a.server);
-      std::string drop_scratch;
-      uint64_t stale = 0;
-      Status d =
-          channel.Call(*target, kv::EncodeDropShard({a.shard, 0}, &drop_scratch), &stale, nullptr);
-      if (!d.ok()) {
-        return Status(d.code(), "dropping stale data of shard " + std::to_string(a.shard) + " on " +
-                                    Name(cur, a.server) + " before it joins: " + d.message());
-      }
-      joining.joining[a.shard].push_back(a.server);
-    }
+  // 1. Joining, for every new pair in one map change (JoiningInstallOrder: the new replicas
+  //    before the primaries that forward to them), then the rest. Resumed pairs only: make
+  //    sure everyone that matters has the map, then copy again.
+  const std::vector<uint32_t> first = JoiningInstallOrder(cur, pairs);
+  if (joining.joining != cur.joining) {
     joining.epoch = cur.epoch + 1;
     if (progress) {
+      std::vector<ReplicaAddition> fresh;
+      for (const ReplicaAddition& a : pairs) {
+        if (!cur.IsJoining(a.shard, a.server)) fresh.push_back(a);
+      }
       progress("add replicas (" + PairsText(fresh) + "): joining at map epoch " +
                std::to_string(joining.epoch));
     }
@@ -429,42 +560,53 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     RDKV_RETURN_IF_ERROR(
         InstallOn(channel, joining, Others(joining, first), progress, /*required=*/false));
   } else {
-    // Interrupted earlier runs: make sure everyone has its map, then copy again.
     RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
   }
   // 2. Copy the shards, several at once.
-  const std::vector<Status> copied = CopyShards(channel, joining, pairs, &report, progress);
-  // 3. In sync, for every copied pair in one map change: their primaries first (from here
-  //    they wait for the new replicas' answers), then the rest. A pair whose copy failed stays
-  //    joining; the first failure is returned after the others are in sync.
-  std::vector<ReplicaAddition> done;
-  std::vector<uint32_t> done_primaries;
-  Status first_failure;
+  const std::vector<Status> copy_status = CopyShards(channel, joining, pairs, &report, progress);
+  std::vector<ReplicaAddition> copied;
   for (size_t i = 0; i < pairs.size(); ++i) {
-    if (!copied[i].ok()) {
-      if (first_failure.ok()) first_failure = copied[i];
-      continue;
+    if (copy_status[i].ok()) {
+      copied.push_back(pairs[i]);
+    } else {
+      failures.push_back({pairs[i], copy_status[i]});
     }
-    done.push_back(pairs[i]);
-    AddOnce(&done_primaries, joining.OwnerOf(pairs[i].shard));
   }
-  if (done.empty()) return first_failure;
-  cluster::ClusterMap in_sync = joining;
-  in_sync.epoch = joining.epoch + 1;
-  for (const ReplicaAddition& a : done) {
-    Erase(&in_sync.joining[a.shard], a.server);
-    in_sync.backups[a.shard].push_back(a.server);
+  // 3. In sync, for every copied pair that may be, in one map change built on the newest map
+  //    (a failover or admission during the copies changed it; pairs it left alone are kept):
+  //    their primaries first (from here they wait for the new replicas' answers), then the
+  //    rest. A pair that fails stays joining; the first failure is returned after the others
+  //    are in sync.
+  std::vector<ReplicaAddition> done;
+  cluster::ClusterMap in_sync;
+  if (!copied.empty()) {
+    cluster::ClusterMap newest = joining;
+    if (Result<cluster::ClusterMap> m = NewestMap(channel, joining, progress); m.ok()) {
+      newest = std::move(m).value();
+    }
+    done = PairsReadyForInSync(channel, joining, newest, copied, &failures);
+    if (!done.empty()) {
+      std::vector<uint32_t> primaries;
+      for (const ReplicaAddition& a : done) AddOnce(&primaries, newest.OwnerOf(a.shard));
+      in_sync = WithInSync(newest, done);
+      RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, primaries, progress));
+      RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, primaries), progress,
+                                     /*required=*/false));
+      if (progress) {
+        progress("in sync at map epoch " + std::to_string(in_sync.epoch) + ": " + PairsText(done));
+      }
+    }
   }
-  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, done_primaries, progress));
-  RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, done_primaries), progress,
-                                 /*required=*/false));
-  if (progress) {
-    progress("in sync at map epoch " + std::to_string(in_sync.epoch) + ": " + PairsText(done));
-  }
-  if (!first_failure.ok()) {
-    return Status(first_failure.code(),
-                  first_failure.message() + " (the other copies completed: " + PairsText(done) +
-                      " in sync at map epoch " + std::to_string(in_sync.epoch) + ")");
+  if (!failures.empty()) {
+    const Status& first_failure = failures.front().status;
+    std::vector<ReplicaAddition> failed;
+    for (const PairFailure& f : failures) failed.push_back(f.pair);
+    std::string text = first_failure.message() + " (not in sync: " + PairsText(failed);
+    if (!done.empty()) {
+      text += "; the others are: " + PairsText(done) + " in sync at map epoch " +
+              std::to_string(in_sync.epoch);
+    }
+    return Status(first_failure.code(), text + ")");
   }
   report.to_epoch = in_sync.epoch;
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -80,6 +80,8 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
       }
     }
   }
+  // Only the checks: the caller asks every primary before it changes anything.
+  if (m->check_only) return AnswerNow(ex, Status::Ok(), cluster_->map()->epoch);
   // An etcd cluster's map changes in etcd first (a transaction on the map's revision); the
   // other servers get it from their watch, and this one installs it now.
   if (control_ != nullptr) {
@@ -102,8 +104,10 @@ bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
   if (!m.ok()) return AnswerNow(ex, m.status());
   if (Status s = RequireCluster("shard_scan"); !s.ok()) return AnswerNow(ex, s);
   if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
-  // A copy begins: forwards a joining backup missed before it are covered by this copy.
-  if (m->cursor == 0 && replicator_ != nullptr) replicator_->ResetJoiningFailures(m->shard);
+  // A copy begins: forwards the joining backup it is for missed before it are covered by it.
+  if (m->cursor == 0 && replicator_ != nullptr) {
+    replicator_->ResetJoiningFailures(m->shard, m->copy_for);
+  }
   kv::ScanAnswerBuilder answer(limits_.max_value_bytes);
   uint64_t items = 0;
   const uint64_t next = store_->ScanShard(m->shard, m->cursor, [&](const ScanItem& item) {

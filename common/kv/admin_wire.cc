@@ -63,12 +63,16 @@ Request EncodeSnapshot(const SnapshotRequest& m) { return Request{Op::kSnapshot,
 Request EncodeMapFetch(const MapFetchRequest&) { return Request{Op::kClusterMap, {}, {}, 0}; }
 
 Request EncodeMapInstall(const MapInstallRequest& m) {
-  return Request{Op::kInstallMap, {}, m.map_json, 0};
+  return Request{Op::kInstallMap, {}, m.map_json, m.check_only ? kMapInstallCheckOnly : 0};
 }
 
 Request EncodeShardScan(const ShardScanRequest& m, std::string* scratch) {
+  // The key and the value view one scratch string: the shard's digits, then the server's.
   *scratch = std::to_string(m.shard);
-  return Request{Op::kShardScan, *scratch, {}, m.cursor};
+  const size_t shard_digits = scratch->size();
+  if (m.copy_for != kScanForAnyServer) *scratch += std::to_string(m.copy_for);
+  const std::string_view all = *scratch;
+  return Request{Op::kShardScan, all.substr(0, shard_digits), all.substr(shard_digits), m.cursor};
 }
 
 Request EncodeImport(const ImportRequest& m) {
@@ -102,18 +106,35 @@ Result<MapFetchRequest> DecodeMapFetch(const Request& r) {
 }
 
 Result<MapInstallRequest> DecodeMapInstall(const Request& r) {
-  RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kInstallMap, {.value = true}));
+  RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kInstallMap, {.value = true, .expected_version = true}));
   if (r.value.empty()) return Status::ProtocolError("install_map carries no map");
-  return MapInstallRequest{r.value};
+  if (r.expected_version != 0 && r.expected_version != kMapInstallCheckOnly) {
+    return Status::ProtocolError("install_map: " + std::to_string(r.expected_version) +
+                                 " is neither 0 nor check-only (" +
+                                 std::to_string(kMapInstallCheckOnly) + ")");
+  }
+  return MapInstallRequest{r.value, r.expected_version == kMapInstallCheckOnly};
 }
 
 Result<ShardScanRequest> DecodeShardScan(const Request& r) {
-  RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kShardScan, {.key = true, .expected_version = true}));
+  RDKV_RETURN_IF_ERROR(
+      CheckFields(r, Op::kShardScan, {.key = true, .value = true, .expected_version = true}));
   RDKV_ASSIGN_OR_RETURN(uint32_t shard, ParseShard(r.key, r.op));
   if (r.expected_version == kScanDone) {
     return Status::InvalidArgument("shard_scan: the cursor is the end of the scan");
   }
-  return ShardScanRequest{shard, r.expected_version};
+  uint32_t copy_for = kScanForAnyServer;
+  if (!r.value.empty()) {
+    // A server id in canonical decimal, below the sentinel.
+    const char* end = r.value.data() + r.value.size();
+    auto [p, ec] = std::from_chars(r.value.data(), end, copy_for);
+    if (ec != std::errc() || p != end || (r.value.size() > 1 && r.value[0] == '0') ||
+        copy_for == kScanForAnyServer) {
+      return Status::InvalidArgument("shard_scan: '" + std::string(r.value.substr(0, 16)) +
+                                     "' is not a server id (in decimal)");
+    }
+  }
+  return ShardScanRequest{shard, r.expected_version, copy_for};
 }
 
 Result<ImportRequest> DecodeImport(const Request& r) {

@@ -9,8 +9,11 @@
 //   message          op            key                value       expected_version
 //   SNAPSHOT         kSnapshot     name (0..255 B)    -           -
 //   MAP_FETCH        kClusterMap   -                  -           -
-//   MAP_INSTALL      kInstallMap   -                  map (JSON)  -
-//   SHARD_SCAN       kShardScan    shard (decimal)    -           cursor
+//   MAP_INSTALL      kInstallMap   -                  map (JSON)  0, or kMapInstallCheckOnly
+//   SHARD_SCAN       kShardScan    shard (decimal)    the server  cursor
+//                                                     the copy is
+//                                                     for (decimal;
+//                                                     empty: any)
 //   IMPORT           kImport       key                value       the item's version (> 0)
 //   DROP_SHARD       kDropShard    shard (decimal)    -           version floor (0: none)
 //   REPLICATE        kReplicate    key                value (none the item's version (> 0);
@@ -24,7 +27,8 @@
 //   answer           item_version                     body
 //   SNAPSHOT         0                                the snapshot's path
 //   MAP_FETCH        the map's epoch (0: standalone)  the map (JSON; empty when standalone)
-//   MAP_INSTALL      the installed epoch              -
+//   MAP_INSTALL      the installed epoch (check only:  -
+//                    the server's epoch)
 //   SHARD_SCAN       next cursor (kScanDone: end)     scan entries (wire.h, AppendScanEntry)
 //   IMPORT           the item's version               -
 //   DROP_SHARD       items dropped                    -
@@ -62,12 +66,23 @@ struct SnapshotRequest {
   std::string_view name;  // may be empty: the server picks one
 };
 struct MapFetchRequest {};
+// MAP_INSTALL's expected_version asking the server to run the checks it would run before an
+// install that turns joining replicas into in-sync ones (docs/design.md "Replication"), and
+// to install nothing.
+inline constexpr uint64_t kMapInstallCheckOnly = 1;
+
 struct MapInstallRequest {
   std::string_view map_json;  // non-empty; the server parses and checks it
+  bool check_only = false;    // check, install nothing (kMapInstallCheckOnly)
 };
+// A sentinel of ShardScanRequest::copy_for: the scan is for no particular server.
+inline constexpr uint32_t kScanForAnyServer = UINT32_MAX;
 struct ShardScanRequest {
   uint32_t shard = 0;
   uint64_t cursor = 0;  // 0 to start; then the previous answer's next_cursor
+  // The joining replica the copy is for: a scan from cursor 0 forgets the forwards it missed
+  // (the copy covers them), and only its (kScanForAnyServer: every joining replica's).
+  uint32_t copy_for = kScanForAnyServer;
 };
 struct ImportRequest {
   std::string_view key;

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
 #include "common/util/units.h"
 
@@ -604,10 +605,12 @@ uint64_t Replicator::JoiningFailures(uint32_t shard, uint32_t id) const {
   return it == joining_failures_.end() ? 0 : it->second;
 }
 
-void Replicator::ResetJoiningFailures(uint32_t shard) {
+void Replicator::ResetJoiningFailures(uint32_t shard, uint32_t id) {
   MutexLock lock(&joining_mu_);
   for (auto it = joining_failures_.begin(); it != joining_failures_.end();) {
-    it = it->first.first == shard ? joining_failures_.erase(it) : std::next(it);
+    const bool reset =
+        it->first.first == shard && (id == kv::kScanForAnyServer || it->first.second == id);
+    it = reset ? joining_failures_.erase(it) : std::next(it);
   }
 }
 

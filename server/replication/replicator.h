@@ -121,8 +121,11 @@ class Replicator {
   // backup that missed a write must not become in sync (its copy may have read the key before
   // the write): the install that would make it so is refused while this is not zero.
   uint64_t JoiningFailures(uint32_t shard, uint32_t id) const EXCLUDES(joining_mu_);
-  // A new copy of `shard` starts (a SHARD_SCAN from its first slot): earlier misses are moot.
-  void ResetJoiningFailures(uint32_t shard) EXCLUDES(joining_mu_);
+  // A new copy of `shard` into joining backup `id` starts (a SHARD_SCAN from its first slot
+  // naming it): that backup's earlier misses are moot; the other joining backups' stay (their
+  // copies began earlier). kv::kScanForAnyServer: every joining backup's (an older client's
+  // scan names no server).
+  void ResetJoiningFailures(uint32_t shard, uint32_t id) EXCLUDES(joining_mu_);
   // Each backup this primary has talked to: connected now, seconds since its last failed
   // forward (negative: never), and its lag: writes queued for it or in a batch it has not
   // answered yet (`pending`), and how long the oldest of them has waited (`oldest_pending_s`,

@@ -134,6 +134,12 @@ TEST(AdminWireTest, RequestsRoundTrip) {
         DecodeMapInstall(Reframe(EncodeMapInstall({"{\"epoch\":2}"}), &buf));
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     EXPECT_EQ(m->map_json, "{\"epoch\":2}");
+    EXPECT_FALSE(m->check_only);
+    Result<MapInstallRequest> check =
+        DecodeMapInstall(Reframe(EncodeMapInstall({"{\"epoch\":3}", true}), &buf));
+    ASSERT_TRUE(check.ok()) << check.status().ToString();
+    EXPECT_EQ(check->map_json, "{\"epoch\":3}");
+    EXPECT_TRUE(check->check_only);
   }
   for (uint32_t shard : {0u, 7u, 10u, kMaxShards - 1}) {
     Result<ShardScanRequest> m =
@@ -141,6 +147,15 @@ TEST(AdminWireTest, RequestsRoundTrip) {
     ASSERT_TRUE(m.ok()) << shard << ": " << m.status().ToString();
     EXPECT_EQ(m->shard, shard);
     EXPECT_EQ(m->cursor, 12345u);
+    EXPECT_EQ(m->copy_for, kScanForAnyServer);
+    for (uint32_t server : {0u, 9u, 10u, 4000000000u}) {
+      Result<ShardScanRequest> f =
+          DecodeShardScan(Reframe(EncodeShardScan({shard, 0, server}, &scratch), &buf));
+      ASSERT_TRUE(f.ok()) << shard << "/" << server << ": " << f.status().ToString();
+      EXPECT_EQ(f->shard, shard);
+      EXPECT_EQ(f->cursor, 0u);
+      EXPECT_EQ(f->copy_for, server);
+    }
     Result<DropShardRequest> d =
         DecodeDropShard(Reframe(EncodeDropShard({shard, 99}, &scratch), &buf));
     ASSERT_TRUE(d.ok()) << shard << ": " << d.status().ToString();
@@ -181,8 +196,11 @@ TEST(AdminWireTest, MalformedRequestsAreRefused) {
   EXPECT_EQ(code(DecodeMapFetch({Op::kClusterMap, "", "", 3})), kProto);
   EXPECT_EQ(code(DecodeMapInstall({Op::kInstallMap, "", "", 0})), kProto) << "no map";
   EXPECT_EQ(code(DecodeMapInstall({Op::kInstallMap, "k", "{}", 0})), kProto);
-  EXPECT_EQ(code(DecodeMapInstall({Op::kInstallMap, "", "{}", 1})), kProto);
-  EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, "3", "v", 0})), kProto);
+  EXPECT_EQ(code(DecodeMapInstall({Op::kInstallMap, "", "{}", 2})), kProto) << "not check-only";
+  // SHARD_SCAN's value is a server id in canonical decimal.
+  for (std::string_view bad : {"v", "-1", "01", "1 ", "4294967295", "4294967296", "0x1"}) {
+    EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, "3", bad, 0})), kInvalid) << bad;
+  }
   EXPECT_EQ(code(DecodeDropShard({Op::kDropShard, "3", "v", 0})), kProto);
   EXPECT_EQ(code(DecodeShardScan({Op::kShardScan, "3", "", kScanDone})), kInvalid);
   // Shard numbers: canonical decimal below kMaxShards only.

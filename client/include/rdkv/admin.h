@@ -68,7 +68,7 @@ struct ReplicaReport {
   uint64_t items_copied = 0;   // AddReplica: items copied into the new replica
   uint64_t bytes_copied = 0;   // their keys and values
   uint64_t items_dropped = 0;  // RemoveReplica: items dropped from the removed replica
-  double copy_seconds = 0;
+  double copy_seconds = 0;     // the copies' wall time (AddReplicas: the copies run at once)
   double seconds = 0;
 };
 
@@ -160,12 +160,15 @@ class Admin {
   // AddReplica for several (shard, server) pairs at once, in two map changes in all (every
   // pair joining, then every copied pair in sync), the copies running at once in between (up
   // to kReplicaCopiesInFlight shards at a time): restoring R after a failure costs two map
-  // changes and about the longest copy, not two changes and a copy per shard. Pairs whose
+  // changes and the copies side by side, not two changes and a copy per shard. Pairs whose
   // server already holds the shard are skipped (and repeated pairs); a pair already joining
-  // resumes its copy; the report sums the copies. Errors as AddReplica's, checked for every
-  // pair before anything changes. When a copy fails, the pairs whose copies completed are
-  // still made in sync, the failed ones stay joining, and the first failure is returned
-  // (running the same call again resumes them).
+  // resumes its copy; the report sums the copies. Arguments are checked for every pair before
+  // anything changes (errors as AddReplica's). A pair fails alone, the others go on: its
+  // server cannot take the newest map or drop its stale copy, its copy fails, the map moved
+  // its shard to another primary meanwhile, or its primary refuses it (a forward it missed
+  // while joining). Then the pairs that could are made in sync, the failed ones stay joining
+  // (or never joined), and the first failure is returned naming both sets; running the same
+  // call again resumes the failed ones.
   Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
                                     const MoveProgressFn& progress);
   // AddReplicas of `server` to each of `shards`.
