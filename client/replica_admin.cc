@@ -231,8 +231,8 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
     cursor = answer->next_cursor;
     if (progress && Clock::now() - last_line > std::chrono::seconds(1)) {
       last_line = Clock::now();
-      progress("  copy of shard " + std::to_string(shard) + " into " + Name(joining, server) +
-               ": " + std::to_string(report.items_copied) + " items");
+      progress("  copy: shard " + std::to_string(shard) + " into " + Name(joining, server) + ": " +
+               std::to_string(report.items_copied) + " items");
     }
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
@@ -260,6 +260,13 @@ namespace {
 
 void AddOnce(std::vector<uint32_t>* v, uint32_t id) {
   if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
+}
+
+// "0,3,5".
+std::string JoinIds(const std::vector<uint32_t>& ids) {
+  std::string out;
+  for (uint32_t id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
 }
 
 // "shard 3 -> server 2, shard 4 -> server 2".
@@ -450,6 +457,20 @@ std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
   return ready;
 }
 
+// The error of an AddReplicas call that left pairs out: the first failure's code and text,
+// then which pairs are not in sync and which are (`done`, with `done_where`).
+Status FailuresStatus(const std::vector<PairFailure>& failures,
+                      const std::vector<ReplicaAddition>& done, const std::string& done_where) {
+  const Status& first = failures.front().status;
+  std::vector<ReplicaAddition> failed;
+  for (const PairFailure& f : failures) failed.push_back(f.pair);
+  std::string text = first.message();
+  if (!failed.empty()) text += " (not in sync: " + PairsText(failed);
+  if (!done.empty()) text += "; in sync: " + PairsText(done) + done_where;
+  if (!failed.empty()) text += ")";
+  return Status(first.code(), text);
+}
+
 }  // namespace
 
 Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::ClusterMap& known,
@@ -482,34 +503,31 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
   }
   if (pairs.empty()) return report;
   std::vector<PairFailure> failures;
-  // 0. A replica starts empty: whatever a new replica holds of its shard is stale (an earlier
-  //    replica or move), and an old item of a key deleted since would come back with the copy.
-  //    First the newest map on each new server (one that was down missed the change that
-  //    removed it). A server that cannot take it, or a shard it cannot drop, leaves the call
-  //    (as a failure) without holding up the other pairs.
+  // 0. Every new replica gets the newest map first (one that was down missed the change that
+  //    removed it). A replica starts empty: whatever a fresh one holds of its shard is stale
+  //    (an earlier replica or move), and an old item of a key deleted since would come back
+  //    with the copy. A server that cannot take the map, or a shard it cannot drop, fails its
+  //    pairs alone.
   cluster::ClusterMap joining = cur;
   {
-    std::vector<uint32_t> fresh_targets;
-    for (const ReplicaAddition& a : pairs) {
-      if (!cur.IsJoining(a.shard, a.server)) AddOnce(&fresh_targets, a.server);
-    }
+    std::vector<uint32_t> targets;
+    for (const ReplicaAddition& a : pairs) AddOnce(&targets, a.server);
     std::vector<uint32_t> unready;
-    for (uint32_t t : fresh_targets) {
+    for (uint32_t t : targets) {
       Status s = InstallOn(channel, cur, {t}, progress);
-      if (!s.ok()) {
-        unready.push_back(t);
-        for (const ReplicaAddition& a : pairs) {
-          if (a.server == t && !cur.IsJoining(a.shard, a.server)) failures.push_back({a, s});
-        }
+      if (s.ok()) continue;
+      unready.push_back(t);
+      for (const ReplicaAddition& a : pairs) {
+        if (a.server == t) failures.push_back({a, s});
       }
     }
     std::vector<ReplicaAddition> kept;
     for (const ReplicaAddition& a : pairs) {
+      if (std::find(unready.begin(), unready.end(), a.server) != unready.end()) continue;
       if (cur.IsJoining(a.shard, a.server)) {
-        kept.push_back(a);  // resumed: it holds a partial copy already
+        kept.push_back(a);  // resumed: its copy starts over
         continue;
       }
-      if (std::find(unready.begin(), unready.end(), a.server) != unready.end()) continue;
       std::string drop_scratch;
       uint64_t stale = 0;
       Status d = channel.Call(*cur.FindServer(a.server),
@@ -526,7 +544,7 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     }
     pairs = std::move(kept);
   }
-  if (pairs.empty()) return failures.front().status;
+  if (pairs.empty()) return FailuresStatus(failures, {}, "");
   // Copies of different target servers run first, side by side: pair k of each server in turn.
   {
     std::vector<uint32_t> targets;
@@ -542,10 +560,11 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     }
     pairs = std::move(spread);
   }
-  // 1. Joining, for every new pair in one map change (JoiningInstallOrder: the new replicas
-  //    before the primaries that forward to them), then the rest. Resumed pairs only: make
-  //    sure everyone that matters has the map, then copy again.
-  const std::vector<uint32_t> first = JoiningInstallOrder(cur, pairs);
+  // 1. Joining, for every new pair in one map change (resumed pairs only: the same map again),
+  //    on the new replicas and their primaries in JoiningInstallOrder, then the rest. A new
+  //    replica that cannot take it fails its pairs alone (its primaries' forwards to it fail
+  //    and are counted as missed); a primary that cannot ends the call: its shards' writes
+  //    would not reach their new replicas.
   if (joining.joining != cur.joining) {
     joining.epoch = cur.epoch + 1;
     if (progress) {
@@ -556,12 +575,26 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       progress("add replicas (" + PairsText(fresh) + "): joining at map epoch " +
                std::to_string(joining.epoch));
     }
-    RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
-    RDKV_RETURN_IF_ERROR(
-        InstallOn(channel, joining, Others(joining, first), progress, /*required=*/false));
-  } else {
-    RDKV_RETURN_IF_ERROR(InstallOn(channel, joining, first, progress));
   }
+  const std::vector<uint32_t> first = JoiningInstallOrder(cur, pairs);
+  for (uint32_t id : first) {
+    Status s = InstallOn(channel, joining, {id}, progress);
+    if (s.ok()) continue;
+    const bool primary = std::any_of(pairs.begin(), pairs.end(), [&](const ReplicaAddition& a) {
+      return joining.OwnerOf(a.shard) == id;
+    });
+    if (primary) {
+      return Status(s.code(),
+                    s.message() + " (nothing is in sync; running the same call again resumes)");
+    }
+    std::erase_if(pairs, [&](const ReplicaAddition& a) {
+      if (a.server != id) return false;
+      failures.push_back({a, s});
+      return true;
+    });
+  }
+  RDKV_RETURN_IF_ERROR(
+      InstallOn(channel, joining, Others(joining, first), progress, /*required=*/false));
   // 2. Copy the shards, several at once.
   const std::vector<Status> copy_status = CopyShards(channel, joining, pairs, &report, progress);
   std::vector<ReplicaAddition> copied;
@@ -573,12 +606,12 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     }
   }
   // 3. In sync, for every copied pair that may be, in one map change built on the newest map
-  //    (a failover or admission during the copies changed it; pairs it left alone are kept):
+  //    (a failover or admission during the copies changed it: pairs it left alone are kept):
   //    their primaries first (from here they wait for the new replicas' answers), then the
-  //    rest. A pair that fails stays joining; the first failure is returned after the others
-  //    are in sync.
+  //    rest. A pair that fails stays joining; the failures are returned after the others are
+  //    in sync.
   std::vector<ReplicaAddition> done;
-  cluster::ClusterMap in_sync;
+  cluster::ClusterMap in_sync = joining;
   if (!copied.empty()) {
     cluster::ClusterMap newest = joining;
     if (Result<cluster::ClusterMap> m = NewestMap(channel, joining, progress); m.ok()) {
@@ -589,24 +622,39 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       std::vector<uint32_t> primaries;
       for (const ReplicaAddition& a : done) AddOnce(&primaries, newest.OwnerOf(a.shard));
       in_sync = WithInSync(newest, done);
-      RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, primaries, progress));
+      std::vector<uint32_t> installed;
+      for (uint32_t p : primaries) {
+        Status s = InstallOn(channel, in_sync, {p}, progress);
+        if (!s.ok()) {
+          // The servers before it hold the new map already (with etcd it is committed, and
+          // every server gets it from its watch).
+          std::string where = installed.empty() ? "no server" : "server(s)";
+          for (uint32_t id : installed) where += " " + std::to_string(id);
+          return Status(s.code(), s.message() + "; map epoch " + std::to_string(in_sync.epoch) +
+                                      " (in sync: " + PairsText(done) + ") is installed on " +
+                                      where);
+        }
+        installed.push_back(p);
+      }
       RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, primaries), progress,
                                      /*required=*/false));
       if (progress) {
-        progress("in sync at map epoch " + std::to_string(in_sync.epoch) + ": " + PairsText(done));
+        std::vector<uint32_t> targets;
+        for (const ReplicaAddition& a : done) AddOnce(&targets, a.server);
+        for (uint32_t t : targets) {
+          std::vector<uint32_t> shards;
+          for (const ReplicaAddition& a : done) {
+            if (a.server == t) shards.push_back(a.shard);
+          }
+          progress(Name(in_sync, t) + " is an in-sync replica of " +
+                   (shards.size() == 1 ? "shard " : "shards ") + JoinIds(shards) +
+                   " at map epoch " + std::to_string(in_sync.epoch));
+        }
       }
     }
   }
   if (!failures.empty()) {
-    const Status& first_failure = failures.front().status;
-    std::vector<ReplicaAddition> failed;
-    for (const PairFailure& f : failures) failed.push_back(f.pair);
-    std::string text = first_failure.message() + " (not in sync: " + PairsText(failed);
-    if (!done.empty()) {
-      text += "; the others are: " + PairsText(done) + " in sync at map epoch " +
-              std::to_string(in_sync.epoch);
-    }
-    return Status(first_failure.code(), text + ")");
+    return FailuresStatus(failures, done, " in sync at map epoch " + std::to_string(in_sync.epoch));
   }
   report.to_epoch = in_sync.epoch;
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

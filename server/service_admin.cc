@@ -69,13 +69,12 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
       for (uint32_t id : s < next->backups.size() ? next->backups[s] : std::vector<uint32_t>{}) {
         if (!cur->IsJoining(s, id)) continue;
         if (uint64_t missed = replicator_->JoiningFailures(s, id); missed > 0) {
-          return AnswerNow(
-              ex,
-              Status::Unavailable("server " + std::to_string(id) +
-                                  " cannot become an in-sync replica of shard " +
-                                  std::to_string(s) + ": it missed " + std::to_string(missed) +
-                                  " forwarded write(s) while catching up; remove it (kvcli cluster "
-                                  "remove-replica) and add it again"));
+          return AnswerNow(ex, Status::Unavailable(
+                                   "server " + std::to_string(id) +
+                                   " cannot become an in-sync replica of shard " +
+                                   std::to_string(s) + ": it missed " + std::to_string(missed) +
+                                   " forwarded write(s) while catching up; add it again (its copy "
+                                   "starts over)"));
         }
       }
     }
@@ -104,8 +103,9 @@ bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
   if (!m.ok()) return AnswerNow(ex, m.status());
   if (Status s = RequireCluster("shard_scan"); !s.ok()) return AnswerNow(ex, s);
   if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
-  // A copy begins: forwards the joining backup it is for missed before it are covered by it.
-  if (m->cursor == 0 && replicator_ != nullptr) {
+  // A copy into a joining backup begins: the forwards that backup missed before it are covered
+  // by it. A scan that names no backup (a shard move's) forgets nothing.
+  if (m->cursor == 0 && m->copy_for != kv::kScanForNoReplica && replicator_ != nullptr) {
     replicator_->ResetJoiningFailures(m->shard, m->copy_for);
   }
   kv::ScanAnswerBuilder answer(limits_.max_value_bytes);

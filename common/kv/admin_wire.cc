@@ -70,7 +70,7 @@ Request EncodeShardScan(const ShardScanRequest& m, std::string* scratch) {
   // The key and the value view one scratch string: the shard's digits, then the server's.
   *scratch = std::to_string(m.shard);
   const size_t shard_digits = scratch->size();
-  if (m.copy_for != kScanForAnyServer) *scratch += std::to_string(m.copy_for);
+  if (m.copy_for != kScanForNoReplica) *scratch += std::to_string(m.copy_for);
   const std::string_view all = *scratch;
   return Request{Op::kShardScan, all.substr(0, shard_digits), all.substr(shard_digits), m.cursor};
 }
@@ -123,13 +123,13 @@ Result<ShardScanRequest> DecodeShardScan(const Request& r) {
   if (r.expected_version == kScanDone) {
     return Status::InvalidArgument("shard_scan: the cursor is the end of the scan");
   }
-  uint32_t copy_for = kScanForAnyServer;
+  uint32_t copy_for = kScanForNoReplica;
   if (!r.value.empty()) {
     // A server id in canonical decimal, below the sentinel.
     const char* end = r.value.data() + r.value.size();
     auto [p, ec] = std::from_chars(r.value.data(), end, copy_for);
     if (ec != std::errc() || p != end || (r.value.size() > 1 && r.value[0] == '0') ||
-        copy_for == kScanForAnyServer) {
+        copy_for == kScanForNoReplica) {
       return Status::InvalidArgument("shard_scan: '" + std::string(r.value.substr(0, 16)) +
                                      "' is not a server id (in decimal)");
     }

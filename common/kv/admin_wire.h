@@ -13,7 +13,7 @@
 //   SHARD_SCAN       kShardScan    shard (decimal)    the server  cursor
 //                                                     the copy is
 //                                                     for (decimal;
-//                                                     empty: any)
+//                                                     empty: none)
 //   IMPORT           kImport       key                value       the item's version (> 0)
 //   DROP_SHARD       kDropShard    shard (decimal)    -           version floor (0: none)
 //   REPLICATE        kReplicate    key                value (none the item's version (> 0);
@@ -75,14 +75,14 @@ struct MapInstallRequest {
   std::string_view map_json;  // non-empty; the server parses and checks it
   bool check_only = false;    // check, install nothing (kMapInstallCheckOnly)
 };
-// A sentinel of ShardScanRequest::copy_for: the scan is for no particular server.
-inline constexpr uint32_t kScanForAnyServer = UINT32_MAX;
+// A sentinel of ShardScanRequest::copy_for: the scan is for no joining replica (a shard move).
+inline constexpr uint32_t kScanForNoReplica = UINT32_MAX;
 struct ShardScanRequest {
   uint32_t shard = 0;
   uint64_t cursor = 0;  // 0 to start; then the previous answer's next_cursor
   // The joining replica the copy is for: a scan from cursor 0 forgets the forwards it missed
-  // (the copy covers them), and only its (kScanForAnyServer: every joining replica's).
-  uint32_t copy_for = kScanForAnyServer;
+  // (the copy covers them), and only its (kScanForNoReplica: nobody's).
+  uint32_t copy_for = kScanForNoReplica;
 };
 struct ImportRequest {
   std::string_view key;

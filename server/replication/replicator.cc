@@ -4,7 +4,6 @@
 
 #include <set>
 
-#include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
 #include "common/util/units.h"
 
@@ -608,9 +607,7 @@ uint64_t Replicator::JoiningFailures(uint32_t shard, uint32_t id) const {
 void Replicator::ResetJoiningFailures(uint32_t shard, uint32_t id) {
   MutexLock lock(&joining_mu_);
   for (auto it = joining_failures_.begin(); it != joining_failures_.end();) {
-    const bool reset =
-        it->first.first == shard && (id == kv::kScanForAnyServer || it->first.second == id);
-    it = reset ? joining_failures_.erase(it) : std::next(it);
+    it = it->first == std::pair{shard, id} ? joining_failures_.erase(it) : std::next(it);
   }
 }
 

@@ -123,8 +123,7 @@ class Replicator {
   uint64_t JoiningFailures(uint32_t shard, uint32_t id) const EXCLUDES(joining_mu_);
   // A new copy of `shard` into joining backup `id` starts (a SHARD_SCAN from its first slot
   // naming it): that backup's earlier misses are moot; the other joining backups' stay (their
-  // copies began earlier). kv::kScanForAnyServer: every joining backup's (an older client's
-  // scan names no server).
+  // copies began earlier).
   void ResetJoiningFailures(uint32_t shard, uint32_t id) EXCLUDES(joining_mu_);
   // Each backup this primary has talked to: connected now, seconds since its last failed
   // forward (negative: never), and its lag: writes queued for it or in a batch it has not

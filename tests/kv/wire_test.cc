@@ -147,7 +147,7 @@ TEST(AdminWireTest, RequestsRoundTrip) {
     ASSERT_TRUE(m.ok()) << shard << ": " << m.status().ToString();
     EXPECT_EQ(m->shard, shard);
     EXPECT_EQ(m->cursor, 12345u);
-    EXPECT_EQ(m->copy_for, kScanForAnyServer);
+    EXPECT_EQ(m->copy_for, kScanForNoReplica);
     for (uint32_t server : {0u, 9u, 10u, 4000000000u}) {
       Result<ShardScanRequest> f =
           DecodeShardScan(Reframe(EncodeShardScan({shard, 0, server}, &scratch), &buf));

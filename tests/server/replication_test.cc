@@ -80,6 +80,22 @@ class ReplicationTest : public ClusterTest {
     return out;
   }
 
+  // A thread that PUTs "v<i>" to key_of(i), i = 0, 1, ..., through its own client (seed
+  // server 0) until *stop, each acknowledged; *acked gets each key's last acknowledged value and
+  // version (read it after joining the thread).
+  std::thread StartWriter(std::atomic<bool>* stop, std::map<std::string, Item>* acked,
+                          std::function<std::string(int)> key_of) {
+    return std::thread([this, stop, acked, key_of = std::move(key_of)] {
+      auto c = NewClient(0);
+      for (int i = 0; !*stop; ++i) {
+        const std::string key = key_of(i);
+        auto v = c->Put(key, "v" + std::to_string(i));
+        ASSERT_TRUE(v.ok()) << v.status().ToString();
+        (*acked)[key] = {"v" + std::to_string(i), *v};
+      }
+    });
+  }
+
   // A raw write to server `id` with a request id.
   kv::Response RawWrite(int id, kv::Op op, std::string_view key, std::string_view value,
                         uint64_t expected, uint64_t client_id, uint64_t seq) {
@@ -367,15 +383,8 @@ TEST_F(ReplicationTest, AddReplicaToShardsAddsAServerToSeveralShardsInTwoMapChan
   StartReplicated(2);  // shards 0 and 3 on servers 0 and 1; shard 1 on servers 1 and 2
   std::atomic<bool> stop{false};
   std::map<std::string, Item> acked;
-  std::thread writer([&] {
-    auto c = NewClient(0);
-    for (int i = 0; !stop; ++i) {
-      std::string key = KeyIn(i % 2 == 0 ? 0 : 3, i % 100, "batch");
-      auto v = c->Put(key, "v" + std::to_string(i));
-      ASSERT_TRUE(v.ok()) << v.status().ToString();
-      acked[key] = {"v" + std::to_string(i), *v};
-    }
-  });
+  std::thread writer = StartWriter(
+      &stop, &acked, [&](int i) { return KeyIn(i % 2 == 0 ? 0 : 3, i % 100, "batch"); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto admin_client = NewClient(0);
   Admin admin(*admin_client);
@@ -424,15 +433,8 @@ TEST_F(ReplicationTest, AddReplicasToSeveralServersAtOnceUnderWrites) {
   StartReplicated(2);  // shard s: primary s % 3, backup (s + 1) % 3
   std::atomic<bool> stop{false};
   std::map<std::string, Item> acked;
-  std::thread writer([&] {
-    auto c = NewClient(0);
-    for (int i = 0; !stop; ++i) {
-      std::string key = KeyIn(i % kShards, i % 60, "multi");
-      auto v = c->Put(key, "v" + std::to_string(i));
-      ASSERT_TRUE(v.ok()) << v.status().ToString();
-      acked[key] = {"v" + std::to_string(i), *v};
-    }
-  });
+  std::thread writer =
+      StartWriter(&stop, &acked, [&](int i) { return KeyIn(i % kShards, i % 60, "multi"); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto admin_client = NewClient(1);
   Admin admin(*admin_client);
@@ -479,21 +481,16 @@ TEST_F(ReplicationTest, AddReplicasToSeveralServersAtOnceUnderWrites) {
 }
 
 // The admin channel of a replica change over new raw connections to the fixture's servers,
-// failing every SHARD_SCAN of one shard: that shard's copy breaks, the others complete.
-class ScanFailingChannel final : public client::AdminChannel {
+// with a hook that sees every request first: a non-OK status from it is the call's answer
+// instead (a fault), OK lets the request go.
+class HookedChannel final : public client::AdminChannel {
  public:
-  ScanFailingChannel(std::function<std::unique_ptr<transport::Connection>(uint16_t)> connect,
-                     uint32_t failing_shard)
-      : connect_(std::move(connect)), failing_shard_(failing_shard) {}
+  using Hook = std::function<Status(const cluster::ServerEntry&, const kv::Request&)>;
+  HookedChannel(std::function<std::unique_ptr<transport::Connection>(uint16_t)> connect, Hook hook)
+      : connect_(std::move(connect)), hook_(std::move(hook)) {}
   Status Call(const cluster::ServerEntry& server, const kv::Request& r, uint64_t* version,
               std::string* body) override {
-    if (r.op == kv::Op::kShardScan) {
-      Result<kv::ShardScanRequest> scan = kv::DecodeShardScan(r);
-      if (scan.ok() && scan->shard == failing_shard_) {
-        return Status::Unavailable("injected: the scan of shard " + std::to_string(scan->shard) +
-                                   " fails");
-      }
-    }
+    RDKV_RETURN_IF_ERROR(hook_(server, r));
     const uint16_t port =
         static_cast<uint16_t>(std::stoi(server.address.substr(server.address.rfind(':') + 1)));
     std::unique_ptr<transport::Connection> c = connect_(port);
@@ -512,7 +509,7 @@ class ScanFailingChannel final : public client::AdminChannel {
 
  private:
   const std::function<std::unique_ptr<transport::Connection>(uint16_t)> connect_;
-  const uint32_t failing_shard_;
+  const Hook hook_;
 };
 
 TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
@@ -527,14 +524,20 @@ TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
   }
   std::vector<ReplicaAddition> additions;
   for (uint32_t s = 0; s < kShards; ++s) additions.push_back({s, (s + 2) % 3});
-  ScanFailingChannel channel([this](uint16_t port) { return ConnectTo(port); },
-                             /*failing_shard=*/4);
+  // Every SHARD_SCAN of shard 4 fails: its copy breaks, the others complete.
+  HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                        [](const cluster::ServerEntry&, const kv::Request& r) {
+                          if (r.op != kv::Op::kShardScan) return Status::Ok();
+                          Result<kv::ShardScanRequest> scan = kv::DecodeShardScan(r);
+                          if (!scan.ok() || scan->shard != 4) return Status::Ok();
+                          return Status::Unavailable("injected: the scan of shard 4 fails");
+                        });
   auto added = client::RunAddReplicas(channel, map_, additions, nullptr);
   ASSERT_FALSE(added.ok());
   EXPECT_EQ(added.status().code(), StatusCode::kUnavailable) << added.status().ToString();
   EXPECT_NE(added.status().message().find("shard 4"), std::string::npos)
       << added.status().ToString();
-  EXPECT_NE(added.status().message().find("the others are"), std::string::npos)
+  EXPECT_NE(added.status().message().find("; in sync: "), std::string::npos)
       << added.status().ToString();
   // Two map changes: every pair joining, then all but shard 4's in sync.
   kv::Response m = Call(0, kv::EncodeMapFetch({}));
@@ -564,6 +567,49 @@ TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
     all.insert(primary.begin(), primary.end());
   }
   for (const auto& [k, item] : acked) EXPECT_EQ(all[k], item) << k;
+}
+
+// Two primaries in one in-sync change: the second one's new replica missed a forward after
+// its copy. Every primary is asked before the map changes, so only that pair stays joining,
+// although the first primary's install alone would have let the change through.
+TEST_F(ReplicationTest, EveryPrimaryIsAskedBeforeTheInSyncChange) {
+  StartReplicated(1);  // shard s on server s % 3 alone
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(c->Put(KeyIn(i % 2, i, "ask"), "v").ok());
+  bool missed = false;
+  // Before the first check: new replica 2 (of shard 1, primary 1) goes away, and a write to
+  // shard 1 misses it.
+  auto connect = [this](uint16_t port) -> std::unique_ptr<transport::Connection> {
+    if (port == ports_[2] && servers_[2] == nullptr) return nullptr;  // gone: refused
+    return ConnectTo(port);
+  };
+  HookedChannel channel(connect, [&](const cluster::ServerEntry&, const kv::Request& r) {
+    if (missed || r.op != kv::Op::kInstallMap || r.expected_version != kv::kMapInstallCheckOnly) {
+      return Status::Ok();
+    }
+    missed = true;
+    servers_[2].reset();
+    return c->Put(KeyIn(1, 999, "ask"), "missed by 2").status();
+  });
+  const std::vector<ReplicaAddition> additions = {{0, 1}, {1, 2}};
+  auto added = client::RunAddReplicas(channel, map_, additions, nullptr);
+  ASSERT_TRUE(missed);
+  ASSERT_FALSE(added.ok());
+  EXPECT_NE(added.status().message().find("missed"), std::string::npos)
+      << added.status().ToString();
+  EXPECT_NE(added.status().message().find("not in sync: shard 1 -> server 2"), std::string::npos)
+      << added.status().ToString();
+  kv::Response m = Call(0, kv::EncodeMapFetch({}));
+  ASSERT_TRUE(m.status.ok()) << m.status.ToString();
+  auto answer = kv::DecodeMapAnswer(m.version, m.body);
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  auto now = cluster::ParseClusterMap(answer->map_json);
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_EQ(now->epoch, map_.epoch + 2);
+  EXPECT_TRUE(now->IsBackup(0, 1));
+  EXPECT_FALSE(now->IsBackup(1, 2)) << "a replica that missed a write became in sync";
+  EXPECT_TRUE(now->IsJoining(1, 2));
 }
 
 // A joining replica that missed a forwarded write must not become in sync: the primary refuses
