@@ -457,6 +457,27 @@ std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
   return ready;
 }
 
+// One map change (epoch + 1) taking `pairs` out of joining: installed on their primaries first
+// (they stop forwarding to them), then on the rest. Returns the new map.
+Result<cluster::ClusterMap> LeaveJoining(AdminChannel& channel, const cluster::ClusterMap& cur,
+                                         const std::vector<ReplicaAddition>& pairs,
+                                         const MoveProgressFn& progress) {
+  cluster::ClusterMap next = cur;
+  next.epoch = cur.epoch + 1;
+  std::vector<uint32_t> primaries;
+  for (const ReplicaAddition& a : pairs) {
+    Erase(&next.joining[a.shard], a.server);
+    AddOnce(&primaries, cur.OwnerOf(a.shard));
+  }
+  if (progress) {
+    progress("out of joining at map epoch " + std::to_string(next.epoch) + ": " + PairsText(pairs));
+  }
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, primaries, progress));
+  RDKV_RETURN_IF_ERROR(
+      InstallOn(channel, next, Others(next, primaries), progress, /*required=*/false));
+  return next;
+}
+
 // The error of an AddReplicas call that left pairs out: the first failure's code and text,
 // then which pairs are not in sync and which are (`done`, with `done_where`).
 Status FailuresStatus(const std::vector<PairFailure>& failures,
@@ -464,11 +485,9 @@ Status FailuresStatus(const std::vector<PairFailure>& failures,
   const Status& first = failures.front().status;
   std::vector<ReplicaAddition> failed;
   for (const PairFailure& f : failures) failed.push_back(f.pair);
-  std::string text = first.message();
-  if (!failed.empty()) text += " (not in sync: " + PairsText(failed);
+  std::string text = first.message() + " (not in sync: " + PairsText(failed);
   if (!done.empty()) text += "; in sync: " + PairsText(done) + done_where;
-  if (!failed.empty()) text += ")";
-  return Status(first.code(), text);
+  return Status(first.code(), text + ")");
 }
 
 }  // namespace
@@ -502,6 +521,19 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     pairs.push_back(a);
   }
   if (pairs.empty()) return report;
+  // A pair already joining (an interrupted copy) starts over: out of joining first, then added
+  // as a fresh one (emptied, joining, copied). Copying into what it holds is not enough: a
+  // DELETE forward it missed while nobody copied leaves the old item there, and the copy only
+  // adds what the primary has.
+  {
+    std::vector<ReplicaAddition> resumed;
+    for (const ReplicaAddition& a : pairs) {
+      if (cur.IsJoining(a.shard, a.server)) resumed.push_back(a);
+    }
+    if (!resumed.empty()) {
+      RDKV_ASSIGN_OR_RETURN(cur, LeaveJoining(channel, cur, resumed, progress));
+    }
+  }
   std::vector<PairFailure> failures;
   // 0. Every new replica gets the newest map first (one that was down missed the change that
   //    removed it). A replica starts empty: whatever a fresh one holds of its shard is stale
@@ -524,10 +556,6 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     std::vector<ReplicaAddition> kept;
     for (const ReplicaAddition& a : pairs) {
       if (std::find(unready.begin(), unready.end(), a.server) != unready.end()) continue;
-      if (cur.IsJoining(a.shard, a.server)) {
-        kept.push_back(a);  // resumed: its copy starts over
-        continue;
-      }
       std::string drop_scratch;
       uint64_t stale = 0;
       Status d = channel.Call(*cur.FindServer(a.server),
@@ -560,23 +588,19 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     }
     pairs = std::move(spread);
   }
-  // 1. Joining, for every new pair in one map change (resumed pairs only: the same map again),
-  //    on the new replicas and their primaries in JoiningInstallOrder, then the rest. A new
-  //    replica that cannot take it fails its pairs alone (its primaries' forwards to it fail
-  //    and are counted as missed); a primary that cannot ends the call: its shards' writes
-  //    would not reach their new replicas.
-  if (joining.joining != cur.joining) {
-    joining.epoch = cur.epoch + 1;
-    if (progress) {
-      std::vector<ReplicaAddition> fresh;
-      for (const ReplicaAddition& a : pairs) {
-        if (!cur.IsJoining(a.shard, a.server)) fresh.push_back(a);
-      }
-      progress("add replicas (" + PairsText(fresh) + "): joining at map epoch " +
-               std::to_string(joining.epoch));
-    }
+  // 1. Joining, for every pair in one map change, on the new replicas and their primaries in
+  //    JoiningInstallOrder, then the rest. A new replica that cannot take it fails its pairs
+  //    alone, which leave joining again in one more map change (a replica on an older map
+  //    would answer its primaries' forwards kBusy and hold up every write of those shards for
+  //    the forward timeout); a primary that cannot ends the call: its shards' writes would not
+  //    reach their new replicas.
+  joining.epoch = cur.epoch + 1;
+  if (progress) {
+    progress("add replicas (" + PairsText(pairs) + "): joining at map epoch " +
+             std::to_string(joining.epoch));
   }
   const std::vector<uint32_t> first = JoiningInstallOrder(cur, pairs);
+  std::vector<ReplicaAddition> left_out;
   for (uint32_t id : first) {
     Status s = InstallOn(channel, joining, {id}, progress);
     if (s.ok()) continue;
@@ -584,17 +608,23 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       return joining.OwnerOf(a.shard) == id;
     });
     if (primary) {
-      return Status(s.code(),
-                    s.message() + " (nothing is in sync; running the same call again resumes)");
+      return Status(s.code(), s.message() + " (nothing is in sync: " + PairsText(pairs) +
+                                  " joining at map epoch " + std::to_string(joining.epoch) +
+                                  " on the servers before it; running the same call again "
+                                  "starts them over)");
     }
     std::erase_if(pairs, [&](const ReplicaAddition& a) {
       if (a.server != id) return false;
       failures.push_back({a, s});
+      left_out.push_back(a);
       return true;
     });
   }
   RDKV_RETURN_IF_ERROR(
       InstallOn(channel, joining, Others(joining, first), progress, /*required=*/false));
+  if (!left_out.empty()) {
+    RDKV_ASSIGN_OR_RETURN(joining, LeaveJoining(channel, joining, left_out, progress));
+  }
   // 2. Copy the shards, several at once.
   const std::vector<Status> copy_status = CopyShards(channel, joining, pairs, &report, progress);
   std::vector<ReplicaAddition> copied;
@@ -632,7 +662,7 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
           for (uint32_t id : installed) where += " " + std::to_string(id);
           return Status(s.code(), s.message() + "; map epoch " + std::to_string(in_sync.epoch) +
                                       " (in sync: " + PairsText(done) + ") is installed on " +
-                                      where);
+                                      where + " (with etcd it may be committed already)");
         }
         installed.push_back(p);
       }
@@ -654,7 +684,7 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
     }
   }
   if (!failures.empty()) {
-    return FailuresStatus(failures, done, " in sync at map epoch " + std::to_string(in_sync.epoch));
+    return FailuresStatus(failures, done, " at map epoch " + std::to_string(in_sync.epoch));
   }
   report.to_epoch = in_sync.epoch;
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();

@@ -62,7 +62,7 @@ FailoverPlan PlanFailover(const cluster::ClusterMap& map,
 // without an available primary waits.
 struct ReplicaTask {
   std::vector<ReplicaAddition> additions;  // the resumed ones first, then by shard
-  size_t resumed = 0;                      // how many of `additions` resume an interrupted copy
+  size_t resumed = 0;                      // how many of `additions` start an interrupted copy over
 };
 std::optional<ReplicaTask> NextReplicaTask(const cluster::ClusterMap& map,
                                            const std::map<uint32_t, Registration>& registrations);

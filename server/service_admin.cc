@@ -73,8 +73,8 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
                                    "server " + std::to_string(id) +
                                    " cannot become an in-sync replica of shard " +
                                    std::to_string(s) + ": it missed " + std::to_string(missed) +
-                                   " forwarded write(s) while catching up; add it again (its copy "
-                                   "starts over)"));
+                                   " forwarded write(s) while catching up; add it again (it leaves "
+                                   "joining and is copied again from empty)"));
         }
       }
     }

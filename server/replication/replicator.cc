@@ -606,9 +606,7 @@ uint64_t Replicator::JoiningFailures(uint32_t shard, uint32_t id) const {
 
 void Replicator::ResetJoiningFailures(uint32_t shard, uint32_t id) {
   MutexLock lock(&joining_mu_);
-  for (auto it = joining_failures_.begin(); it != joining_failures_.end();) {
-    it = it->first == std::pair{shard, id} ? joining_failures_.erase(it) : std::next(it);
-  }
+  joining_failures_.erase({shard, id});
 }
 
 }  // namespace rdkv::server::replication

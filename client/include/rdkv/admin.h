@@ -162,13 +162,14 @@ class Admin {
   // to kReplicaCopiesInFlight shards at a time): restoring R after a failure costs two map
   // changes and the copies side by side, not two changes and a copy per shard. Pairs whose
   // server already holds the shard are skipped (and repeated pairs); a pair already joining
-  // resumes its copy; the report sums the copies. Arguments are checked for every pair before
-  // anything changes (errors as AddReplica's). A pair fails alone, the others go on: its
+  // (an interrupted copy) starts over, in one more map change: out of joining, then added as
+  // a fresh one, emptied first; the report sums the copies. Arguments are checked for every pair
+  // before anything changes (errors as AddReplica's). A pair fails alone, the others go on: its
   // server cannot take the newest map or drop its stale copy, its copy fails, the map moved
   // its shard to another primary meanwhile, or its primary refuses it (a forward it missed
   // while joining). Then the pairs that could are made in sync, the failed ones stay joining
   // (or never joined), and the first failure is returned naming both sets; running the same
-  // call again resumes the failed ones.
+  // call again starts the failed ones over.
   Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
                                     const MoveProgressFn& progress);
   // AddReplicas of `server` to each of `shards`.
