@@ -96,6 +96,15 @@ class ReplicationTest : public ClusterTest {
     });
   }
 
+  // The map server `id` holds now (MAP_FETCH).
+  Result<cluster::ClusterMap> MapOf(int id) {
+    kv::Response m = Call(id, kv::EncodeMapFetch({}));
+    if (!m.status.ok()) return m.status;
+    Result<kv::MapAnswer> answer = kv::DecodeMapAnswer(m.version, m.body);
+    if (!answer.ok()) return answer.status();
+    return cluster::ParseClusterMap(answer->map_json);
+  }
+
   // A raw write to server `id` with a request id.
   kv::Response RawWrite(int id, kv::Op op, std::string_view key, std::string_view value,
                         uint64_t expected, uint64_t client_id, uint64_t seq) {
@@ -540,11 +549,7 @@ TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
   EXPECT_NE(added.status().message().find("; in sync: "), std::string::npos)
       << added.status().ToString();
   // Two map changes: every pair joining, then all but shard 4's in sync.
-  kv::Response m = Call(0, kv::EncodeMapFetch({}));
-  ASSERT_TRUE(m.status.ok()) << m.status.ToString();
-  auto answer = kv::DecodeMapAnswer(m.version, m.body);
-  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
-  auto now = cluster::ParseClusterMap(answer->map_json);
+  Result<cluster::ClusterMap> now = MapOf(0);
   ASSERT_TRUE(now.ok()) << now.status().ToString();
   EXPECT_EQ(now->epoch, map_.epoch + 2);
   for (uint32_t s = 0; s < kShards; ++s) {
@@ -601,11 +606,7 @@ TEST_F(ReplicationTest, EveryPrimaryIsAskedBeforeTheInSyncChange) {
       << added.status().ToString();
   EXPECT_NE(added.status().message().find("not in sync: shard 1 -> server 2"), std::string::npos)
       << added.status().ToString();
-  kv::Response m = Call(0, kv::EncodeMapFetch({}));
-  ASSERT_TRUE(m.status.ok()) << m.status.ToString();
-  auto answer = kv::DecodeMapAnswer(m.version, m.body);
-  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
-  auto now = cluster::ParseClusterMap(answer->map_json);
+  Result<cluster::ClusterMap> now = MapOf(0);
   ASSERT_TRUE(now.ok()) << now.status().ToString();
   EXPECT_EQ(now->epoch, map_.epoch + 2);
   EXPECT_TRUE(now->IsBackup(0, 1));
