@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/kv/admin_wire.h"
@@ -262,10 +263,24 @@ void AddOnce(std::vector<uint32_t>* v, uint32_t id) {
   if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
 }
 
-// "0,3,5".
-std::string JoinIds(const std::vector<uint32_t>& ids) {
-  std::string out;
-  for (uint32_t id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+// "shard 3", or "shards 0,3,5".
+std::string ShardsText(const std::vector<uint32_t>& ids) {
+  std::string out = ids.size() == 1 ? "shard " : "shards ";
+  for (size_t i = 0; i < ids.size(); ++i) out += (i == 0 ? "" : ",") + std::to_string(ids[i]);
+  return out;
+}
+
+// The pairs grouped by target server, servers in the order they first appear, each server's
+// shards in the order given.
+std::vector<std::pair<uint32_t, std::vector<uint32_t>>> ByServer(
+    const std::vector<ReplicaAddition>& pairs) {
+  std::vector<std::pair<uint32_t, std::vector<uint32_t>>> out;
+  for (const ReplicaAddition& a : pairs) {
+    auto it =
+        std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.first == a.server; });
+    if (it == out.end()) it = out.insert(out.end(), {a.server, {}});
+    it->second.push_back(a.shard);
+  }
   return out;
 }
 
@@ -348,10 +363,6 @@ std::vector<Status> CopyShards(AdminChannel& channel, const cluster::ClusterMap&
   out->copy_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   return status;
 }
-
-}  // namespace
-
-namespace {
 
 // The order to install a joining map in: each new replica before the primaries that will
 // forward to it, where the pairs allow; in a cycle (A a new replica of a shard B is primary of,
@@ -575,15 +586,11 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
   if (pairs.empty()) return FailuresStatus(failures, {}, "");
   // Copies of different target servers run first, side by side: pair k of each server in turn.
   {
-    std::vector<uint32_t> targets;
-    for (const ReplicaAddition& a : pairs) AddOnce(&targets, a.server);
+    const auto by_server = ByServer(pairs);
     std::vector<ReplicaAddition> spread;
     for (size_t k = 0; spread.size() < pairs.size(); ++k) {
-      for (uint32_t t : targets) {
-        size_t seen = 0;
-        for (const ReplicaAddition& a : pairs) {
-          if (a.server == t && seen++ == k) spread.push_back(a);
-        }
+      for (const auto& [server, shards] : by_server) {
+        if (k < shards.size()) spread.push_back({shards[k], server});
       }
     }
     pairs = std::move(spread);
@@ -669,15 +676,8 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, primaries), progress,
                                      /*required=*/false));
       if (progress) {
-        std::vector<uint32_t> targets;
-        for (const ReplicaAddition& a : done) AddOnce(&targets, a.server);
-        for (uint32_t t : targets) {
-          std::vector<uint32_t> shards;
-          for (const ReplicaAddition& a : done) {
-            if (a.server == t) shards.push_back(a.shard);
-          }
-          progress(Name(in_sync, t) + " is an in-sync replica of " +
-                   (shards.size() == 1 ? "shard " : "shards ") + JoinIds(shards) +
+        for (const auto& [server, shards] : ByServer(done)) {
+          progress(Name(in_sync, server) + " is an in-sync replica of " + ShardsText(shards) +
                    " at map epoch " + std::to_string(in_sync.epoch));
         }
       }
