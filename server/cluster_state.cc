@@ -211,6 +211,31 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   return Status::Ok();
 }
 
+ClusterState::WriteHold ClusterState::HoldForWrite() const {
+  MutexLock lock(&holds_mu_);
+  ++holds_;
+  return WriteHold(this);
+}
+
+void ClusterState::WriteHold::Release() {
+  if (state_ == nullptr) return;
+  {
+    MutexLock lock(&state_->holds_mu_);
+    if (--state_->holds_ == 0) state_->holds_cv_.SignalAll();
+  }
+  state_ = nullptr;
+}
+
+uint64_t ClusterState::write_holds() const {
+  MutexLock lock(&holds_mu_);
+  return holds_;
+}
+
+void ClusterState::WaitForWriteHolds() const {
+  MutexLock lock(&holds_mu_);
+  while (holds_ > 0) holds_cv_.Wait(&holds_mu_);
+}
+
 void ClusterState::Fence(const std::string& why) {
   // At once, without waiting for writes in flight: the bits must be clear one ownership lease
   // before the etcd lease can expire. A write that passed its ownership check before is either

@@ -100,6 +100,39 @@ class ClusterState {
   // For a function called under an OwnerGuard (or a held OwnerTryGuard).
   void AssertOwnerHeld() const ASSERT_SHARED_CAPABILITY(mu_) {}
 
+  // A write's hold on ownership that outlives the guard it was taken under and may be given
+  // back on another thread: an asynchronous replicated write keeps it from its ownership check
+  // until its backups have answered and it is applied (docs/design.md "No thread waits for the
+  // backups"). Whatever takes the ownership lock exclusively (an install, Unfence) waits, once
+  // it holds the lock, until every hold is given back, as it waits for OwnerGuards. Movable;
+  // gives the hold back when destroyed or on Release(). Empty when standalone.
+  class WriteHold {
+   public:
+    WriteHold() = default;
+    WriteHold(WriteHold&& o) noexcept : state_(o.state_) { o.state_ = nullptr; }
+    WriteHold& operator=(WriteHold&& o) noexcept {
+      if (this != &o) {
+        Release();
+        state_ = o.state_;
+        o.state_ = nullptr;
+      }
+      return *this;
+    }
+    WriteHold(const WriteHold&) = delete;
+    WriteHold& operator=(const WriteHold&) = delete;
+    ~WriteHold() { Release(); }
+    void Release();
+
+   private:
+    friend class ClusterState;
+    explicit WriteHold(const ClusterState* state) : state_(state) {}
+    const ClusterState* state_ = nullptr;
+  };
+  // Takes a hold; call under an OwnerGuard (or a held OwnerTryGuard), after the ownership check.
+  WriteHold HoldForWrite() const REQUIRES_SHARED(mu_) EXCLUDES(holds_mu_);
+  // Holds given out and not given back (tests).
+  uint64_t write_holds() const EXCLUDES(holds_mu_);
+
   // OK when this server owns the key's shard; else kWrongOwner naming the owner and the epoch
   // (and *epoch set). Call holding an OwnerGuard.
   Status CheckOwner(std::string_view key, uint64_t* epoch) const REQUIRES_SHARED(mu_);
@@ -163,6 +196,8 @@ class ClusterState {
     explicit ExclusiveLock(ClusterState* state) ACQUIRE(state->mu_) : mu_(&state->mu_) {
       MutexLock turnstile(&state->turnstile_);
       mu_->Lock();
+      state->mu_.AssertHeld();
+      state->WaitForWriteHolds();  // no new one can be taken now: they need mu_ shared
     }
     ~ExclusiveLock() RELEASE() { mu_->Unlock(); }
     ExclusiveLock(const ExclusiveLock&) = delete;
@@ -186,8 +221,8 @@ class ClusterState {
   Mutex install_mu_ ACQUIRED_BEFORE(turnstile_);  // one Install at a time
   // Held by an install while it waits for mu_ exclusively; writes pass through it.
   mutable Mutex turnstile_ ACQUIRED_BEFORE(mu_);
-  mutable SharedMutex mu_ ACQUIRED_BEFORE(snapshot_mu_,
-                                          fence_mu_);  // exclusive while ownership changes
+  mutable SharedMutex mu_ ACQUIRED_BEFORE(snapshot_mu_, fence_mu_,
+                                          holds_mu_);  // exclusive while ownership changes
   std::shared_ptr<const cluster::ClusterMap> map_ GUARDED_BY(mu_);
   // The same map, for readers that must not queue behind an install (CheckReplica).
   mutable Mutex snapshot_mu_;
@@ -203,6 +238,11 @@ class ClusterState {
   // Orders Fence with the bits an install or Unfence sets (after mu_ in the lock order).
   mutable Mutex fence_mu_;
   std::string fence_reason_ GUARDED_BY(fence_mu_);
+  // WriteHolds given out (after mu_ in the lock order: taken under it, shared or exclusive).
+  mutable Mutex holds_mu_;
+  mutable CondVar holds_cv_;
+  mutable uint64_t holds_ GUARDED_BY(holds_mu_) = 0;
+  void WaitForWriteHolds() const REQUIRES(mu_) EXCLUDES(holds_mu_);
   // When an ownership bit was last cleared (an install's loss or a fence).
   std::chrono::steady_clock::time_point last_clear_ GUARDED_BY(fence_mu_){};
 };

@@ -106,6 +106,10 @@ DEFINE_int32(etcd_lease_ttl_s, 2,
 DEFINE_int32(replication_timeout_ms, 2000,
              "How long a primary waits for a backup to apply a forwarded write before the write "
              "fails with kUnavailable.");
+DEFINE_bool(async_replicated_writes, true,
+            "A replicated write holds no thread while its backups answer: the thread that reads "
+            "their answers applies and acknowledges it. false: each write waits for its backups "
+            "on a thread of its own (the earlier path, for comparison).");
 DEFINE_int32(ownership_lease_ms, 100,
              "A server that loses a shard waits this long before "
              "acknowledging the map change; clients trust an ownership READ this long.");
@@ -497,6 +501,7 @@ int main(int argc, char** argv) {
   }
   if (FLAGS_replication_timeout_ms < 1) return fail("--replication_timeout_ms must be positive");
   o.replication_timeout = std::chrono::milliseconds(FLAGS_replication_timeout_ms);
+  o.async_replicated_writes = FLAGS_async_replicated_writes;
   if (FLAGS_ownership_lease_ms < 1) return fail("--ownership_lease_ms must be positive");
   o.ownership_lease = std::chrono::milliseconds(FLAGS_ownership_lease_ms);
 

@@ -165,6 +165,9 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
     f.Counter("rdkv_replication_batched_writes_total",
               "Writes those REPLICATE requests carried (per backup)",
               static_cast<double>(s.batched_writes));
+    f.Counter("rdkv_replication_async_forwards_total",
+              "Replicated writes forwarded with no thread waiting for the backups' answers",
+              static_cast<double>(s.async_forwards));
     f.Counter("rdkv_replication_batches_applied_total",
               "REPLICATE batches this server applied as a backup",
               static_cast<double>(s.batches_applied));

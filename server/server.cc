@@ -72,6 +72,7 @@ class ServerImpl final : public Server {
       ro.forward_timeout = options.replication_timeout;
       replicator_ = std::make_unique<replication::Replicator>(fabric_.get(), ro);
       service_.set_replicator(replicator_.get());
+      service_.set_async_replicated_writes(options.async_replicated_writes);
       cluster_->set_resync_hook(
           [this](const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
             promoted_shards_.fetch_add(shards.size(), std::memory_order_relaxed);
@@ -88,6 +89,7 @@ class ServerImpl final : public Server {
     if (persister_) persister_->Flush().IgnoreError();
     metrics_http_.reset();
     listener_.reset();
+    service_.WaitForWrites();  // writes still waiting for their backups persist first
     persister_.reset();
   }
 
@@ -215,6 +217,7 @@ class ServerImpl final : public Server {
         s.version_retries = rs.version_retries;
         s.batches_sent = rs.batches;
         s.batched_writes = rs.batched_writes;
+        s.async_forwards = rs.async_forwards;
         for (const replication::Replicator::PeerState& p : replicator_->Peers()) {
           s.backups.push_back({p.id, p.connected, p.pending, p.oldest_pending_s});
         }

@@ -69,6 +69,9 @@ struct ServerOptions {
   // Replication (docs/design.md "Replication"): how long a primary waits for a backup to apply
   // a forwarded write before it answers the write kUnavailable.
   std::chrono::milliseconds replication_timeout{2000};
+  // A replicated write holds no thread while its backups answer (docs/design.md "No thread
+  // waits for the backups"); false: it waits on a worker or writer thread (the earlier path).
+  bool async_replicated_writes = true;
   // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
   // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
   // Unset: no HTTP server.
@@ -111,6 +114,8 @@ struct ServerStats {
   // Batching: REPLICATE requests sent as a primary and the writes they carried; batches
   // applied as a backup.
   uint64_t batches_sent = 0, batched_writes = 0, batches_applied = 0;
+  // Forwards of replicated writes that no thread waited for (the asynchronous path).
+  uint64_t async_forwards = 0;
   // Repair of failed replicated writes: kept now, and since the start kept, repaired,
   // dropped (superseded), failed again. Request ids the retry table keeps.
   uint64_t repairs_pending = 0, repairs_noted = 0, repairs_done = 0, repairs_dropped = 0,

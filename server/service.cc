@@ -276,6 +276,7 @@ std::string Service::StatsJson() const {
       j["replication"]["batches_sent"] = rs.batches;
       j["replication"]["batched_writes"] = rs.batched_writes;
       j["replication"]["batches_by_sender"] = rs.sender_batches;
+      j["replication"]["async_forwards"] = rs.async_forwards;
       nlohmann::json backups = nlohmann::json::object();
       for (const replication::Replicator::PeerState& p : replicator_->Peers()) {
         nlohmann::json one = {{"connected", p.connected},

@@ -119,9 +119,18 @@ class Service {
   // Replication: forwards the writes of replicated shards to their backups. Null: writes of a
   // replicated shard fail kInternal. Set once, after set_cluster and before the first Handle;
   // must outlive the Service. Starts the repair pass (a thread) when `replicator` is not null.
-  // A replicated shard's write waits for its backups on the transport worker that took it only
-  // while another worker stays free; otherwise it runs on the replicator's writer pool.
+  // A replicated shard's write waits for no thread (async_replicated_writes, the default:
+  // docs/design.md "No thread waits for the backups"); one that must wait (a repair pending,
+  // its stripe or the ownership lock busy, or async writes off) waits for its backups on the
+  // transport worker that took it only while another worker stays free, otherwise on the
+  // replicator's writer pool.
   void set_replicator(replication::Replicator* replicator);
+  // False: every replicated write waits for its backups on a thread (the earlier path, kept
+  // for comparison). Set before the first Handle.
+  void set_async_replicated_writes(bool on) { async_replicated_writes_ = on; }
+  // Waits until no write is in flight on the writer pool or waiting for its backups (the
+  // server calls it once it stops listening, before its persister goes).
+  void WaitForWrites() EXCLUDES(offload_mu_);
   // Writes kept for repair now (failed after a forward; docs/design.md "Replication").
   size_t repairs_pending() const { return repairs_pending_.load(std::memory_order_relaxed); }
   // Request ids whose answers the retry table keeps now.
@@ -206,6 +215,32 @@ class Service {
   // (the answer comes from there).
   bool OffloadWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);
   static bool IsReplicated(const cluster::ClusterMap& map, uint32_t shard);
+  // The asynchronous replicated write (docs/design.md "No thread waits for the backups"): its
+  // own copy of the request, the map it started under, its holds and its answer's way out.
+  struct ReplicatedWrite;
+  // Steps 1 to 4 on this thread, without waiting for anything but the persister's admission:
+  // answers now (refused, retried, failed precondition), hands the write to the writer pool
+  // (a repair pending, its stripe or the ownership lock taken), or forwards it and returns
+  // false (answered by OnForwarded).
+  bool StartReplicatedWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);
+  // Takes a version and forwards `w` (ForwardAsync); OnForwarded continues it.
+  void ForwardReplicatedWrite(std::unique_ptr<ReplicatedWrite> w);
+  // Steps 4 (again, above a newer version) to 6 once every backup answered; on any thread.
+  void OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forwarded, uint64_t newer)
+      EXCLUDES(offload_mu_);
+  // Steps 2 and the limits of a replicated write: OK when it may be forwarded, else its
+  // answer (*version: the current version for kAlreadyExists / kVersionMismatch).
+  Status CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version);
+  // The forward request for `r` under map epoch `epoch` (version not set).
+  kv::ReplicateRequest ReplicateRequestFor(const kv::Request& r, uint64_t epoch) const;
+  // A forward that failed (`forwarded`, with a backup's newer version or 0) on attempt
+  // `attempt`: nullopt when the write goes again (the version counter is above `newer` now),
+  // else its error (the write is kept for repair).
+  std::optional<Status> ForwardFailed(const kv::ReplicateRequest& m, uint32_t shard,
+                                      const Status& forwarded, uint64_t newer, int attempt);
+  // Step 5: applies the forwarded write `m` here (one-sided GETs see it from now on).
+  Status PublishReplicated(const kv::ReplicateRequest& m, uint32_t shard,
+                           std::optional<kv::ItemLocation>* where);
   // Applies a write to the store; *version is the new version, or the current one for
   // kVersionMismatch / kAlreadyExists; *where the new item's location when one was stored
   // (left alone otherwise). kInternal for an op that is no write.
@@ -285,8 +320,9 @@ class Service {
   // copy of it is active.
   Status NoteCopy(uint32_t shard, bool begin) EXCLUDES(copies_mu_);
 
-  // The stripe writers of `key` hold across apply + enqueue.
-  Mutex* KeyStripe(std::string_view key);
+  // The stripe writers of `key` hold across apply + enqueue (and a replicated write across its
+  // forward, maybe released by another thread).
+  TransferableLock* KeyStripe(std::string_view key);
 
   Store* store_;
   kv::WireLimits limits_;
@@ -299,7 +335,7 @@ class Service {
   RequestMetrics request_metrics_;
   static constexpr size_t kKeyStripes = 1024;
   // Serialize writers of one key across the store and the persister; guard no member.
-  std::array<Mutex, kKeyStripes> key_stripes_;
+  std::array<TransferableLock, kKeyStripes> key_stripes_;
   // The same for forwarded writes applied as a backup (HandleReplicate): apart from
   // key_stripes_, so that no server waits for another while holding a stripe the other needs.
   std::array<Mutex, kKeyStripes> replica_stripes_;
@@ -335,7 +371,10 @@ class Service {
   std::atomic<int> workers_seen_{0};
   std::atomic<int> inline_writes_{0};
 
-  // Writes handed to the writer pool and not finished yet (~Service waits for them).
+  bool async_replicated_writes_ = true;
+
+  // Writes handed to the writer pool or waiting for their backups without a thread, not
+  // finished yet (~Service and WaitForWrites wait for them).
   Mutex offload_mu_;
   CondVar offload_cv_;
   size_t offloaded_ GUARDED_BY(offload_mu_) = 0;

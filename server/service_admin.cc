@@ -173,7 +173,7 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
       return true;
     });
     for (const std::string& key : keys) {
-      MutexLock key_lock(KeyStripe(key));
+      TransferableHold key_lock = TransferableHold::Take(KeyStripe(key));
       if (!store_->Delete(key).ok()) continue;
       ++*dropped;
       if (persister_ != nullptr) persister_->EnqueueDelete(key, nullptr);

@@ -17,7 +17,7 @@ namespace {
 using persistence::Durability;
 }  // namespace
 
-Mutex* Service::KeyStripe(std::string_view key) {
+TransferableLock* Service::KeyStripe(std::string_view key) {
   return &key_stripes_[kv::KeyHash(key) % kKeyStripes];
 }
 
@@ -33,6 +33,7 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
   // thread; the write checks it again.
   if (replicator_ != nullptr && cluster_ != nullptr && r.op != kv::Op::kImport &&
       IsReplicated(*cluster_->map(), store_->ShardOfKey(r.key))) {
+    if (async_replicated_writes_) return StartReplicatedWrite(r, ex);
     if (!ex.on_worker) return OffloadWrite(r, ex);
     const int workers = workers_seen_.load(std::memory_order_relaxed);
     if (inline_writes_.fetch_add(1, std::memory_order_acq_rel) + 1 >= workers) {
@@ -74,11 +75,13 @@ bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
   return false;
 }
 
+void Service::WaitForWrites() {
+  MutexLock lock(&offload_mu_);
+  while (offloaded_ > 0) offload_cv_.Wait(&offload_mu_);
+}
+
 Service::~Service() {
-  {
-    MutexLock lock(&offload_mu_);
-    while (offloaded_ > 0) offload_cv_.Wait(&offload_mu_);
-  }
+  WaitForWrites();
   {
     MutexLock lock(&repair_mu_);
     repair_stop_ = true;
@@ -113,7 +116,7 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   if (!admitted.ok()) return AnswerNow(ex, admitted);
   // Writers of one key serialize across the retry check, the replication, the apply and the
   // enqueue: backups and RocksDB get each key's writes in version order.
-  MutexLock key_lock(KeyStripe(r.key));
+  TransferableHold key_lock = TransferableHold::Take(KeyStripe(r.key));
   std::shared_ptr<const cluster::ClusterMap> map;
   uint32_t shard = 0;
   if (cluster_ != nullptr && r.op != kv::Op::kImport) {
@@ -206,19 +209,16 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
   if (cluster_ != nullptr && IsReplicated(*cluster_->map_held(), store_->ShardOfKey(r.key))) {
     return false;
   }
-  Mutex* stripe = KeyStripe(r.key);
-  if (!stripe->TryLock()) return false;  // another write of a key of this stripe is running
-  MutexLock key_lock(stripe, std::adopt_lock);
+  TransferableHold key_lock = TransferableHold::TryTake(KeyStripe(r.key));
+  if (!key_lock) return false;  // another write of a key of this stripe is running
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   counters_.writes_on_receiving_thread.fetch_add(1, std::memory_order_relaxed);
   return WriteUnderLocks(r, ex, nullptr, 0);
 }
 
-Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap& map,
-                                uint32_t shard, uint64_t* version,
-                                std::optional<kv::ItemLocation>* where) {
-  // 1. The precondition, against the store (this thread holds the key's stripe).
+Status Service::CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version) {
+  // The precondition, against the store (this write holds the key's stripe).
   uint64_t current = 0;
   Status found = store_->Lookup(r.key, &current);
   if (!found.ok() && !found.Is(StatusCode::kNotFound)) return found;
@@ -249,7 +249,6 @@ Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap&
         "value of " + std::to_string(r.value.size()) +
         " bytes is larger than --max_value_size=" + std::to_string(limits_.max_value_bytes));
   }
-  // 2 and 3. A version, and every in-sync backup applies the write before this server does.
   if (replicator_ == nullptr) {
     return Status::Internal("shard " + std::to_string(shard) +
                             " is replicated but this server has no replicator");
@@ -260,43 +259,49 @@ Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap&
                                " earlier writes of this server failed at a backup and await "
                                "repair; writes are refused until its backups answer again");
   }
+  return Status::Ok();
+}
+
+kv::ReplicateRequest Service::ReplicateRequestFor(const kv::Request& r, uint64_t epoch) const {
   kv::ReplicateRequest m;
   m.key = r.key;
   m.value = r.value;
-  m.map_epoch = map.epoch;
+  m.map_epoch = epoch;
   m.is_delete = r.op == kv::Op::kDelete;
   m.sender_id = cluster_->server_id();
   m.client_id = r.client_id;
   m.request_seq = r.request_seq;
-  counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
-  uint64_t v = 0;
-  for (int attempt = 0;; ++attempt) {
-    v = store_->NextVersion();
-    m.version = v;
-    uint64_t newer = 0;
-    Status forwarded = replicator_->Forward(map, shard, m, &newer);
-    if (forwarded.ok()) break;
-    // A backup holds a newer version of the key than this server ever gave it (a write of an
-    // earlier primary that this server never received): go above it and forward again.
-    if (newer == 0) {
-      // Some backups may have applied it: every replica gets it before the key's next write.
-      NoteFailedWrite(m, shard);
-      return forwarded;
-    }
-    if (attempt == 3) {
-      NoteFailedWrite(m, shard);
-      return Status::Unavailable("shard " + std::to_string(shard) +
-                                 ": the write was not acknowledged (backups kept holding newer "
-                                 "versions; it may be applied on some replicas): " +
-                                 forwarded.message());
-    }
-    store_->EnsureVersionAbove(newer);
+  return m;
+}
+
+std::optional<Status> Service::ForwardFailed(const kv::ReplicateRequest& m, uint32_t shard,
+                                             const Status& forwarded, uint64_t newer,
+                                             int attempt) {
+  // A backup holds a newer version of the key than this server ever gave it (a write of an
+  // earlier primary that this server never received): go above it and forward again.
+  if (newer == 0) {
+    // Some backups may have applied it: every replica gets it before the key's next write.
+    NoteFailedWrite(m, shard);
+    return forwarded;
   }
-  // 4. Published here: from now on one-sided GETs see it.
+  if (attempt >= 3) {
+    NoteFailedWrite(m, shard);
+    return Status::Unavailable("shard " + std::to_string(shard) +
+                               ": the write was not acknowledged (backups kept holding newer "
+                               "versions; it may be applied on some replicas): " +
+                               forwarded.message());
+  }
+  store_->EnsureVersionAbove(newer);
+  return std::nullopt;
+}
+
+Status Service::PublishReplicated(const kv::ReplicateRequest& m, uint32_t shard,
+                                  std::optional<kv::ItemLocation>* where) {
   bool changed = false;
   kv::ItemLocation stored;
-  Status s = m.is_delete ? store_->DeleteVersioned(r.key, v, &changed)
-                         : store_->ApplyVersioned(r.key, r.value, v, &changed, nullptr, &stored);
+  Status s = m.is_delete
+                 ? store_->DeleteVersioned(m.key, m.version, &changed)
+                 : store_->ApplyVersioned(m.key, m.value, m.version, &changed, nullptr, &stored);
   if (!s.ok()) {
     // The backups have it and this server could not store it (out of space): the replicas
     // disagree until the key's next write. Say so loudly; the client sees the error.
@@ -307,9 +312,142 @@ Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap&
                                ": the write was applied by the backups but not by the primary (" +
                                s.ToString() + "); its outcome is unknown");
   }
-  *version = v;
   if (changed && !m.is_delete) *where = stored;
   return Status::Ok();
+}
+
+Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap& map,
+                                uint32_t shard, uint64_t* version,
+                                std::optional<kv::ItemLocation>* where) {
+  // 2. The precondition and the limits.
+  if (Status checked = CheckReplicatedWrite(r, shard, version); !checked.ok()) return checked;
+  // 3 and 4. A version, and every in-sync backup applies the write before this server does.
+  kv::ReplicateRequest m = ReplicateRequestFor(r, map.epoch);
+  counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
+  for (int attempt = 0;; ++attempt) {
+    m.version = store_->NextVersion();
+    uint64_t newer = 0;
+    Status forwarded = replicator_->Forward(map, shard, m, &newer);
+    if (forwarded.ok()) break;
+    if (std::optional<Status> failed = ForwardFailed(m, shard, forwarded, newer, attempt)) {
+      return *failed;
+    }
+  }
+  // 5. Published here: from now on one-sided GETs see it.
+  RDKV_RETURN_IF_ERROR(PublishReplicated(m, shard, where));
+  *version = m.version;
+  return Status::Ok();
+}
+
+struct Service::ReplicatedWrite {
+  std::string key, value;  // the request's bytes (they live only during the handler call)
+  kv::Request request;     // points into key and value
+  kv::ReplicateRequest m;  // likewise; its version is the attempt's
+  std::shared_ptr<const cluster::ClusterMap> map;  // the map the write started under
+  uint32_t shard = 0;
+  int attempt = 0;
+  uint8_t op = 0;
+  std::chrono::steady_clock::time_point received;
+  transport::SessionRole role = transport::SessionRole::kData;
+  Deliver deliver;
+  // Held from the ownership check until the write is applied and enqueued for persistence.
+  ClusterState::WriteHold owner;
+  TransferableHold stripe;
+};
+
+bool Service::StartReplicatedWrite(const kv::Request& r, Exchange ex) {
+  // Never waits except for the persister's admission (local): what would wait goes to the
+  // writer pool, whose thread may (docs/design.md "Why two servers cannot stall each other").
+  if (repairs_pending_.load(std::memory_order_relaxed) > 0) return OffloadWrite(r, ex);
+  const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
+  ClusterState::OwnerTryGuard owner_guard(cluster_);
+  if (!owner_guard.held()) return OffloadWrite(r, ex);  // an install is under way
+  TransferableHold stripe = TransferableHold::TryTake(KeyStripe(r.key));
+  if (!stripe) return OffloadWrite(r, ex);  // a write of this stripe is in flight
+  if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
+  CountWrite(r.op);
+  if (!admitted.ok()) return AnswerNow(ex, admitted);
+  std::shared_ptr<const cluster::ClusterMap> map = cluster_->map_held();
+  const uint32_t shard = store_->ShardOfKey(r.key);
+  if (!IsReplicated(*map, shard)) return WriteUnderLocks(r, ex, nullptr, 0);  // since changed
+  // 1. A retry of a write this server (or, before a promotion, its primary) already applied.
+  if (r.client_id != 0) {
+    if (std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq)) {
+      counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
+      return AnswerNow(ex, Status(first->code, ""), first->version);
+    }
+  }
+  // 2. The precondition and the limits.
+  uint64_t version = 0;
+  if (Status checked = CheckReplicatedWrite(r, shard, &version); !checked.ok()) {
+    return AnswerNow(ex, checked, version);
+  }
+  auto w = std::make_unique<ReplicatedWrite>();
+  w->key.assign(r.key);
+  w->value.assign(r.value);
+  w->request = r;
+  w->request.key = w->key;
+  w->request.value = w->value;
+  w->m = ReplicateRequestFor(w->request, map->epoch);
+  w->map = std::move(map);
+  w->shard = shard;
+  w->op = ex.op;
+  w->received = ex.received;
+  w->role = ex.role;
+  w->deliver = (*ex.defer)();
+  w->owner = cluster_->HoldForWrite();
+  w->stripe = std::move(stripe);
+  counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
+  {
+    MutexLock lock(&offload_mu_);
+    ++offloaded_;
+  }
+  ForwardReplicatedWrite(std::move(w));
+  return false;
+}
+
+void Service::ForwardReplicatedWrite(std::unique_ptr<ReplicatedWrite> w) {
+  // 3 and 4.
+  w->m.version = store_->NextVersion();
+  // The completion owns the write from here (it runs exactly once, maybe before this returns).
+  ReplicatedWrite* raw = w.release();
+  replicator_->ForwardAsync(*raw->map, raw->shard, raw->m,
+                            [this, raw](const Status& forwarded, uint64_t newer) {
+                              OnForwarded(std::unique_ptr<ReplicatedWrite>(raw), forwarded, newer);
+                            });
+}
+
+void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forwarded,
+                          uint64_t newer) {
+  std::vector<uint8_t> response;
+  Deliver deliver = std::move(w->deliver);
+  const std::function<Deliver()> defer = [&deliver]() { return std::move(deliver); };
+  Exchange ex{&response, &defer, w->op, w->received, w->role};
+  bool answered = false;
+  std::optional<kv::ItemLocation> where;
+  if (!forwarded.ok()) {
+    std::optional<Status> failed = ForwardFailed(w->m, w->shard, forwarded, newer, w->attempt);
+    if (!failed) {
+      ++w->attempt;  // above the newer version: again, still holding everything
+      w->deliver = std::move(deliver);
+      ForwardReplicatedWrite(std::move(w));
+      return;
+    }
+    answered = AnswerNow(ex, *failed);
+  } else if (Status published = PublishReplicated(w->m, w->shard, &where); !published.ok()) {
+    answered = AnswerNow(ex, published);
+  } else {
+    // 5 and 6, as WriteUnderLocks after its apply.
+    retry_table_.Record(w->request.client_id, w->request.request_seq,
+                        {StatusCode::kOk, w->m.version});
+    answered = persister_ == nullptr
+                   ? AnswerNow(ex, Status::Ok(), w->m.version, WriteAnswerBody(where))
+                   : Persist(w->request, w->m.version, where, ex);
+  }
+  w.reset();  // gives the stripe and the ownership hold back (after the persister's enqueue)
+  if (answered) deliver(response);  // else Persist took `deliver`
+  MutexLock lock(&offload_mu_);
+  if (--offloaded_ == 0) offload_cv_.SignalAll();
 }
 
 bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
@@ -619,7 +757,7 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
   size_t sent = 0, failed = 0;
   for (const auto& [shard_key, logged_version] : keys) {
     const auto& [shard, key] = shard_key;
-    MutexLock key_lock(KeyStripe(key));
+    TransferableHold key_lock = TransferableHold::Take(KeyStripe(key));
     kv::ReplicateRequest m;
     m.key = key;
     m.map_epoch = next.epoch;
@@ -776,7 +914,7 @@ void Service::RepairLoop() {
       }
       if (!own.ok()) break;  // fenced or taking over: later
       std::shared_ptr<const cluster::ClusterMap> map = cluster_->map_held();
-      MutexLock key_lock(KeyStripe(key));
+      TransferableHold key_lock = TransferableHold::Take(KeyStripe(key));
       Status repaired = RepairKey(key, *map, store_->ShardOfKey(key));
       if (!repaired.ok()) {
         LOG_EVERY_N(WARNING, 50) << "replication repair: " << repaired.message()

@@ -139,4 +139,78 @@ class CondVar {
   std::condition_variable cv_;
 };
 
+// A lock that any thread may release, not only the one that took it (a std::mutex must be
+// unlocked by its owner): work that continues on another thread keeps it across the handoff
+// (a replicated write holds its key's stripe until its backups answer, server/service.h).
+// Not a capability for the analysis, which cannot follow a lock across threads: hold it
+// through a TransferableHold. Waiters are woken in no particular order.
+class TransferableLock {
+ public:
+  TransferableLock() = default;
+  TransferableLock(const TransferableLock&) = delete;
+  TransferableLock& operator=(const TransferableLock&) = delete;
+
+  void Lock() {
+    MutexLock l(&mu_);
+    ++waiters_;
+    while (held_) cv_.Wait(&mu_);
+    --waiters_;
+    held_ = true;
+  }
+  bool TryLock() {
+    MutexLock l(&mu_);
+    if (held_) return false;
+    held_ = true;
+    return true;
+  }
+  void Unlock() {
+    MutexLock l(&mu_);
+    held_ = false;
+    if (waiters_ > 0) cv_.Signal();
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  bool held_ GUARDED_BY(mu_) = false;
+  int waiters_ GUARDED_BY(mu_) = 0;
+};
+
+// Holds a TransferableLock until destroyed or released; movable to another thread.
+class TransferableHold {
+ public:
+  TransferableHold() = default;
+  // Waits for the lock.
+  static TransferableHold Take(TransferableLock* lock) {
+    lock->Lock();
+    return TransferableHold(lock);
+  }
+  // Holds nothing (false) when the lock is taken.
+  static TransferableHold TryTake(TransferableLock* lock) {
+    return lock->TryLock() ? TransferableHold(lock) : TransferableHold();
+  }
+  TransferableHold(TransferableHold&& o) noexcept : lock_(o.lock_) { o.lock_ = nullptr; }
+  TransferableHold& operator=(TransferableHold&& o) noexcept {
+    if (this != &o) {
+      Release();
+      lock_ = o.lock_;
+      o.lock_ = nullptr;
+    }
+    return *this;
+  }
+  TransferableHold(const TransferableHold&) = delete;
+  TransferableHold& operator=(const TransferableHold&) = delete;
+  ~TransferableHold() { Release(); }
+
+  explicit operator bool() const { return lock_ != nullptr; }
+  void Release() {
+    if (lock_ != nullptr) lock_->Unlock();
+    lock_ = nullptr;
+  }
+
+ private:
+  explicit TransferableHold(TransferableLock* lock) : lock_(lock) {}
+  TransferableLock* lock_ = nullptr;
+};
+
 }  // namespace rdkv

@@ -11,25 +11,31 @@ namespace rdkv::server::replication {
 
 using Clock = std::chrono::steady_clock;
 
-namespace {
-
-// What one Forward waits on: its entries on every backup's queue.
-struct Waiter {
-  Mutex mu;
-  CondVar cv;
-  size_t pending GUARDED_BY(mu) = 0;
-};
-
-}  // namespace
-
-// One write queued for one backup. Owned by the Forward that waits for it; the sender writes
-// result and newer, then counts it done under the waiter's lock.
+// One write queued for one backup. Owned by its Forwarding; the sender writes result and
+// newer, then counts it done under the Forwarding's lock.
 struct Replicator::Item {
   const kv::ReplicateRequest* m = nullptr;
   Clock::time_point deadline;
   Status result;
   uint64_t newer = 0;
-  Waiter* waiter = nullptr;
+  Forwarding* owner = nullptr;
+};
+
+// One Forward: its backups, its entry on each backup's queue, and what waits for them (the
+// calling thread, or for ForwardAsync the completion, run by whoever settles the last entry).
+struct Replicator::Forwarding {
+  struct Target {
+    uint32_t id;
+    bool in_sync;
+    std::string address;
+  };
+  uint32_t shard = 0;
+  std::vector<Target> targets;
+  std::vector<Item> items;  // one per target
+  Mutex mu;
+  CondVar cv;
+  size_t pending GUARDED_BY(mu) = 0;
+  ForwardDone done;  // ForwardAsync's; empty: a thread waits on cv
 };
 
 struct Replicator::Peer {
@@ -414,56 +420,64 @@ void Replicator::RunBatch(Peer* peer, Batch* batch) {
     more = peer->Done(*batch);
   }
   peer->pending.fetch_sub(batch->items.size(), std::memory_order_relaxed);
+  std::vector<Forwarding*> complete;  // ForwardAsync's whose last entry this was
   for (Item* item : batch->items) {
-    Waiter* w = item->waiter;
-    MutexLock lock(&w->mu);
-    if (--w->pending == 0) w->cv.Signal();  // only the Forward waits on it
+    Forwarding* f = item->owner;
+    MutexLock lock(&f->mu);
+    if (--f->pending > 0) continue;
+    if (f->done) {
+      complete.push_back(f);
+    } else {
+      f->cv.Signal();  // only the Forward waits on it
+    }
   }
   if (more) peer->queue_cv.Signal();  // what queued meanwhile goes with the sender
+  for (Forwarding* f : complete) Complete(std::unique_ptr<Forwarding>(f));
 }
 
-Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
-                           const kv::ReplicateRequest& m, uint64_t* newer) {
-  *newer = 0;
-  struct Target {
-    uint32_t id;
-    bool in_sync;
-    std::string address;
-  };
-  std::vector<Target> targets;
+void Replicator::Complete(std::unique_ptr<Forwarding> f) {
+  uint64_t newer = 0;
+  const Status result = Settle(*f, &newer);
+  ForwardDone done = std::move(f->done);
+  f.reset();  // before the completion, which may free the write the entries point at
+  done(result, newer);
+}
+
+std::unique_ptr<Replicator::Forwarding> Replicator::Prepare(const cluster::ClusterMap& map,
+                                                            uint32_t shard,
+                                                            const kv::ReplicateRequest& m) {
+  auto f = std::make_unique<Forwarding>();
+  f->shard = shard;
   auto add = [&](const std::vector<std::vector<uint32_t>>& lists, bool in_sync) {
     if (shard >= lists.size()) return;
     for (uint32_t id : lists[shard]) {
       const cluster::ServerEntry* e = map.FindServer(id);
-      targets.push_back({id, in_sync, e != nullptr ? e->address : std::string("?")});
+      f->targets.push_back({id, in_sync, e != nullptr ? e->address : std::string("?")});
     }
   };
   add(map.backups, true);
   add(map.joining, false);
-  if (targets.empty()) return Status::Ok();
-
-  // On every backup's queue at once. Each backup with room in flight gets its batch started by
-  // this thread (no handoff: a lone write goes to all its backups at once); a backup with no
-  // room keeps the write queued for its sender, which takes it when a batch of it is answered.
-  Waiter waiter;
-  std::vector<Item> items(targets.size());
+  f->items.resize(f->targets.size());
   const Clock::time_point deadline = Clock::now() + options_.forward_timeout;
-  {
-    MutexLock lock(&waiter.mu);
-    waiter.pending = targets.size();
+  for (Item& item : f->items) {
+    item.m = &m;
+    item.deadline = deadline;
+    item.owner = f.get();
   }
-  // 1. On every backup's queue, taking a batch where one may start.
-  std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>> taken;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    items[i].m = &m;
-    items[i].deadline = deadline;
-    items[i].waiter = &waiter;
-    std::shared_ptr<Peer> peer = PeerFor(targets[i].id, targets[i].address);
+  MutexLock lock(&f->mu);
+  f->pending = f->targets.size();
+  return f;
+}
+
+Replicator::TakenBatches Replicator::Enqueue(Forwarding* f) {
+  TakenBatches taken;
+  for (size_t i = 0; i < f->targets.size(); ++i) {
+    std::shared_ptr<Peer> peer = PeerFor(f->targets[i].id, f->targets[i].address);
     std::unique_ptr<Batch> batch;
     bool more = false;
     {
       MutexLock lock(&peer->queue_mu);
-      peer->queue.push_back(&items[i]);
+      peer->queue.push_back(&f->items[i]);
       peer->pending.fetch_add(1, std::memory_order_relaxed);
       if (peer->CanTake()) batch = peer->Take(max_batch_bytes_);
       more = batch != nullptr && peer->CanTake();  // what did not fit goes with the sender
@@ -471,6 +485,93 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
     if (more) peer->queue_cv.Signal();
     if (batch != nullptr) taken.emplace_back(std::move(peer), std::move(batch));
   }
+  return taken;
+}
+
+bool Replicator::HandOver(std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch) {
+  {
+    MutexLock lock(&peer->queue_mu);
+    if (peer->stopping) return false;  // its sender may be gone
+    peer->handed.push_back(std::move(batch));
+  }
+  peer->queue_cv.Signal();
+  return true;
+}
+
+Status Replicator::Settle(Forwarding& f, uint64_t* newer) {
+  *newer = 0;
+  Status first_error;
+  for (size_t i = 0; i < f.targets.size(); ++i) {
+    const Item& item = f.items[i];
+    if (item.result.ok()) {
+      forwards_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (item.newer > 0) {
+      // Not a failure of the backup: the primary retries above this version (joining
+      // backups too: a copy may have brought them a newer version than a forward).
+      *newer = std::max(*newer, item.newer);
+      continue;
+    }
+    if (!f.targets[i].in_sync) {
+      joining_errors_.fetch_add(1, std::memory_order_relaxed);
+      MutexLock lock(&joining_mu_);
+      ++joining_failures_[{f.shard, f.targets[i].id}];
+      continue;
+    }
+    forward_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (first_error.ok()) first_error = item.result;
+  }
+  if (first_error.ok() && *newer > 0) {
+    version_retries_.fetch_add(1, std::memory_order_relaxed);
+    return Status::VersionMismatch("shard " + std::to_string(f.shard) +
+                                   ": a backup holds a newer version (" + std::to_string(*newer) +
+                                   ")");
+  }
+  if (!first_error.ok()) {
+    return Status::Unavailable("shard " + std::to_string(f.shard) +
+                               ": the write was not acknowledged (it may be applied on some "
+                               "replicas): " +
+                               first_error.message());
+  }
+  return Status::Ok();
+}
+
+void Replicator::ForwardAsync(const cluster::ClusterMap& map, uint32_t shard,
+                              const kv::ReplicateRequest& m, ForwardDone done) {
+  std::unique_ptr<Forwarding> f = Prepare(map, shard, m);
+  if (f->targets.empty()) {
+    done(Status::Ok(), 0);
+    return;
+  }
+  f->done = std::move(done);
+  auto taken = Enqueue(f.get());
+  // From here the entries' answers own it: the last one settled completes and frees it, maybe
+  // before this loop ends (only the batches still in this thread's hands are touched below).
+  f.release();
+  async_forwards_.fetch_add(1, std::memory_order_relaxed);
+  for (auto& [peer, batch] : taken) {
+    // Started here on an open connection (never a connect on this thread); every batch is
+    // then its backup's sender's, which waits for the answer and completes what it settles.
+    if (peer->Connected()) StartRound(peer.get(), batch.get());
+    if (HandOver(peer, batch)) continue;
+    // A replaced backup's sender may be gone: the writer pool finishes the batch.
+    std::shared_ptr<Batch> owned(std::move(batch));
+    Submit([this, peer, owned] { RunBatch(peer.get(), owned.get()); });
+  }
+}
+
+Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
+                           const kv::ReplicateRequest& m, uint64_t* newer) {
+  *newer = 0;
+  std::unique_ptr<Forwarding> f = Prepare(map, shard, m);
+  if (f->targets.empty()) return Status::Ok();
+
+  // 1. On every backup's queue at once. Each backup with room in flight gets its batch taken
+  //    by this thread (no handoff: a lone write goes to all its backups at once); a backup with
+  //    no room keeps the write queued for its sender, which takes it when a batch of it is
+  //    answered.
+  auto taken = Enqueue(f.get());
   // 2. Start them, each on an open connection only (no connect on this path, except for the
   //    first backup's batch); a batch for a backup with no connection goes to its sender.
   // 3. Wait for the first backup's answer, then finish the others here too (their answers
@@ -478,21 +579,9 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
   //    must not hold the others' places in flight: when the first answer takes longer than
   //    hand_off_after, or its batch must go again, the other batches go to their backups'
   //    senders, which wait for their answers.
-  std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>> others, kept;
+  TakenBatches others, kept;
   auto hand_over = [&](std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch) {
-    bool handed = false;
-    {
-      MutexLock lock(&peer->queue_mu);
-      if (!peer->stopping) {  // a stopping peer's sender may be gone: keep it
-        peer->handed.push_back(std::move(batch));
-        handed = true;
-      }
-    }
-    if (handed) {
-      peer->queue_cv.Signal();
-    } else {
-      kept.emplace_back(std::move(peer), std::move(batch));
-    }
+    if (!HandOver(peer, batch)) kept.emplace_back(std::move(peer), std::move(batch));
   };
   for (size_t i = 0; i < taken.size(); ++i) {
     auto& [peer, batch] = taken[i];
@@ -522,49 +611,16 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
   for (auto& [peer, batch] : others) RunBatch(peer.get(), batch.get());
   for (auto& [peer, batch] : kept) RunBatch(peer.get(), batch.get());
   {
-    MutexLock lock(&waiter.mu);
-    while (waiter.pending > 0) waiter.cv.Wait(&waiter.mu);
+    MutexLock lock(&f->mu);
+    while (f->pending > 0) f->cv.Wait(&f->mu);
   }
-  Status first_error;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    if (items[i].result.ok()) {
-      forwards_.fetch_add(1, std::memory_order_relaxed);
-      continue;
-    }
-    if (items[i].newer > 0) {
-      // Not a failure of the backup: the primary retries above this version (joining
-      // backups too: a copy may have brought them a newer version than a forward).
-      *newer = std::max(*newer, items[i].newer);
-      continue;
-    }
-    if (!targets[i].in_sync) {
-      joining_errors_.fetch_add(1, std::memory_order_relaxed);
-      MutexLock lock(&joining_mu_);
-      ++joining_failures_[{shard, targets[i].id}];
-      continue;
-    }
-    forward_errors_.fetch_add(1, std::memory_order_relaxed);
-    if (first_error.ok()) first_error = items[i].result;
-  }
-  if (first_error.ok() && *newer > 0) {
-    version_retries_.fetch_add(1, std::memory_order_relaxed);
-    return Status::VersionMismatch("shard " + std::to_string(shard) +
-                                   ": a backup holds a newer version (" + std::to_string(*newer) +
-                                   ")");
-  }
-  if (!first_error.ok()) {
-    return Status::Unavailable("shard " + std::to_string(shard) +
-                               ": the write was not acknowledged (it may be applied on some "
-                               "replicas): " +
-                               first_error.message());
-  }
-  return Status::Ok();
+  return Settle(*f, newer);
 }
 
 ReplicatorStats Replicator::stats() const {
   return {forwards_.load(),       forward_errors_.load(),  joining_errors_.load(),
           epoch_retries_.load(),  version_retries_.load(), batches_.load(),
-          batched_writes_.load(), sender_batches_.load()};
+          batched_writes_.load(), sender_batches_.load(),  async_forwards_.load()};
 }
 
 std::vector<Replicator::PeerState> Replicator::Peers() const {

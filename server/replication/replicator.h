@@ -85,6 +85,7 @@ struct ReplicatorStats {
   uint64_t batched_writes = 0;   // writes they carried
   uint64_t sender_batches = 0;   // batches a backup's sender took from its queue (their
                                  // writes waited for a place in flight); writers took the rest
+  uint64_t async_forwards = 0;   // ForwardAsync calls (writes no thread waited for)
 };
 
 class Replicator {
@@ -110,6 +111,18 @@ class Replicator {
   // forwards again with a version above it.
   Status Forward(const cluster::ClusterMap& map, uint32_t shard, const kv::ReplicateRequest& m,
                  uint64_t* newer);
+  // Forward's result, for a write that no thread waits for: (status, newer) as Forward returns
+  // them. Runs exactly once, on the thread that settles the write's last backup answer (a
+  // backup's sender, a writer-pool thread) or, when the shard has no backups in `map`, on the
+  // caller's before ForwardAsync returns. It must not wait for anything a backup's answer
+  // needs (it runs on a sender); it may call ForwardAsync again.
+  using ForwardDone = std::function<void(const Status& result, uint64_t newer)>;
+  // Forward without waiting (docs/design.md "No thread waits for the backups"): queues `m` for
+  // every backup, starts on this thread the batches that may start on an open connection
+  // (never connects here), hands every batch to its backup's sender, and returns. `m` (and
+  // what it points at) must stay alive and unchanged until `done` runs.
+  void ForwardAsync(const cluster::ClusterMap& map, uint32_t shard, const kv::ReplicateRequest& m,
+                    ForwardDone done);
 
   ReplicatorStats stats() const;
 
@@ -142,6 +155,22 @@ class Replicator {
   struct Peer;
   struct Item;
   struct Batch;
+  struct Forwarding;
+  using TakenBatches = std::vector<std::pair<std::shared_ptr<Peer>, std::unique_ptr<Batch>>>;
+  // A Forward's state for `m`: its backups in `map` (in sync, then joining) and an entry for
+  // each, not queued yet.
+  std::unique_ptr<Forwarding> Prepare(const cluster::ClusterMap& map, uint32_t shard,
+                                      const kv::ReplicateRequest& m);
+  // Puts f's entries on their backups' queues; returns the batches this thread took (one per
+  // backup with room in flight), not started.
+  TakenBatches Enqueue(Forwarding* f);
+  // Gives `batch` to its backup's sender to finish (started or not). False, with `batch`
+  // untouched, when the backup is being replaced (its sender may be gone).
+  bool HandOver(std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch);
+  // Every entry of `f` has its result: the Forward's status (and *newer), counting each.
+  Status Settle(Forwarding& f, uint64_t* newer) EXCLUDES(joining_mu_);
+  // An asynchronous Forwarding is settled: frees it and runs its completion.
+  void Complete(std::unique_ptr<Forwarding> f);
   // A connection to `peer` (opened when there is none); kUnavailable while it failed less than
   // reconnect_interval ago, or when it cannot be opened.
   Result<std::shared_ptr<transport::Connection>> ConnectionTo(Peer* peer);
@@ -187,7 +216,8 @@ class Replicator {
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> joining_failures_ GUARDED_BY(joining_mu_);
 
   std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
-      version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0};
+      version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0},
+      async_forwards_{0};
 };
 
 }  // namespace rdkv::server::replication

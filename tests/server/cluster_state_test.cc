@@ -86,5 +86,45 @@ TEST_F(ClusterStateTest, InstallWaitsForTheWritesHoldingTheGuard) {
   EXPECT_EQ(state_->map()->epoch, 2u);
 }
 
+// An asynchronous replicated write's hold outlives its guard and is given back on another
+// thread; an install waits for it as for a guard (docs/design.md "No thread waits for the
+// backups").
+TEST_F(ClusterStateTest, InstallWaitsForAWriteHoldGivenBackOnAnotherThread) {
+  cluster::ClusterMap next = map_;
+  next.epoch = 2;
+  next.owners[0] = 1;  // server 0 loses shard 0
+  ClusterState::WriteHold hold;
+  {
+    ClusterState::OwnerGuard guard(state_.get());
+    hold = state_->HoldForWrite();
+  }
+  EXPECT_EQ(state_->write_holds(), 1u);
+  std::atomic<bool> installed{false};
+  std::thread installer([&] {
+    EXPECT_TRUE(state_->Install(next).ok());
+    installed.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(installed.load()) << "the install took a shard away under a write's hold";
+  EXPECT_TRUE(store_->Owns(0));
+  std::thread releaser([h = std::move(hold)]() mutable { h.Release(); });
+  releaser.join();
+  installer.join();
+  EXPECT_TRUE(installed.load());
+  EXPECT_FALSE(store_->Owns(0));
+  EXPECT_EQ(state_->write_holds(), 0u);
+  // A moved-from hold gives nothing back twice.
+  ClusterState::WriteHold a;
+  {
+    ClusterState::OwnerGuard guard(state_.get());
+    a = state_->HoldForWrite();
+  }
+  ClusterState::WriteHold b = std::move(a);
+  a.Release();
+  EXPECT_EQ(state_->write_holds(), 1u);
+  b.Release();
+  EXPECT_EQ(state_->write_holds(), 0u);
+}
+
 }  // namespace
 }  // namespace rdkv::server

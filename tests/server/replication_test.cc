@@ -203,6 +203,89 @@ TEST_F(ReplicationTest, WriteWaitsForBackupAndIsInvisibleUntilThen) {
   EXPECT_EQ(ScanOf(0, 0), ScanOf(1, 0));
 }
 
+// A write waiting for its backup holds no thread (the default asynchronous path), yet keeps
+// what a waiting thread kept: its hold on ownership (an install that takes the shard away waits
+// until it is applied) and its key's stripe (a later write of the key is not forwarded beside
+// it, and is applied after it, above its version). docs/design.md "No thread waits for the
+// backups".
+TEST_F(ReplicationTest, AWriteInFlightKeepsItsShardAndItsKeyUntilItsBackupAnswers) {
+  workers_ = 2;
+  StartReplicated(2);  // shards 0 and 3: primary 0, backup 1
+  auto pending = [&] {
+    uint64_t n = 0;
+    for (const auto& b : servers_[0]->stats().backups) n += b.pending;
+    return n;
+  };
+  auto wait_pending = [&](uint64_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (pending() < n) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  };
+  // 1. The shard: an install on server 0 that hands shard 0 to its backup waits for the write.
+  {
+    const std::string key = KeyIn(0, 5);
+    servers_[1]->PauseWorkers(true);
+    kv::Response put;
+    std::atomic<bool> put_done{false}, installed{false};
+    std::thread writer([&] {
+      put = RawWrite(0, kv::Op::kPut, key, "v", 0, 91, 1);
+      put_done = true;
+    });
+    ASSERT_TRUE(wait_pending(1)) << "the write was not forwarded";
+    EXPECT_GT(servers_[0]->stats().async_forwards, 0u) << "the write took the waiting path";
+    cluster::ClusterMap moved = map_;
+    moved.epoch = map_.epoch + 1;
+    moved.owners[0] = 1;
+    moved.backups[0] = {0};
+    std::thread installer([&] {
+      EXPECT_TRUE(InstallOn(0, moved).ok());
+      installed = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(put_done) << "acknowledged before its backup applied it";
+    EXPECT_FALSE(installed) << "the shard was taken away under a write in flight";
+    servers_[1]->PauseWorkers(false);
+    writer.join();
+    installer.join();
+    EXPECT_TRUE(put.status.ok()) << put.status.ToString();
+    EXPECT_EQ(ScanOf(0, 0), ScanOf(1, 0));
+  }
+  // 2. The key: a second write of a key whose first write is in flight waits for it.
+  {
+    const std::string key = KeyIn(3, 6);
+    servers_[1]->PauseWorkers(true);
+    kv::Response first, second;
+    std::atomic<bool> first_done{false}, second_done{false};
+    std::thread a([&] {
+      first = RawWrite(0, kv::Op::kPut, key, "first", 0, 92, 1);
+      first_done = true;
+    });
+    ASSERT_TRUE(wait_pending(1)) << "the first write was not forwarded";
+    std::thread b([&] {
+      second = RawWrite(0, kv::Op::kPut, key, "second", 0, 92, 2);
+      second_done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(first_done);
+    EXPECT_FALSE(second_done) << "a later write of the key passed the one in flight";
+    EXPECT_EQ(pending(), 1u) << "a later write of the key was forwarded beside the one in flight";
+    servers_[1]->PauseWorkers(false);
+    a.join();
+    b.join();
+    ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+    ASSERT_TRUE(second.status.ok()) << second.status.ToString();
+    EXPECT_GT(second.version, first.version) << "the key's writes were applied out of order";
+    const Content on_backup = ScanOf(1, 3);
+    ASSERT_EQ(on_backup.count(key), 1u);
+    EXPECT_EQ(on_backup.at(key).value, "second");
+    EXPECT_EQ(on_backup.at(key).version, second.version);
+    EXPECT_EQ(ScanOf(0, 3), on_backup);
+  }
+}
+
 TEST_F(ReplicationTest, BackupDownFailsWritesNotGets) {
   StartReplicated(2);
   const std::string key = KeyIn(0, 2);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -340,6 +341,98 @@ TEST_F(ReplicatorTest, OneBatchInFlightBatchesWhatWaits) {
   EXPECT_EQ(ok.load(), 10);
   EXPECT_EQ(b1.batch_sizes(), (std::vector<int>{1, 9}));
   EXPECT_EQ(b1.max_in_flight(), 1);
+}
+
+// ForwardAsync: what the async replicated write builds on (docs/design.md "No thread waits for
+// the backups"). The caller does not wait: every completion runs once, on a thread of the
+// replicator's, with Forward's result; writes queued while a batch is in flight go together.
+TEST_F(ReplicatorTest, ForwardAsyncCompletesEachWriteOnceOnAnotherThread) {
+  FakeBackup b1(fabric_.get()), b2(fabric_.get());
+  const cluster::ClusterMap map = MapWith({&b1, &b2});
+  Replicator replicator(fabric_.get(), ReplicatorOptions{});
+  b1.Hold();
+  std::vector<std::thread> none;
+  ReleaseAndJoin cleanup{&b1, &none};
+  constexpr int kWrites = 40;
+  std::vector<std::string> keys;
+  std::vector<kv::ReplicateRequest> writes;
+  for (int i = 0; i < kWrites; ++i) keys.push_back("key" + std::to_string(i));
+  for (int i = 0; i < kWrites; ++i) writes.push_back(Write(map, keys[i], 500 + i));
+  Mutex mu;
+  CondVar cv;
+  std::vector<int> completions(kWrites, 0);
+  int done = 0;
+  bool on_caller = false;
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int i = 0; i < kWrites; ++i) {
+    replicator.ForwardAsync(map, 0, writes[i], [&, i](const Status& s, uint64_t newer) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_EQ(newer, 0u);
+      MutexLock lock(&mu);
+      ++completions[i];
+      ++done;
+      if (std::this_thread::get_id() == caller) on_caller = true;
+      cv.SignalAll();
+    });
+  }
+  // Nothing completes while backup 1 holds its answers (backup 2 answers at once).
+  ASSERT_TRUE(b1.WaitForRequests(1));
+  {
+    MutexLock lock(&mu);
+    EXPECT_EQ(done, 0) << "a write completed before every backup answered";
+  }
+  b1.Release(/*stop_holding=*/true);
+  {
+    MutexLock lock(&mu);
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+    while (done < kWrites) {
+      if (!cv.WaitUntil(&mu, deadline) && done < kWrites) break;
+    }
+    ASSERT_EQ(done, kWrites);
+    EXPECT_FALSE(on_caller) << "a completion ran on the thread that called ForwardAsync";
+    for (int i = 0; i < kWrites; ++i) EXPECT_EQ(completions[i], 1) << "write " << i;
+  }
+  EXPECT_EQ(b1.writes(), kWrites);
+  EXPECT_EQ(b2.writes(), kWrites);
+  // The first write went alone; the rest waited for its answer and went together.
+  EXPECT_LT(b1.requests(), kWrites / 2) << "no batches formed behind the held answer";
+  EXPECT_EQ(replicator.stats().forwards, 2u * kWrites);
+  EXPECT_EQ(replicator.stats().async_forwards, static_cast<uint64_t>(kWrites));
+}
+
+// An in-sync backup that cannot be reached fails the write (kUnavailable naming it); a joining
+// one that cannot is counted and the write goes on.
+TEST_F(ReplicatorTest, ForwardAsyncReportsAnUnreachableBackup) {
+  FakeBackup b1(fabric_.get());
+  cluster::ClusterMap map = MapWith({&b1});
+  map.servers.push_back({2, "127.0.0.1:1"});  // nothing listens there
+  Replicator replicator(fabric_.get(), ReplicatorOptions{});
+  const kv::ReplicateRequest joining_write = Write(map, "joining", 7);
+  const kv::ReplicateRequest in_sync_write = Write(map, "in-sync", 8);
+  auto run = [&](const kv::ReplicateRequest& m) {
+    Mutex mu;
+    CondVar cv;
+    std::optional<Status> result;
+    replicator.ForwardAsync(map, 0, m, [&](const Status& s, uint64_t) {
+      MutexLock lock(&mu);
+      result = s;
+      cv.SignalAll();
+    });
+    MutexLock lock(&mu);
+    const Clock::time_point deadline = Clock::now() + std::chrono::seconds(10);
+    while (!result && cv.WaitUntil(&mu, deadline)) {
+    }
+    return result.value_or(Status::Internal("no completion within 10 s"));
+  };
+  map.joining = {{2}};
+  EXPECT_TRUE(run(joining_write).ok());
+  EXPECT_EQ(replicator.JoiningFailures(0, 2), 1u);
+  map.joining.clear();
+  map.backups[0].push_back(2);
+  const Status s = run(in_sync_write);
+  EXPECT_TRUE(s.Is(StatusCode::kUnavailable)) << s.ToString();
+  EXPECT_NE(s.message().find("backup server 2"), std::string::npos) << s.ToString();
+  EXPECT_EQ(b1.writes(), 2);
 }
 
 }  // namespace
