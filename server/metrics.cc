@@ -74,6 +74,9 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
   f.Counter("rdkv_writes_on_receiving_thread_total",
             "Writes answered on the tcp transport's receiving thread (no handoff to a worker)",
             static_cast<double>(s.writes_on_receiving_thread));
+  f.Counter("rdkv_replicates_on_receiving_thread_total",
+            "REPLICATE requests a backup applied on the tcp transport's receiving thread",
+            static_cast<double>(s.replicates_on_receiving_thread));
   f.Gauge("rdkv_region_bytes", "Size of the registered region (index and heap)",
           static_cast<double>(s.region_bytes));
   f.Gauge("rdkv_heap_bytes", "Size of the region's item heap", static_cast<double>(s.heap_bytes));

@@ -73,6 +73,7 @@ class ServerImpl final : public Server {
       replicator_ = std::make_unique<replication::Replicator>(fabric_.get(), ro);
       service_.set_replicator(replicator_.get());
       service_.set_async_replicated_writes(options.async_replicated_writes);
+      service_.set_transport_workers(options.worker_threads);
       cluster_->set_resync_hook(
           [this](const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
             promoted_shards_.fetch_add(shards.size(), std::memory_order_relaxed);
@@ -141,8 +142,9 @@ class ServerImpl final : public Server {
             .IgnoreError();  // client gone: nothing to do
       }  // else deferred: the service answers through `reply` when the write is durable
     };
-    lo.inline_handler = [this](std::span<const uint8_t> payload, std::vector<uint8_t>* response) {
-      return service_.TryWriteOnReceivingThread(payload, response);
+    lo.inline_handler = [this](std::span<const uint8_t> payload, std::vector<uint8_t>* response,
+                               transport::ReplyHandle* reply) {
+      return service_.TryWriteOnReceivingThread(payload, response, reply);
     };
     RDKV_ASSIGN_OR_RETURN(listener_, fabric_->Listen(std::move(lo)));
     return Status::Ok();
@@ -162,6 +164,7 @@ class ServerImpl final : public Server {
     s.item_bytes = sc.item_bytes;
     s.in_place_updates = sc.in_place_updates;
     s.writes_on_receiving_thread = c.writes_on_receiving_thread.load();
+    s.replicates_on_receiving_thread = c.replicates_on_receiving_thread.load();
     s.heap_bytes = as.heap_units * kv::kUnit;
     s.free_bytes = as.free_units * kv::kUnit;
     s.limbo_bytes = as.limbo_units * kv::kUnit;

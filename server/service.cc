@@ -17,7 +17,7 @@ bool Service::Handle(std::span<const uint8_t> request, std::vector<uint8_t>* res
   const transport::SessionRole role = reply->session->role();
   // The transport's worker threads: how many there are (HandleWrite keeps one free).
   thread_local const Service* counted_for = nullptr;
-  if (counted_for != this) {
+  if (transport_workers_ == 0 && counted_for != this) {
     counted_for = this;
     workers_seen_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -204,6 +204,7 @@ std::string Service::StatsJson() const {
   j["item_bytes"] = sc.item_bytes;
   j["in_place_updates"] = sc.in_place_updates;
   j["writes_on_receiving_thread"] = counters_.writes_on_receiving_thread.load();
+  j["replicates_on_receiving_thread"] = counters_.replicates_on_receiving_thread.load();
   j["region_bytes"] = store_->header().region_bytes;
   j["heap_bytes"] = as.heap_units * kv::kUnit;
   j["used_bytes"] = as.used_units * kv::kUnit;

@@ -73,6 +73,8 @@ struct OpCounters {
   std::atomic<uint64_t> catchup_applied{0}, scan_items{0};
   // Writes run on the transport's receiving thread (no handoff to a worker).
   std::atomic<uint64_t> writes_on_receiving_thread{0};
+  // REPLICATE requests (single or batch) applied on the transport's receiving thread.
+  std::atomic<uint64_t> replicates_on_receiving_thread{0};
 };
 
 class Service {
@@ -100,7 +102,13 @@ class Service {
   // repair pending, its locks free right now, ample heap) and returns true with the answer in
   // *response; false (nothing done, nothing counted) leaves the request to a worker (Handle).
   // Never blocks.
-  bool TryWriteOnReceivingThread(std::span<const uint8_t> request, std::vector<uint8_t>* response);
+  // Also a REPLICATE (single or batch) of an admin session (`role`), applied here when every
+  // entry's replica stripe is free and the heap has room (a backup's side waits for no other
+  // server; docs/design.md "A backup").
+  // And a replicated write (async_replicated_writes, no persister): started here and answered
+  // later through *reply (taken), or refused into *response.
+  bool TryWriteOnReceivingThread(std::span<const uint8_t> request, std::vector<uint8_t>* response,
+                                 transport::ReplyHandle* reply = nullptr);
   // Blocking form (tests, benchmarks): waits for a deferred answer. In-process callers are
   // trusted (kAdmin) unless they pass the role of the session they stand for.
   void Handle(std::span<const uint8_t> request, std::vector<uint8_t>* response,
@@ -128,9 +136,15 @@ class Service {
   // False: every replicated write waits for its backups on a thread (the earlier path, kept
   // for comparison). Set before the first Handle.
   void set_async_replicated_writes(bool on) { async_replicated_writes_ = on; }
-  // Waits until no write is in flight on the writer pool or waiting for its backups (the
-  // server calls it once it stops listening, before its persister goes).
-  void WaitForWrites() EXCLUDES(offload_mu_);
+  // The transport's worker threads, all started with the listener: the share of them a
+  // replicated write may use is known from the first request (else workers are counted as
+  // they take their first request, and a write waits on the writer pool until two are seen).
+  // Set before the first Handle.
+  void set_transport_workers(int n) { transport_workers_ = n; }
+  // Waits until no write is in flight on the writer pool or waiting for its backups, then stops
+  // the repair pass (the server calls it once it stops listening, before its persister goes;
+  // ~Service too). No write may arrive after it.
+  void WaitForWrites() EXCLUDES(offload_mu_, repair_mu_);
   // Writes kept for repair now (failed after a forward; docs/design.md "Replication").
   size_t repairs_pending() const { return repairs_pending_.load(std::memory_order_relaxed); }
   // Request ids whose answers the retry table keeps now.
@@ -222,7 +236,10 @@ class Service {
   // answers now (refused, retried, failed precondition), hands the write to the writer pool
   // (a repair pending, its stripe or the ownership lock taken), or forwards it and returns
   // false (answered by OnForwarded).
-  bool StartReplicatedWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);
+  // `on_receiving_thread`: the transport's receiving thread (no persister): no batch is
+  // started there (ForwardAsync's may_start), every one goes to its backup's sender.
+  bool StartReplicatedWrite(const kv::Request& r, Exchange ex, bool on_receiving_thread = false)
+      EXCLUDES(offload_mu_);
   // Takes a version and forwards `w` (ForwardAsync); OnForwarded continues it.
   void ForwardReplicatedWrite(std::unique_ptr<ReplicatedWrite> w);
   // Steps 4 (again, above a newer version) to 6 once every backup answered; on any thread.
@@ -254,6 +271,11 @@ class Service {
   // A backup's side: applies a forwarded write (or a batch of them) after CheckReplica.
   bool HandleReplicate(const kv::Request& r, Exchange ex);
   bool HandleReplicateBatch(const kv::Request& r, Exchange ex);
+  // TryWriteOnReceivingThread's REPLICATE: answers into *response and returns true, or
+  // returns false having changed nothing (a worker takes it).
+  bool TryReplicateOnReceivingThread(const kv::Request& r, std::vector<uint8_t>* response);
+  // Mutex::TryLock for a set of stripes taken in a loop (outside the analysis).
+  static bool TryLockStripe(Mutex* mu);
   // One forwarded write on a backup whose role CheckReplica confirmed; the caller holds the
   // key's replica stripe. Returns its answer: OK (*version: its version), kVersionMismatch
   // (*version: the newer version held here) or the store's error; *changed when the store
@@ -333,7 +355,9 @@ class Service {
   RetryTable retry_table_;
   OpCounters counters_;
   RequestMetrics request_metrics_;
-  static constexpr size_t kKeyStripes = 1024;
+  // More stripes than writes in flight by far: an asynchronous write holds its stripe for a
+  // round trip to its backups, and a write that finds its stripe taken waits on a thread.
+  static constexpr size_t kKeyStripes = 4096;
   // Serialize writers of one key across the store and the persister; guard no member.
   std::array<TransferableLock, kKeyStripes> key_stripes_;
   // The same for forwarded writes applied as a backup (HandleReplicate): apart from
@@ -369,9 +393,15 @@ class Service {
   // replicated write now: at most workers_seen_ - 1, so one is always free for REPLICATE; the
   // rest go to the writer pool.
   std::atomic<int> workers_seen_{0};
+  int transport_workers_ = 0;  // set_transport_workers; 0: count them as they are seen
   std::atomic<int> inline_writes_{0};
 
   bool async_replicated_writes_ = true;
+  // Asynchronous writes in flight and their keys' and values' bytes: beyond either limit a
+  // replicated write takes the waiting path (bounded by the writer pool's threads).
+  static constexpr size_t kMaxAsyncWrites = 1024;
+  static constexpr size_t kMaxAsyncBytes = 64 << 20;
+  std::atomic<size_t> async_writes_{0}, async_bytes_{0};
 
   // Writes handed to the writer pool or waiting for their backups without a thread, not
   // finished yet (~Service and WaitForWrites wait for them).

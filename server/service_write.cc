@@ -15,6 +15,16 @@ namespace rdkv::server {
 
 namespace {
 using persistence::Durability;
+
+// A REPLICATE batch's answer body: one result per entry.
+std::string EncodeReplicateResults(const std::vector<kv::ReplicateBatchResult>& results) {
+  std::string body;
+  body.reserve(results.size() * kv::kReplicateBatchResultBytes);
+  for (const kv::ReplicateBatchResult& res : results) {
+    kv::AppendReplicateBatchResult(res.code, res.version, &body);
+  }
+  return body;
+}
 }  // namespace
 
 TransferableLock* Service::KeyStripe(std::string_view key) {
@@ -33,14 +43,20 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
   // thread; the write checks it again.
   if (replicator_ != nullptr && cluster_ != nullptr && r.op != kv::Op::kImport &&
       IsReplicated(*cluster_->map(), store_->ShardOfKey(r.key))) {
-    if (async_replicated_writes_) return StartReplicatedWrite(r, ex);
-    if (!ex.on_worker) return OffloadWrite(r, ex);
-    const int workers = workers_seen_.load(std::memory_order_relaxed);
+    // The asynchronous path waits for no backup, but may still wait briefly (the persister's
+    // admission, a transport call slot or socket buffer toward a backup): it keeps to the same
+    // share of the workers.
+    if (!ex.on_worker) {
+      return async_replicated_writes_ ? StartReplicatedWrite(r, ex) : OffloadWrite(r, ex);
+    }
+    const int workers = transport_workers_ > 0 ? transport_workers_
+                                               : workers_seen_.load(std::memory_order_relaxed);
     if (inline_writes_.fetch_add(1, std::memory_order_acq_rel) + 1 >= workers) {
       inline_writes_.fetch_sub(1, std::memory_order_acq_rel);
       return OffloadWrite(r, ex);
     }
-    const bool answered = HandleWriteNow(r, ex);
+    const bool answered =
+        async_replicated_writes_ ? StartReplicatedWrite(r, ex) : HandleWriteNow(r, ex);
     inline_writes_.fetch_sub(1, std::memory_order_acq_rel);
     return answered;
   }
@@ -76,12 +92,10 @@ bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
 }
 
 void Service::WaitForWrites() {
-  MutexLock lock(&offload_mu_);
-  while (offloaded_ > 0) offload_cv_.Wait(&offload_mu_);
-}
-
-Service::~Service() {
-  WaitForWrites();
+  {
+    MutexLock lock(&offload_mu_);
+    while (offloaded_ > 0) offload_cv_.Wait(&offload_mu_);
+  }
   {
     MutexLock lock(&repair_mu_);
     repair_stop_ = true;
@@ -89,6 +103,8 @@ Service::~Service() {
   repair_cv_.SignalAll();
   if (repair_thread_.joinable()) repair_thread_.join();
 }
+
+Service::~Service() { WaitForWrites(); }
 
 void Service::set_replicator(replication::Replicator* replicator) {
   replicator_ = replicator;
@@ -181,15 +197,22 @@ bool Service::WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::
 }
 
 bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
-                                        std::vector<uint8_t>* response) {
+                                        std::vector<uint8_t>* response,
+                                        transport::ReplyHandle* reply) {
   // Only what can never wait: no persister (whose queue may push back), no replication (which
   // waits for backups), no repair pending, and locks that are free right now.
-  if (persister_ != nullptr || repairs_pending_.load(std::memory_order_relaxed) > 0) {
-    return false;
-  }
+  if (persister_ != nullptr) return false;
   Result<kv::Request> decoded = kv::DecodeRequest(request, limits_);
   if (!decoded.ok()) return false;  // a worker answers (and counts) the error
   const kv::Request& r = *decoded;
+  const transport::SessionRole role =
+      reply != nullptr && reply->session != nullptr ? reply->session->role()
+                                                    : transport::SessionRole::kData;
+  if (r.op == kv::Op::kReplicate) {
+    // A backup's side waits for no other server: applied here when its locks are free now.
+    return role == transport::SessionRole::kAdmin && TryReplicateOnReceivingThread(r, response);
+  }
+  if (repairs_pending_.load(std::memory_order_relaxed) > 0) return false;
   if (r.op != kv::Op::kPut && r.op != kv::Op::kInsert && r.op != kv::Op::kCas &&
       r.op != kv::Op::kDelete) {
     return false;
@@ -199,6 +222,22 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
   if (r.value.size() > kv::kInPlaceMaxItemBytes ||
       !store_->HasRoomFor(r.key.size(), r.value.size())) {
     return false;
+  }
+  if (async_replicated_writes_ && replicator_ != nullptr && cluster_ != nullptr &&
+      reply != nullptr && reply->session != nullptr &&
+      IsReplicated(*cluster_->map(), store_->ShardOfKey(r.key))) {
+    // Started here (no worker): answered now when refused, or later through *reply once its
+    // backups have answered (docs/design.md "No thread waits for the backups").
+    const std::function<Deliver()> defer = [reply]() -> Deliver {
+      return [h = std::move(*reply)](std::span<const uint8_t> out) {
+        h.session->Reply(h.request_id, out).IgnoreError();  // client gone: nothing to do
+      };
+    };
+    Exchange ex{response, &defer};
+    ex.op = static_cast<uint8_t>(r.op);
+    ex.role = role;
+    StartReplicatedWrite(r, ex, /*on_receiving_thread=*/true);
+    return true;  // answered into *response, or *reply was taken
   }
   Store::NoWaitScope no_wait;
   const std::function<Deliver()> no_defer;  // never used: this path answers at once
@@ -350,20 +389,29 @@ struct Service::ReplicatedWrite {
   std::chrono::steady_clock::time_point received;
   transport::SessionRole role = transport::SessionRole::kData;
   Deliver deliver;
+  bool start_here = true;  // ForwardAsync's may_start: false on the transport's receiving thread
   // Held from the ownership check until the write is applied and enqueued for persistence.
   ClusterState::WriteHold owner;
   TransferableHold stripe;
 };
 
-bool Service::StartReplicatedWrite(const kv::Request& r, Exchange ex) {
-  // Never waits except for the persister's admission (local): what would wait goes to the
-  // writer pool, whose thread may (docs/design.md "Why two servers cannot stall each other").
+bool Service::StartReplicatedWrite(const kv::Request& r, Exchange ex, bool on_receiving_thread) {
+  // Never waits except for the persister's admission (local; there is no persister on the
+  // receiving thread): what would wait goes to the writer pool, whose thread may
+  // (docs/design.md "Why two servers cannot stall each other").
   if (repairs_pending_.load(std::memory_order_relaxed) > 0) return OffloadWrite(r, ex);
+  if (async_writes_.load(std::memory_order_relaxed) >= kMaxAsyncWrites ||
+      async_bytes_.load(std::memory_order_relaxed) >= kMaxAsyncBytes) {
+    return OffloadWrite(r, ex);  // enough in flight: this one waits on a thread
+  }
   const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
   ClusterState::OwnerTryGuard owner_guard(cluster_);
   if (!owner_guard.held()) return OffloadWrite(r, ex);  // an install is under way
   TransferableHold stripe = TransferableHold::TryTake(KeyStripe(r.key));
-  if (!stripe) return OffloadWrite(r, ex);  // a write of this stripe is in flight
+  if (!stripe) return OffloadWrite(r, ex);  // a write of this stripe is in flight (or waits)
+  // Again under the stripe: an earlier write of this key may have failed (and been kept for
+  // repair) since the first look; its repair (step 0) runs on the waiting path.
+  if (repairs_pending_.load(std::memory_order_acquire) > 0) return OffloadWrite(r, ex);
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
@@ -397,7 +445,10 @@ bool Service::StartReplicatedWrite(const kv::Request& r, Exchange ex) {
   w->deliver = (*ex.defer)();
   w->owner = cluster_->HoldForWrite();
   w->stripe = std::move(stripe);
+  w->start_here = !on_receiving_thread;
   counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
+  async_writes_.fetch_add(1, std::memory_order_relaxed);
+  async_bytes_.fetch_add(w->key.size() + w->value.size(), std::memory_order_relaxed);
   {
     MutexLock lock(&offload_mu_);
     ++offloaded_;
@@ -411,10 +462,12 @@ void Service::ForwardReplicatedWrite(std::unique_ptr<ReplicatedWrite> w) {
   w->m.version = store_->NextVersion();
   // The completion owns the write from here (it runs exactly once, maybe before this returns).
   ReplicatedWrite* raw = w.release();
-  replicator_->ForwardAsync(*raw->map, raw->shard, raw->m,
-                            [this, raw](const Status& forwarded, uint64_t newer) {
-                              OnForwarded(std::unique_ptr<ReplicatedWrite>(raw), forwarded, newer);
-                            });
+  replicator_->ForwardAsync(
+      *raw->map, raw->shard, raw->m,
+      [this, raw](const Status& forwarded, uint64_t newer) {
+        OnForwarded(std::unique_ptr<ReplicatedWrite>(raw), forwarded, newer);
+      },
+      raw->start_here);
 }
 
 void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forwarded,
@@ -429,6 +482,7 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
     std::optional<Status> failed = ForwardFailed(w->m, w->shard, forwarded, newer, w->attempt);
     if (!failed) {
       ++w->attempt;  // above the newer version: again, still holding everything
+      w->start_here = true;  // on a sender or writer thread now
       w->deliver = std::move(deliver);
       ForwardReplicatedWrite(std::move(w));
       return;
@@ -444,11 +498,77 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
                    ? AnswerNow(ex, Status::Ok(), w->m.version, WriteAnswerBody(where))
                    : Persist(w->request, w->m.version, where, ex);
   }
+  async_writes_.fetch_sub(1, std::memory_order_relaxed);
+  async_bytes_.fetch_sub(w->key.size() + w->value.size(), std::memory_order_relaxed);
   w.reset();  // gives the stripe and the ownership hold back (after the persister's enqueue)
   if (answered) deliver(response);  // else Persist took `deliver`
   MutexLock lock(&offload_mu_);
   if (--offloaded_ == 0) offload_cv_.SignalAll();
 }
+
+bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<uint8_t>* response) {
+  if (cluster_ == nullptr) return false;  // a worker answers the error
+  std::vector<kv::ReplicateRequest> entries;
+  const bool is_batch = kv::IsReplicateBatch(r);
+  if (is_batch) {
+    Result<kv::ReplicateBatch> batch = kv::DecodeReplicateBatch(r, limits_);
+    if (!batch.ok()) return false;
+    entries = std::move(batch->entries);
+  } else {
+    Result<kv::ReplicateRequest> m = kv::DecodeReplicate(r);
+    if (!m.ok()) return false;
+    entries.push_back(*m);
+  }
+  // All or nothing, so that a worker can take the whole request instead: room in the heap for
+  // every entry, and every entry's replica stripe free now (held across the request; TryLock
+  // never waits, so the order they are taken in does not matter).
+  for (const kv::ReplicateRequest& m : entries) {
+    if (!m.is_delete && !store_->HasRoomFor(m.key.size(), m.value.size())) return false;
+  }
+  std::vector<Mutex*> held;
+  held.reserve(entries.size());
+  auto release = [&held]() NO_THREAD_SAFETY_ANALYSIS {
+    for (Mutex* mu : held) mu->Unlock();
+  };
+  for (const kv::ReplicateRequest& m : entries) {
+    Mutex* mu = &replica_stripes_[kv::KeyHash(m.key) % kKeyStripes];
+    if (std::find(held.begin(), held.end(), mu) != held.end()) continue;
+    if (!TryLockStripe(mu)) {
+      release();
+      return false;
+    }
+    held.push_back(mu);
+  }
+  Store::NoWaitScope no_wait;
+  const std::function<Deliver()> no_defer;  // never used: this path answers at once
+  Exchange ex{response, &no_defer};
+  ex.op = static_cast<uint8_t>(kv::Op::kReplicate);
+  counters_.replicates_on_receiving_thread.fetch_add(1, std::memory_order_relaxed);
+  if (is_batch) counters_.replicate_batches.fetch_add(1, std::memory_order_relaxed);
+  // As HandleReplicate / HandleReplicateBatch, entry by entry in the request's order.
+  const std::shared_ptr<const cluster::ClusterMap> my_map = cluster_->map();
+  std::vector<kv::ReplicateBatchResult> results(entries.size());
+  Status single;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const kv::ReplicateRequest& m = entries[i];
+    const uint32_t shard = store_->ShardOfKey(m.key);
+    Status s = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id);
+    uint64_t version = 0;
+    if (s.ok()) {
+      counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
+      bool changed = false;
+      s = ApplyReplica(m, shard, my_map->IsJoining(shard, cluster_->server_id()), &version,
+                       &changed);
+    }
+    results[i] = {s.code(), version};
+    single = s;
+  }
+  release();
+  if (is_batch) return AnswerNow(ex, Status::Ok(), entries.size(), EncodeReplicateResults(results));
+  return AnswerNow(ex, single, results[0].version);
+}
+
+bool Service::TryLockStripe(Mutex* mu) NO_THREAD_SAFETY_ANALYSIS { return mu->TryLock(); }
 
 bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   if (kv::IsReplicateBatch(r)) return HandleReplicateBatch(r, ex);
@@ -536,14 +656,7 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
     size_t waiting GUARDED_BY(mu) = 1;  // this thread's hold
     std::function<void(const Status&, uint64_t, std::string_view)> answer;
   };
-  auto encode = [](const std::vector<kv::ReplicateBatchResult>& results) {
-    std::string body;
-    body.reserve(results.size() * kv::kReplicateBatchResultBytes);
-    for (const kv::ReplicateBatchResult& res : results) {
-      kv::AppendReplicateBatchResult(res.code, res.version, &body);
-    }
-    return body;
-  };
+  const auto encode = EncodeReplicateResults;
   std::vector<kv::ReplicateBatchResult> results(n);
   std::shared_ptr<Pending> pending;
   const bool sync = persister_ != nullptr && persister_->durability() == Durability::kSync;

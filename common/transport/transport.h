@@ -289,9 +289,12 @@ using RequestHandler = std::function<void(std::span<const uint8_t> payload, Repl
 // queued for a worker: answers it there when it can without waiting for anything (no lock held
 // for long, no I/O but the reply), returning true; false leaves it to a worker, untouched.
 // The answer goes into *response, which the transport sends (with the other answers of that
-// receive pass, in one write).
-using InlineHandler =
-    std::function<bool(std::span<const uint8_t> payload, std::vector<uint8_t>* response)>;
+// receive pass, in one write). It may instead take *reply (move it out) to answer later through
+// it, from any thread, and return true: then nothing is sent now. Work answered that way must
+// not wait on this thread, and must not be overtaken by a later request of the session where
+// that matters (the handler declines those, as the transport's rule below says).
+using InlineHandler = std::function<bool(std::span<const uint8_t> payload,
+                                         std::vector<uint8_t>* response, ReplyHandle* reply)>;
 
 struct ListenOptions {
   std::string host = "127.0.0.1";

@@ -157,9 +157,10 @@ class TransferableLock {
     --waiters_;
     held_ = true;
   }
+  // Also fails while a thread waits in Lock(): a stream of TryLocks must not starve it.
   bool TryLock() {
     MutexLock l(&mu_);
-    if (held_) return false;
+    if (held_ || waiters_ > 0) return false;
     held_ = true;
     return true;
   }

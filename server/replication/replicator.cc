@@ -66,6 +66,7 @@ struct Replicator::Peer {
   // Replaced or shutting down: the sender leaves once nothing is queued, and a Forward sends
   // its batch itself whatever is in flight (no write may wait for a sender that left).
   bool stopping GUARDED_BY(queue_mu) = false;
+  bool exited GUARDED_BY(queue_mu) = false;  // the sender has returned: nothing handed runs
   std::thread sender;  // started by PeerFor, joined by ~Replicator
   // Batches a Forward took and handed to the sender to finish (started) or to send too (when
   // the backup had no open connection): each backup's answers are waited for on its own
@@ -75,6 +76,14 @@ struct Replicator::Peer {
   bool Connected() EXCLUDES(mu) {
     MutexLock lock(&mu);
     return conn != nullptr && conn->alive();
+  }
+  // The open connection, without waiting: null when there is none or `mu` is taken (a sender
+  // may hold it while it connects, for up to connect_timeout).
+  std::shared_ptr<transport::Connection> OpenConnectionNow() EXCLUDES(mu) {
+    if (!mu.TryLock()) return nullptr;
+    MutexLock lock(&mu, std::adopt_lock);
+    if (conn == nullptr || !conn->alive()) return nullptr;
+    return conn;
   }
 
   // A batch may start: something is queued, and nothing is in flight, or there is room and
@@ -223,7 +232,10 @@ void Replicator::SenderLoop(std::shared_ptr<Peer> peer) {
                !(peer->stopping && peer->queue.empty())) {
           peer->queue_cv.Wait(&peer->queue_mu);
         }
-        if (!peer->CanTake() && peer->handed.empty()) return;  // stopping, nothing queued
+        if (!peer->CanTake() && peer->handed.empty()) {  // stopping, nothing queued
+          peer->exited = true;
+          return;
+        }
       }
       for (; !peer->handed.empty(); peer->handed.pop_front()) {
         mine.push_back(std::move(peer->handed.front()));
@@ -286,7 +298,8 @@ Result<std::shared_ptr<transport::Connection>> Replicator::ConnectionTo(Peer* pe
   return peer->conn;
 }
 
-bool Replicator::StartRound(Peer* peer, Batch* batch) {
+bool Replicator::StartRound(Peer* peer, Batch* batch,
+                            std::shared_ptr<transport::Connection> open) {
   std::vector<Item*>& todo = batch->todo;
   Clock::time_point deadline = Clock::time_point::max();
   for (Item* item : todo) deadline = std::min(deadline, item->deadline);
@@ -308,7 +321,9 @@ bool Replicator::StartRound(Peer* peer, Batch* batch) {
     todo.swap(left);
     return false;
   }
-  Result<std::shared_ptr<transport::Connection>> conn = ConnectionTo(peer);
+  Result<std::shared_ptr<transport::Connection>> conn =
+      open != nullptr ? Result<std::shared_ptr<transport::Connection>>(std::move(open))
+                      : ConnectionTo(peer);
   if (!conn.ok()) {
     for (Item* item : todo) item->result = conn.status();
     todo.clear();
@@ -491,7 +506,8 @@ Replicator::TakenBatches Replicator::Enqueue(Forwarding* f) {
 bool Replicator::HandOver(std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch) {
   {
     MutexLock lock(&peer->queue_mu);
-    if (peer->stopping) return false;  // its sender may be gone
+    // A stopping sender still runs what it is handed; one that has returned does not.
+    if (peer->exited) return false;
     peer->handed.push_back(std::move(batch));
   }
   peer->queue_cv.Signal();
@@ -538,7 +554,7 @@ Status Replicator::Settle(Forwarding& f, uint64_t* newer) {
 }
 
 void Replicator::ForwardAsync(const cluster::ClusterMap& map, uint32_t shard,
-                              const kv::ReplicateRequest& m, ForwardDone done) {
+                              const kv::ReplicateRequest& m, ForwardDone done, bool may_start) {
   std::unique_ptr<Forwarding> f = Prepare(map, shard, m);
   if (f->targets.empty()) {
     done(Status::Ok(), 0);
@@ -551,13 +567,26 @@ void Replicator::ForwardAsync(const cluster::ClusterMap& map, uint32_t shard,
   f.release();
   async_forwards_.fetch_add(1, std::memory_order_relaxed);
   for (auto& [peer, batch] : taken) {
-    // Started here on an open connection (never a connect on this thread); every batch is
-    // then its backup's sender's, which waits for the answer and completes what it settles.
-    if (peer->Connected()) StartRound(peer.get(), batch.get());
+    // Started here only on a connection that is open now (never a connect, never a wait for
+    // the peer's lock); every batch is then its backup's sender's, which waits for the answer
+    // (or connects and sends an unstarted one) and completes what it settles.
+    if (may_start) {
+      if (std::shared_ptr<transport::Connection> conn = peer->OpenConnectionNow()) {
+        StartRound(peer.get(), batch.get(), std::move(conn));
+      }
+    }
     if (HandOver(peer, batch)) continue;
-    // A replaced backup's sender may be gone: the writer pool finishes the batch.
-    std::shared_ptr<Batch> owned(std::move(batch));
-    Submit([this, peer, owned] { RunBatch(peer.get(), owned.get()); });
+    // The backup was replaced in the map and its sender has already returned (a write that
+    // raced with the replacement): a batch not sent fails here at once (its writes fail
+    // kUnavailable and are repaired); one in flight is finished here, within forward_timeout.
+    if (!batch->in_flight) {
+      for (Item* item : batch->todo) {
+        item->result = Status::Unavailable(peer->who + " was replaced in the map while the write "
+                                           "was queued for it");
+      }
+      batch->todo.clear();
+    }
+    RunBatch(peer.get(), batch.get());
   }
 }
 

@@ -121,8 +121,10 @@ class Replicator {
   // every backup, starts on this thread the batches that may start on an open connection
   // (never connects here), hands every batch to its backup's sender, and returns. `m` (and
   // what it points at) must stay alive and unchanged until `done` runs.
+  // `may_start` false (a caller that must not wait even briefly: the transport's receiving
+  // thread): no batch is started here, every one goes to its backup's sender.
   void ForwardAsync(const cluster::ClusterMap& map, uint32_t shard, const kv::ReplicateRequest& m,
-                    ForwardDone done);
+                    ForwardDone done, bool may_start = true);
 
   ReplicatorStats stats() const;
 
@@ -177,7 +179,8 @@ class Replicator {
   // One round of `batch`: sends its first entries still to send (as many as fit in one
   // REPLICATE) without waiting. False when nothing went out: the entries past their deadline, or
   // all of them when the backup cannot be reached, have their results.
-  bool StartRound(Peer* peer, Batch* batch);
+  // `open`: a connection to use (ForwardAsync's, taken without waiting); null: ConnectionTo.
+  bool StartRound(Peer* peer, Batch* batch, std::shared_ptr<transport::Connection> open = nullptr);
   // Waits for the round in flight and settles its entries; those answered kBusy (the backup's
   // map is behind) and those that did not fit go back on the batch's list to send.
   void FinishRound(Peer* peer, Batch* batch);

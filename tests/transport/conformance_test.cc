@@ -776,7 +776,8 @@ TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThre
     }
     Handle(payload, std::move(reply));
   };
-  lo.inline_handler = [&](std::span<const uint8_t> payload, std::vector<uint8_t>* response) {
+  lo.inline_handler = [&](std::span<const uint8_t> payload, std::vector<uint8_t>* response,
+                          ReplyHandle*) {
     if (payload.empty() || payload[0] != 'I') return false;
     inline_calls.fetch_add(1);
     {
@@ -869,7 +870,8 @@ TEST_P(TransportConformance, AnInlineAnswerDoesNotOvertakeItsConnectionsQueuedRe
     }
     reply.session->Reply(reply.request_id, Transform(payload)).IgnoreError();
   };
-  lo.inline_handler = [&](std::span<const uint8_t> payload, std::vector<uint8_t>* response) {
+  lo.inline_handler = [&](std::span<const uint8_t> payload, std::vector<uint8_t>* response,
+                          ReplyHandle*) {
     if (payload.empty() || payload[0] != 'I') return false;
     {
       std::lock_guard lock(order_mu);

@@ -914,10 +914,12 @@ class NicThread {
       // at the end of the pass) and no worker is involved.
       thread_local std::vector<uint8_t> response;
       response.clear();
-      if (core_->options.inline_handler(call->payload, &response)) {
+      ReplyHandle reply{it->second, call->request_id};
+      if (core_->options.inline_handler(call->payload, &response, &reply)) {
         ++s.inline_in_pass;
         core_->requests.fetch_add(1, std::memory_order_relaxed);
         core_->requests_inline.fetch_add(1, std::memory_order_relaxed);
+        if (reply.session == nullptr) return;  // taken: answered later, from another thread
         t_reply_in_pass = &s;  // Reply leaves the flush to the end of the pass
         s.Reply(call->request_id, response).IgnoreError();  // a cut-off client: nothing to do
         t_reply_in_pass = nullptr;
