@@ -238,8 +238,9 @@ class Service {
   // false (answered by OnForwarded).
   // `on_receiving_thread`: the transport's receiving thread (no persister): no batch is
   // started there (ForwardAsync's may_start), every one goes to its backup's sender.
-  bool StartReplicatedWrite(const kv::Request& r, Exchange ex, bool on_receiving_thread = false)
-      EXCLUDES(offload_mu_);
+  // Returns nullopt only on the receiving thread, where what would wait is declined instead.
+  std::optional<bool> StartReplicatedWrite(const kv::Request& r, Exchange ex,
+                                           bool on_receiving_thread = false) EXCLUDES(offload_mu_);
   // Takes a version and forwards `w` (ForwardAsync); OnForwarded continues it.
   void ForwardReplicatedWrite(std::unique_ptr<ReplicatedWrite> w);
   // Steps 4 (again, above a newer version) to 6 once every backup answered; on any thread.

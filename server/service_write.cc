@@ -16,6 +16,10 @@ namespace rdkv::server {
 namespace {
 using persistence::Durability;
 
+// Set while the transport's receiving thread runs TryWriteOnReceivingThread: a completion that
+// runs there (every backup of a write failed at once) must not wait.
+thread_local bool t_on_receiving_thread = false;
+
 // A REPLICATE batch's answer body: one result per entry.
 std::string EncodeReplicateResults(const std::vector<kv::ReplicateBatchResult>& results) {
   std::string body;
@@ -47,7 +51,7 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
     // admission, a transport call slot or socket buffer toward a backup): it keeps to the same
     // share of the workers.
     if (!ex.on_worker) {
-      return async_replicated_writes_ ? StartReplicatedWrite(r, ex) : OffloadWrite(r, ex);
+      return async_replicated_writes_ ? *StartReplicatedWrite(r, ex) : OffloadWrite(r, ex);
     }
     const int workers = transport_workers_ > 0 ? transport_workers_
                                                : workers_seen_.load(std::memory_order_relaxed);
@@ -56,7 +60,7 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
       return OffloadWrite(r, ex);
     }
     const bool answered =
-        async_replicated_writes_ ? StartReplicatedWrite(r, ex) : HandleWriteNow(r, ex);
+        async_replicated_writes_ ? *StartReplicatedWrite(r, ex) : HandleWriteNow(r, ex);
     inline_writes_.fetch_sub(1, std::memory_order_acq_rel);
     return answered;
   }
@@ -199,8 +203,9 @@ bool Service::WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::
 bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
                                         std::vector<uint8_t>* response,
                                         transport::ReplyHandle* reply) {
-  // Only what can never wait: no persister (whose queue may push back), no replication (which
-  // waits for backups), no repair pending, and locks that are free right now.
+  // Only what can never wait: no persister (whose queue may push back), no repair pending, and
+  // locks that are free right now. A replicated write is only started here (answered later
+  // from the thread that reads its backups' answers); a REPLICATE is a backup's side.
   if (persister_ != nullptr) return false;
   Result<kv::Request> decoded = kv::DecodeRequest(request, limits_);
   if (!decoded.ok()) return false;  // a worker answers (and counts) the error
@@ -236,8 +241,13 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
     Exchange ex{response, &defer};
     ex.op = static_cast<uint8_t>(r.op);
     ex.role = role;
-    StartReplicatedWrite(r, ex, /*on_receiving_thread=*/true);
-    return true;  // answered into *response, or *reply was taken
+    Store::NoWaitScope no_wait;
+    t_on_receiving_thread = true;
+    const std::optional<bool> started = StartReplicatedWrite(r, ex, /*on_receiving_thread=*/true);
+    t_on_receiving_thread = false;
+    // Declined (nothing done or counted, *reply untouched): a worker takes it. Else answered
+    // into *response, or *reply was taken.
+    return started.has_value();
   }
   Store::NoWaitScope no_wait;
   const std::function<Deliver()> no_defer;  // never used: this path answers at once
@@ -395,23 +405,30 @@ struct Service::ReplicatedWrite {
   TransferableHold stripe;
 };
 
-bool Service::StartReplicatedWrite(const kv::Request& r, Exchange ex, bool on_receiving_thread) {
+std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange ex,
+                                                  bool on_receiving_thread) {
   // Never waits except for the persister's admission (local; there is no persister on the
   // receiving thread): what would wait goes to the writer pool, whose thread may
-  // (docs/design.md "Why two servers cannot stall each other").
-  if (repairs_pending_.load(std::memory_order_relaxed) > 0) return OffloadWrite(r, ex);
+  // (docs/design.md "Why two servers cannot stall each other"). On the receiving thread it
+  // is declined instead (nothing done or counted): the transport queues it for a worker, which
+  // keeps the session's order (an inline answer must not overtake queued work).
+  auto wait_elsewhere = [&]() -> std::optional<bool> {
+    if (on_receiving_thread) return std::nullopt;
+    return OffloadWrite(r, ex);
+  };
+  if (repairs_pending_.load(std::memory_order_relaxed) > 0) return wait_elsewhere();
   if (async_writes_.load(std::memory_order_relaxed) >= kMaxAsyncWrites ||
       async_bytes_.load(std::memory_order_relaxed) >= kMaxAsyncBytes) {
-    return OffloadWrite(r, ex);  // enough in flight: this one waits on a thread
+    return wait_elsewhere();  // enough in flight: this one waits on a thread
   }
   const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
   ClusterState::OwnerTryGuard owner_guard(cluster_);
-  if (!owner_guard.held()) return OffloadWrite(r, ex);  // an install is under way
+  if (!owner_guard.held()) return wait_elsewhere();  // an install is under way
   TransferableHold stripe = TransferableHold::TryTake(KeyStripe(r.key));
-  if (!stripe) return OffloadWrite(r, ex);  // a write of this stripe is in flight (or waits)
+  if (!stripe) return wait_elsewhere();  // a write of this stripe is in flight (or waits)
   // Again under the stripe: an earlier write of this key may have failed (and been kept for
   // repair) since the first look; its repair (step 0) runs on the waiting path.
-  if (repairs_pending_.load(std::memory_order_acquire) > 0) return OffloadWrite(r, ex);
+  if (repairs_pending_.load(std::memory_order_acquire) > 0) return wait_elsewhere();
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
@@ -478,11 +495,14 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
   Exchange ex{&response, &defer, w->op, w->received, w->role};
   bool answered = false;
   std::optional<kv::ItemLocation> where;
+  // On the receiving thread (every backup failed at once) the store must not wait either.
+  std::optional<Store::NoWaitScope> no_wait;
+  if (t_on_receiving_thread) no_wait.emplace();
   if (!forwarded.ok()) {
     std::optional<Status> failed = ForwardFailed(w->m, w->shard, forwarded, newer, w->attempt);
     if (!failed) {
       ++w->attempt;  // above the newer version: again, still holding everything
-      w->start_here = true;  // on a sender or writer thread now
+      w->start_here = !t_on_receiving_thread;
       w->deliver = std::move(deliver);
       ForwardReplicatedWrite(std::move(w));
       return;
@@ -522,9 +542,15 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
   // All or nothing, so that a worker can take the whole request instead: room in the heap for
   // every entry, and every entry's replica stripe free now (held across the request; TryLock
   // never waits, so the order they are taken in does not matter).
+  size_t key_bytes = 0, value_bytes = 0;
   for (const kv::ReplicateRequest& m : entries) {
-    if (!m.is_delete && !store_->HasRoomFor(m.key.size(), m.value.size())) return false;
+    // Small values only, as for a client's write here (a large copy and checksum would hold up
+    // this thread's READs).
+    if (m.value.size() > kv::kInPlaceMaxItemBytes) return false;
+    key_bytes += m.key.size();
+    value_bytes += m.value.size() + sizeof(kv::ItemHeader) + kv::kUnit;  // an item each
   }
+  if (!store_->HasRoomFor(key_bytes, value_bytes)) return false;
   std::vector<Mutex*> held;
   held.reserve(entries.size());
   auto release = [&held]() NO_THREAD_SAFETY_ANALYSIS {

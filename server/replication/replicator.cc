@@ -484,20 +484,32 @@ std::unique_ptr<Replicator::Forwarding> Replicator::Prepare(const cluster::Clust
   return f;
 }
 
-Replicator::TakenBatches Replicator::Enqueue(Forwarding* f) {
+Replicator::TakenBatches Replicator::Enqueue(Forwarding* f, bool may_take,
+                                             std::vector<Item*>* orphaned) {
   TakenBatches taken;
-  for (size_t i = 0; i < f->targets.size(); ++i) {
+  // Once its last entry is queued, `f` may be completed and freed by a sender (nothing taken
+  // here holds its entries): read nothing of it after that.
+  const size_t n = f->targets.size();
+  for (size_t i = 0; i < n; ++i) {
     std::shared_ptr<Peer> peer = PeerFor(f->targets[i].id, f->targets[i].address);
     std::unique_ptr<Batch> batch;
-    bool more = false;
+    bool wake = false;
     {
       MutexLock lock(&peer->queue_mu);
+      if (peer->exited) {
+        // Replaced in the map, its sender gone (a write that raced with the replacement).
+        f->items[i].result = Status::Unavailable(peer->who + " was replaced in the map while "
+                                                 "the write was queued for it");
+        orphaned->push_back(&f->items[i]);
+        continue;
+      }
       peer->queue.push_back(&f->items[i]);
       peer->pending.fetch_add(1, std::memory_order_relaxed);
-      if (peer->CanTake()) batch = peer->Take(max_batch_bytes_);
-      more = batch != nullptr && peer->CanTake();  // what did not fit goes with the sender
+      if (may_take && peer->CanTake()) batch = peer->Take(max_batch_bytes_);
+      // What did not fit (or all of it, when this thread takes nothing) goes with the sender.
+      wake = peer->CanTake();
     }
-    if (more) peer->queue_cv.Signal();
+    if (wake) peer->queue_cv.Signal();
     if (batch != nullptr) taken.emplace_back(std::move(peer), std::move(batch));
   }
   return taken;
@@ -561,19 +573,28 @@ void Replicator::ForwardAsync(const cluster::ClusterMap& map, uint32_t shard,
     return;
   }
   f->done = std::move(done);
-  auto taken = Enqueue(f.get());
+  // may_start false: nothing is taken here; the senders take the entries from their queues.
+  std::vector<Item*> orphaned;
+  auto taken = Enqueue(f.get(), may_start, &orphaned);
   // From here the entries' answers own it: the last one settled completes and frees it, maybe
   // before this loop ends (only the batches still in this thread's hands are touched below).
-  f.release();
+  Forwarding* raw = f.release();
   async_forwards_.fetch_add(1, std::memory_order_relaxed);
+  if (!orphaned.empty()) {
+    bool last = false;
+    {
+      MutexLock lock(&raw->mu);
+      raw->pending -= orphaned.size();
+      last = raw->pending == 0;
+    }
+    if (last) Complete(std::unique_ptr<Forwarding>(raw));  // on this thread: every entry failed
+  }
   for (auto& [peer, batch] : taken) {
     // Started here only on a connection that is open now (never a connect, never a wait for
     // the peer's lock); every batch is then its backup's sender's, which waits for the answer
     // (or connects and sends an unstarted one) and completes what it settles.
-    if (may_start) {
-      if (std::shared_ptr<transport::Connection> conn = peer->OpenConnectionNow()) {
-        StartRound(peer.get(), batch.get(), std::move(conn));
-      }
+    if (std::shared_ptr<transport::Connection> conn = peer->OpenConnectionNow()) {
+      StartRound(peer.get(), batch.get(), std::move(conn));
     }
     if (HandOver(peer, batch)) continue;
     // The backup was replaced in the map and its sender has already returned (a write that
@@ -600,7 +621,12 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
   //    by this thread (no handoff: a lone write goes to all its backups at once); a backup with
   //    no room keeps the write queued for its sender, which takes it when a batch of it is
   //    answered.
-  auto taken = Enqueue(f.get());
+  std::vector<Item*> orphaned;  // their results are set; settled with the rest below
+  auto taken = Enqueue(f.get(), /*may_take=*/true, &orphaned);
+  if (!orphaned.empty()) {
+    MutexLock lock(&f->mu);
+    f->pending -= orphaned.size();
+  }
   // 2. Start them, each on an open connection only (no connect on this path, except for the
   //    first backup's batch); a batch for a backup with no connection goes to its sender.
   // 3. Wait for the first backup's answer, then finish the others here too (their answers
@@ -654,9 +680,15 @@ ReplicatorStats Replicator::stats() const {
 
 std::vector<Replicator::PeerState> Replicator::Peers() const {
   std::vector<PeerState> out;
-  MutexLock lock(&peers_mu_);
+  // peers_mu_ only for the copy: a peer's mu may be held through a connect (up to
+  // connect_timeout), and PeerFor, on every forward, must not queue behind that.
+  std::vector<std::pair<uint32_t, std::shared_ptr<Peer>>> peers;
+  {
+    MutexLock lock(&peers_mu_);
+    peers.assign(peers_.begin(), peers_.end());
+  }
   const Clock::time_point now = Clock::now();
-  for (const auto& [id, p] : peers_) {
+  for (const auto& [id, p] : peers) {
     PeerState st;
     st.id = id;
     {

@@ -164,8 +164,10 @@ class Replicator {
   std::unique_ptr<Forwarding> Prepare(const cluster::ClusterMap& map, uint32_t shard,
                                       const kv::ReplicateRequest& m);
   // Puts f's entries on their backups' queues; returns the batches this thread took (one per
-  // backup with room in flight), not started.
-  TakenBatches Enqueue(Forwarding* f);
+  // backup with room in flight; none unless `may_take`), not started. An entry whose backup's
+  // sender has exited (replaced in the map) gets a failed result and goes to *orphaned, not
+  // counted done yet (the caller does).
+  TakenBatches Enqueue(Forwarding* f, bool may_take, std::vector<Item*>* orphaned);
   // Gives `batch` to its backup's sender to finish (started or not). False, with `batch`
   // untouched, when the backup is being replaced (its sender may be gone).
   bool HandOver(std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch);
