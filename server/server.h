@@ -81,9 +81,9 @@ struct ServerOptions {
 
 struct ServerStats {
   uint64_t items = 0;
-  uint64_t item_bytes = 0;                  // bytes of live items (headers + keys + values)
-  uint64_t in_place_updates = 0;            // writes that rewrote the key's item where it was
-  uint64_t writes_on_receiving_thread = 0;  // tcp: writes answered with no handoff to a worker
+  uint64_t item_bytes = 0;                      // bytes of live items (headers + keys + values)
+  uint64_t in_place_updates = 0;                // writes that rewrote the key's item where it was
+  uint64_t writes_on_receiving_thread = 0;      // tcp: writes answered with no handoff to a worker
   uint64_t replicates_on_receiving_thread = 0;  // tcp: REPLICATEs applied likewise (a backup)
   uint64_t heap_bytes = 0;
   uint64_t free_bytes = 0;  // heap not in use by live items nor waiting in limbo

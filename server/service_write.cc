@@ -53,8 +53,8 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
     if (!ex.on_worker) {
       return async_replicated_writes_ ? *StartReplicatedWrite(r, ex) : OffloadWrite(r, ex);
     }
-    const int workers = transport_workers_ > 0 ? transport_workers_
-                                               : workers_seen_.load(std::memory_order_relaxed);
+    const int workers =
+        transport_workers_ > 0 ? transport_workers_ : workers_seen_.load(std::memory_order_relaxed);
     if (inline_writes_.fetch_add(1, std::memory_order_acq_rel) + 1 >= workers) {
       inline_writes_.fetch_sub(1, std::memory_order_acq_rel);
       return OffloadWrite(r, ex);
@@ -210,9 +210,9 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
   Result<kv::Request> decoded = kv::DecodeRequest(request, limits_);
   if (!decoded.ok()) return false;  // a worker answers (and counts) the error
   const kv::Request& r = *decoded;
-  const transport::SessionRole role =
-      reply != nullptr && reply->session != nullptr ? reply->session->role()
-                                                    : transport::SessionRole::kData;
+  const transport::SessionRole role = reply != nullptr && reply->session != nullptr
+                                          ? reply->session->role()
+                                          : transport::SessionRole::kData;
   if (r.op == kv::Op::kReplicate) {
     // A backup's side waits for no other server: applied here when its locks are free now.
     return role == transport::SessionRole::kAdmin && TryReplicateOnReceivingThread(r, response);
@@ -324,8 +324,7 @@ kv::ReplicateRequest Service::ReplicateRequestFor(const kv::Request& r, uint64_t
 }
 
 std::optional<Status> Service::ForwardFailed(const kv::ReplicateRequest& m, uint32_t shard,
-                                             const Status& forwarded, uint64_t newer,
-                                             int attempt) {
+                                             const Status& forwarded, uint64_t newer, int attempt) {
   // A backup holds a newer version of the key than this server ever gave it (a write of an
   // earlier primary that this server never received): go above it and forward again.
   if (newer == 0) {

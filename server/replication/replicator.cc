@@ -67,7 +67,7 @@ struct Replicator::Peer {
   // its batch itself whatever is in flight (no write may wait for a sender that left).
   bool stopping GUARDED_BY(queue_mu) = false;
   bool exited GUARDED_BY(queue_mu) = false;  // the sender has returned: nothing handed runs
-  std::thread sender;  // started by PeerFor, joined by ~Replicator
+  std::thread sender;                        // started by PeerFor, joined by ~Replicator
   // Batches a Forward took and handed to the sender to finish (started) or to send too (when
   // the backup had no open connection): each backup's answers are waited for on its own
   // thread, so that a slow backup never holds another's places in flight.
@@ -298,8 +298,7 @@ Result<std::shared_ptr<transport::Connection>> Replicator::ConnectionTo(Peer* pe
   return peer->conn;
 }
 
-bool Replicator::StartRound(Peer* peer, Batch* batch,
-                            std::shared_ptr<transport::Connection> open) {
+bool Replicator::StartRound(Peer* peer, Batch* batch, std::shared_ptr<transport::Connection> open) {
   std::vector<Item*>& todo = batch->todo;
   Clock::time_point deadline = Clock::time_point::max();
   for (Item* item : todo) deadline = std::min(deadline, item->deadline);
@@ -498,7 +497,8 @@ Replicator::TakenBatches Replicator::Enqueue(Forwarding* f, bool may_take,
       MutexLock lock(&peer->queue_mu);
       if (peer->exited) {
         // Replaced in the map, its sender gone (a write that raced with the replacement).
-        f->items[i].result = Status::Unavailable(peer->who + " was replaced in the map while "
+        f->items[i].result = Status::Unavailable(peer->who +
+                                                 " was replaced in the map while "
                                                  "the write was queued for it");
         orphaned->push_back(&f->items[i]);
         continue;
@@ -602,7 +602,8 @@ void Replicator::ForwardAsync(const cluster::ClusterMap& map, uint32_t shard,
     // kUnavailable and are repaired); one in flight is finished here, within forward_timeout.
     if (!batch->in_flight) {
       for (Item* item : batch->todo) {
-        item->result = Status::Unavailable(peer->who + " was replaced in the map while the write "
+        item->result = Status::Unavailable(peer->who +
+                                           " was replaced in the map while the write "
                                            "was queued for it");
       }
       batch->todo.clear();

@@ -221,8 +221,7 @@ class Replicator {
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> joining_failures_ GUARDED_BY(joining_mu_);
 
   std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
-      version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0},
-      async_forwards_{0};
+      version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0}, async_forwards_{0};
 };
 
 }  // namespace rdkv::server::replication

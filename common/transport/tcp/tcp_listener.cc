@@ -920,7 +920,7 @@ class NicThread {
         core_->requests.fetch_add(1, std::memory_order_relaxed);
         core_->requests_inline.fetch_add(1, std::memory_order_relaxed);
         if (reply.session == nullptr) return;  // taken: answered later, from another thread
-        t_reply_in_pass = &s;  // Reply leaves the flush to the end of the pass
+        t_reply_in_pass = &s;                  // Reply leaves the flush to the end of the pass
         s.Reply(call->request_id, response).IgnoreError();  // a cut-off client: nothing to do
         t_reply_in_pass = nullptr;
         MutexLock lock(&s.out_mu);
