@@ -229,6 +229,19 @@ class Service {
   // (the answer comes from there).
   bool OffloadWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);
   static bool IsReplicated(const cluster::ClusterMap& map, uint32_t shard);
+  // A request with its own copy of its key and value (the transport's bytes live only during
+  // its handler call). Not copyable or movable: `request` points into the strings.
+  struct OwnedRequest {
+    explicit OwnedRequest(const kv::Request& r) : key(r.key), value(r.value), request(r) {
+      request.key = key;
+      request.value = value;
+    }
+    OwnedRequest(const OwnedRequest&) = delete;
+    OwnedRequest& operator=(const OwnedRequest&) = delete;
+    size_t bytes() const { return key.size() + value.size(); }
+    std::string key, value;
+    kv::Request request;
+  };
   // The asynchronous replicated write (docs/design.md "No thread waits for the backups"): its
   // own copy of the request, the map it started under, its holds and its answer's way out.
   struct ReplicatedWrite;

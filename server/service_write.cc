@@ -69,16 +69,7 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
 
 bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
   // The request's bytes live only during the transport's handler call: copy them.
-  struct Owned {
-    kv::Request request;
-    std::string key, value;
-  };
-  auto owned = std::make_shared<Owned>();
-  owned->key.assign(r.key);
-  owned->value.assign(r.value);
-  owned->request = r;
-  owned->request.key = owned->key;
-  owned->request.value = owned->value;
+  auto owned = std::make_shared<OwnedRequest>(r);
   {
     MutexLock lock(&offload_mu_);
     ++offloaded_;
@@ -388,9 +379,9 @@ Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap&
 }
 
 struct Service::ReplicatedWrite {
-  std::string key, value;  // the request's bytes (they live only during the handler call)
-  kv::Request request;     // points into key and value
-  kv::ReplicateRequest m;  // likewise; its version is the attempt's
+  explicit ReplicatedWrite(const kv::Request& r) : owned(r) {}
+  OwnedRequest owned;      // the request's bytes live only during the handler call
+  kv::ReplicateRequest m;  // points into `owned` too; its version is the attempt's
   std::shared_ptr<const cluster::ClusterMap> map;  // the map the write started under
   uint32_t shard = 0;
   int attempt = 0;
@@ -446,13 +437,8 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   if (Status checked = CheckReplicatedWrite(r, shard, &version); !checked.ok()) {
     return AnswerNow(ex, checked, version);
   }
-  auto w = std::make_unique<ReplicatedWrite>();
-  w->key.assign(r.key);
-  w->value.assign(r.value);
-  w->request = r;
-  w->request.key = w->key;
-  w->request.value = w->value;
-  w->m = ReplicateRequestFor(w->request, map->epoch);
+  auto w = std::make_unique<ReplicatedWrite>(r);
+  w->m = ReplicateRequestFor(w->owned.request, map->epoch);
   w->map = std::move(map);
   w->shard = shard;
   w->op = ex.op;
@@ -464,7 +450,7 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   w->start_here = !on_receiving_thread;
   counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
   async_writes_.fetch_add(1, std::memory_order_relaxed);
-  async_bytes_.fetch_add(w->key.size() + w->value.size(), std::memory_order_relaxed);
+  async_bytes_.fetch_add(w->owned.bytes(), std::memory_order_relaxed);
   {
     MutexLock lock(&offload_mu_);
     ++offloaded_;
@@ -511,14 +497,14 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
     answered = AnswerNow(ex, published);
   } else {
     // 5 and 6, as WriteUnderLocks after its apply.
-    retry_table_.Record(w->request.client_id, w->request.request_seq,
+    retry_table_.Record(w->owned.request.client_id, w->owned.request.request_seq,
                         {StatusCode::kOk, w->m.version});
     answered = persister_ == nullptr
                    ? AnswerNow(ex, Status::Ok(), w->m.version, WriteAnswerBody(where))
-                   : Persist(w->request, w->m.version, where, ex);
+                   : Persist(w->owned.request, w->m.version, where, ex);
   }
   async_writes_.fetch_sub(1, std::memory_order_relaxed);
-  async_bytes_.fetch_sub(w->key.size() + w->value.size(), std::memory_order_relaxed);
+  async_bytes_.fetch_sub(w->owned.bytes(), std::memory_order_relaxed);
   w.reset();  // gives the stripe and the ownership hold back (after the persister's enqueue)
   if (answered) deliver(response);  // else Persist took `deliver`
   MutexLock lock(&offload_mu_);
