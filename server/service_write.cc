@@ -122,12 +122,17 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   // Cluster: the owner check and the apply happen under one guard, so a map change that takes
   // the shard away waits for this write (and the shard's data is complete when it moves).
   ClusterState::OwnerGuard owner_guard(cluster_);  // holds nothing when standalone
+  // Writers of one key serialize across the retry check, the replication, the apply and the
+  // enqueue: backups and RocksDB get each key's writes in version order. A transport worker
+  // does not wait for a stripe (an asynchronous replicated write may hold it for a round trip
+  // to its backups): the write goes to the writer pool, nothing done or counted yet.
+  TransferableHold key_lock = ex.on_worker && replicator_ != nullptr
+                                  ? TransferableHold::TryTake(KeyStripe(r.key))
+                                  : TransferableHold::Take(KeyStripe(r.key));
+  if (!key_lock) return OffloadWrite(r, ex);
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
-  // Writers of one key serialize across the retry check, the replication, the apply and the
-  // enqueue: backups and RocksDB get each key's writes in version order.
-  TransferableHold key_lock = TransferableHold::Take(KeyStripe(r.key));
   std::shared_ptr<const cluster::ClusterMap> map;
   uint32_t shard = 0;
   if (cluster_ != nullptr && r.op != kv::Op::kImport) {
@@ -480,14 +485,15 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
   Exchange ex{&response, &defer, w->op, w->received, w->role};
   bool answered = false;
   std::optional<kv::ItemLocation> where;
-  // On the receiving thread (every backup failed at once) the store must not wait either.
-  std::optional<Store::NoWaitScope> no_wait;
-  if (t_on_receiving_thread) no_wait.emplace();
+  // On the receiving thread (every backup failed at once) the store must not wait either: its
+  // NoWaitScope (TryWriteOnReceivingThread) is still in force.
   if (!forwarded.ok()) {
     std::optional<Status> failed = ForwardFailed(w->m, w->shard, forwarded, newer, w->attempt);
     if (!failed) {
       ++w->attempt;  // above the newer version: again, still holding everything
-      w->start_here = !t_on_receiving_thread;
+      // Queued only: this thread may be a sender (whose own backup's answers must not wait
+      // for another backup's send) or the receiving thread.
+      w->start_here = false;
       w->deliver = std::move(deliver);
       ForwardReplicatedWrite(std::move(w));
       return;

@@ -149,10 +149,13 @@ class Store {
   // not sleep (the transport's receiving thread), with HasRoomFor checked first.
   class NoWaitScope {
    public:
-    NoWaitScope() { t_no_wait = true; }
-    ~NoWaitScope() { t_no_wait = false; }
+    NoWaitScope() : outer_(t_no_wait) { t_no_wait = true; }
+    ~NoWaitScope() { t_no_wait = outer_; }  // nested scopes restore the outer one's
     NoWaitScope(const NoWaitScope&) = delete;
     NoWaitScope& operator=(const NoWaitScope&) = delete;
+
+   private:
+    const bool outer_;
   };
   // Whether the heap has plenty of room for an item of key and value of these sizes (free
   // units beyond the item and a margin): then a write of it does not meet a full heap.

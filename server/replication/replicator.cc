@@ -63,8 +63,9 @@ struct Replicator::Peer {
   std::multiset<Clock::time_point> in_flight GUARDED_BY(queue_mu);
   // Writes queued or in a batch in flight: added when queued, taken off when answered.
   std::atomic<uint64_t> pending{0};
-  // Replaced or shutting down: the sender leaves once nothing is queued, and a Forward sends
-  // its batch itself whatever is in flight (no write may wait for a sender that left).
+  // Replaced or shutting down: the sender leaves once nothing is queued or handed to it, and
+  // then sets `exited`; a batch for a peer whose sender exited is finished (or failed) by the
+  // thread that took it (no write may wait for a sender that left).
   bool stopping GUARDED_BY(queue_mu) = false;
   bool exited GUARDED_BY(queue_mu) = false;  // the sender has returned: nothing handed runs
   std::thread sender;                        // started by PeerFor, joined by ~Replicator

@@ -113,9 +113,10 @@ class Replicator {
                  uint64_t* newer);
   // Forward's result, for a write that no thread waits for: (status, newer) as Forward returns
   // them. Runs exactly once, on the thread that settles the write's last backup answer (a
-  // backup's sender, a writer-pool thread) or, when the shard has no backups in `map`, on the
-  // caller's before ForwardAsync returns. It must not wait for anything a backup's answer
-  // needs (it runs on a sender); it may call ForwardAsync again.
+  // backup's sender, or a thread running a synchronous Forward that took the batch) or on the
+  // caller's before ForwardAsync returns (no backups in `map`, every backup's sender gone, or a
+  // replaced backup's batch finished there). It must not wait for anything a backup's answer
+  // needs (it may run on a sender); it may call ForwardAsync again (with may_start false).
   using ForwardDone = std::function<void(const Status& result, uint64_t newer)>;
   // Forward without waiting (docs/design.md "No thread waits for the backups"): queues `m` for
   // every backup, starts on this thread the batches that may start on an open connection
@@ -169,7 +170,8 @@ class Replicator {
   // counted done yet (the caller does).
   TakenBatches Enqueue(Forwarding* f, bool may_take, std::vector<Item*>* orphaned);
   // Gives `batch` to its backup's sender to finish (started or not). False, with `batch`
-  // untouched, when the backup is being replaced (its sender may be gone).
+  // untouched, when that sender has exited (the backup was replaced; a stopping sender still
+  // finishes what it is handed).
   bool HandOver(std::shared_ptr<Peer>& peer, std::unique_ptr<Batch>& batch);
   // Every entry of `f` has its result: the Forward's status (and *newer), counting each.
   Status Settle(Forwarding& f, uint64_t* newer) EXCLUDES(joining_mu_);
