@@ -407,8 +407,10 @@ TEST_F(ReplicatorTest, ForwardAsyncReportsAnUnreachableBackup) {
   cluster::ClusterMap map = MapWith({&b1});
   map.servers.push_back({2, "127.0.0.1:1"});  // nothing listens there
   Replicator replicator(fabric_.get(), ReplicatorOptions{});
-  const kv::ReplicateRequest joining_write = Write(map, "joining", 7);
-  const kv::ReplicateRequest in_sync_write = Write(map, "in-sync", 8);
+  // The requests point at their keys: the strings outlive every forward.
+  const std::string joining_key = "joining", in_sync_key = "in-sync";
+  const kv::ReplicateRequest joining_write = Write(map, joining_key, 7);
+  const kv::ReplicateRequest in_sync_write = Write(map, in_sync_key, 8);
   auto run = [&](const kv::ReplicateRequest& m) {
     Mutex mu;
     CondVar cv;
