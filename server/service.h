@@ -225,6 +225,13 @@ class Service {
   // now or once durable.
   bool WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::ClusterMap* map,
                        uint32_t shard);
+  // Step 1 of every write under its locks: the first answer of a retried request id (answered
+  // now), or nullopt for a new write.
+  std::optional<bool> AnswerRetry(const kv::Request& r, Exchange ex);
+  // After a successful apply at `version`: records the request id, then answers now or once
+  // durable (Persist).
+  bool AnswerApplied(const kv::Request& r, Exchange ex, uint64_t version,
+                     const std::optional<kv::ItemLocation>& where);
   // Copies the request and runs HandleWriteNow on the replicator's writer pool; returns false
   // (the answer comes from there).
   bool OffloadWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);

@@ -177,23 +177,31 @@ std::optional<bool> Service::CheckWriteOwner(const kv::Request& r, Exchange ex) 
   return true;
 }
 
+std::optional<bool> Service::AnswerRetry(const kv::Request& r, Exchange ex) {
+  if (r.client_id == 0) return std::nullopt;
+  // A retry of a write this server (or, before a promotion, its primary) already applied.
+  std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq);
+  if (!first) return std::nullopt;
+  counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
+  return AnswerNow(ex, Status(first->code, ""), first->version);
+}
+
+bool Service::AnswerApplied(const kv::Request& r, Exchange ex, uint64_t version,
+                            const std::optional<kv::ItemLocation>& where) {
+  retry_table_.Record(r.client_id, r.request_seq, {StatusCode::kOk, version});
+  if (persister_ == nullptr) return AnswerNow(ex, Status::Ok(), version, WriteAnswerBody(where));
+  return Persist(r, version, where, ex);
+}
+
 bool Service::WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::ClusterMap* map,
                               uint32_t shard) {
-  if (r.client_id != 0) {
-    // A retry of a write this server (or, before a promotion, its primary) already applied.
-    if (std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq)) {
-      counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
-      return AnswerNow(ex, Status(first->code, ""), first->version);
-    }
-  }
+  if (std::optional<bool> retried = AnswerRetry(r, ex)) return *retried;
   uint64_t version = 0;
   std::optional<kv::ItemLocation> where;
   Status applied = map != nullptr ? ApplyReplicated(r, *map, shard, &version, &where)
                                   : ApplyToStore(r, &version, &where);
   if (!applied.ok()) return AnswerNow(ex, applied, version);
-  retry_table_.Record(r.client_id, r.request_seq, {StatusCode::kOk, version});
-  if (persister_ == nullptr) return AnswerNow(ex, Status::Ok(), version, WriteAnswerBody(where));
-  return Persist(r, version, where, ex);
+  return AnswerApplied(r, ex, version, where);
 }
 
 bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
@@ -430,13 +438,8 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   std::shared_ptr<const cluster::ClusterMap> map = cluster_->map_held();
   const uint32_t shard = store_->ShardOfKey(r.key);
   if (!IsReplicated(*map, shard)) return WriteUnderLocks(r, ex, nullptr, 0);  // since changed
-  // 1. A retry of a write this server (or, before a promotion, its primary) already applied.
-  if (r.client_id != 0) {
-    if (std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq)) {
-      counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
-      return AnswerNow(ex, Status(first->code, ""), first->version);
-    }
-  }
+  // 1. A retry of a write already applied gets its first answer.
+  if (std::optional<bool> retried = AnswerRetry(r, ex)) return *retried;
   // 2. The precondition and the limits.
   uint64_t version = 0;
   if (Status checked = CheckReplicatedWrite(r, shard, &version); !checked.ok()) {
@@ -503,11 +506,7 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
     answered = AnswerNow(ex, published);
   } else {
     // 5 and 6, as WriteUnderLocks after its apply.
-    retry_table_.Record(w->owned.request.client_id, w->owned.request.request_seq,
-                        {StatusCode::kOk, w->m.version});
-    answered = persister_ == nullptr
-                   ? AnswerNow(ex, Status::Ok(), w->m.version, WriteAnswerBody(where))
-                   : Persist(w->owned.request, w->m.version, where, ex);
+    answered = AnswerApplied(w->owned.request, ex, w->m.version, where);
   }
   async_writes_.fetch_sub(1, std::memory_order_relaxed);
   async_bytes_.fetch_sub(w->owned.bytes(), std::memory_order_relaxed);
