@@ -211,6 +211,20 @@ Status ClusterState::Install(cluster::ClusterMap next) {
   return Status::Ok();
 }
 
+void ClusterState::NoteWritePause(std::chrono::steady_clock::time_point start,
+                                  std::chrono::steady_clock::time_point drained,
+                                  std::chrono::steady_clock::time_point end) {
+  const auto paused = std::chrono::duration_cast<std::chrono::nanoseconds>(end - start);
+  write_pause_ns_.fetch_add(paused.count(), std::memory_order_relaxed);
+  write_pauses_.fetch_add(1, std::memory_order_relaxed);
+  if (paused >= kLoggedWritePause) {
+    LOG(INFO) << "server " << server_id_ << ": a map change held off writes of every shard for "
+              << std::chrono::duration_cast<std::chrono::microseconds>(paused).count() << " us ("
+              << std::chrono::duration_cast<std::chrono::microseconds>(drained - start).count()
+              << " us of it waiting for writes in flight)";
+  }
+}
+
 ClusterState::WriteHold ClusterState::HoldForWrite() const {
   MutexLock lock(&holds_mu_);
   ++holds_;

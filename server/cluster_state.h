@@ -185,27 +185,44 @@ class ClusterState {
   // Sets the bits of the shards the current map gives this server again.
   void Unfence() EXCLUDES(install_mu_, turnstile_, mu_);
   bool fenced() const { return fenced_.load(std::memory_order_acquire); }
+  // Time this server's writes (of every shard) spent held off by installs and Unfence taking
+  // the ownership lock exclusively, and how many times (for /metrics).
+  uint64_t write_pause_ns() const { return write_pause_ns_.load(std::memory_order_relaxed); }
+  uint64_t write_pauses() const { return write_pauses_.load(std::memory_order_relaxed); }
   // Times this server fenced itself (a Fence while not fenced), for /metrics.
   uint64_t fences() const { return fences_.load(std::memory_order_relaxed); }
 
  private:
   // mu_ exclusively for its scope, through the turnstile: writes arriving meanwhile wait
   // behind it.
+  // Writes of every shard wait from its first line to its release: how long is counted
+  // (write_pause_ns(), and a log line past kLoggedWritePause).
   class SCOPED_CAPABILITY ExclusiveLock {
    public:
-    explicit ExclusiveLock(ClusterState* state) ACQUIRE(state->mu_) : mu_(&state->mu_) {
+    explicit ExclusiveLock(ClusterState* state) ACQUIRE(state->mu_)
+        : state_(state), start_(std::chrono::steady_clock::now()) {
       MutexLock turnstile(&state->turnstile_);
-      mu_->Lock();
+      state->mu_.Lock();
       state->mu_.AssertHeld();
       state->WaitForWriteHolds();  // no new one can be taken now: they need mu_ shared
+      drained_ = std::chrono::steady_clock::now();
     }
-    ~ExclusiveLock() RELEASE() { mu_->Unlock(); }
+    ~ExclusiveLock() RELEASE() {
+      state_->mu_.Unlock();
+      state_->NoteWritePause(start_, drained_, std::chrono::steady_clock::now());
+    }
     ExclusiveLock(const ExclusiveLock&) = delete;
     ExclusiveLock& operator=(const ExclusiveLock&) = delete;
 
    private:
-    SharedMutex* const mu_;
+    ClusterState* const state_;
+    const std::chrono::steady_clock::time_point start_;
+    std::chrono::steady_clock::time_point drained_;
   };
+  static constexpr std::chrono::milliseconds kLoggedWritePause{5};
+  void NoteWritePause(std::chrono::steady_clock::time_point start,
+                      std::chrono::steady_clock::time_point drained,
+                      std::chrono::steady_clock::time_point end);
 
   ClusterState(Store* store, std::shared_ptr<const cluster::ClusterMap> map, uint32_t id,
                std::chrono::milliseconds lease, std::string saved_map_path)
@@ -235,6 +252,8 @@ class ClusterState {
   ReleasedHook released_hook_;
   std::atomic<bool> fenced_{false};
   std::atomic<uint64_t> fences_{0};
+  std::atomic<uint64_t> write_pause_ns_{0};
+  std::atomic<uint64_t> write_pauses_{0};
   // Orders Fence with the bits an install or Unfence sets (after mu_ in the lock order).
   mutable Mutex fence_mu_;
   std::string fence_reason_ GUARDED_BY(fence_mu_);

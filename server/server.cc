@@ -197,6 +197,8 @@ class ServerImpl final : public Server {
       }
       s.fenced = cluster_->fenced();
       s.fences = cluster_->fences();
+      s.write_pause_ns = cluster_->write_pause_ns();
+      s.write_pauses = cluster_->write_pauses();
       s.promoted_shards = promoted_shards_.load(std::memory_order_relaxed);
       s.replicated_writes = c.replicated_writes.load();
       s.replicas_applied = c.replicas_applied.load();

@@ -112,6 +112,7 @@ struct ServerStats {
   // Failover as this server saw it: times it fenced itself; shards it took over as primary
   // from an in-sync backup role (a failover or a planned promote).
   uint64_t fences = 0, promoted_shards = 0;
+  uint64_t write_pause_ns = 0, write_pauses = 0;  // map changes holding off writes
   // Batching: REPLICATE requests sent as a primary and the writes they carried; batches
   // applied as a backup.
   uint64_t batches_sent = 0, batched_writes = 0, batches_applied = 0;
