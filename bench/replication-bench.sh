@@ -18,6 +18,7 @@
 #                      backups' answers, so more workers keep more writes in flight)
 #   --memory SIZE      kvserver --memory (default 256MiB)
 #   --server-flags "F" more kvserver flags, split on spaces (e.g. "--busy_poll_us=0")
+#   --client-props "P" more kvbench properties, split on spaces (e.g. "rdkv.busy_poll_us=0")
 #   --server-cpus A/B/C pin server 0, 1, 2 to these CPU lists (taskset -c; e.g. 0-3/4-7/8-11):
 #                      a machine per server on one many-core host, so that a backup's work is
 #                      not taken from its primary's cores; default: no pinning
@@ -47,7 +48,7 @@ cd "$(dirname "$0")/.."
 PROG=replication-bench.sh
 
 RECORDS=10000 OPS=20000 THREADS=16 SHARDS=24 REPEAT=3 COPY_RECORDS=200000 WORKERS=16
-MEMORY=256MiB BUILD="" OUT="" ROLES=1 SERVER_CPUS="" CLIENT_CPUS="" SERVER_FLAGS=""
+MEMORY=256MiB BUILD="" OUT="" ROLES=1 SERVER_CPUS="" CLIENT_CPUS="" SERVER_FLAGS="" CLIENT_PROPS=""
 die() { echo "$PROG: error: $*" >&2; exit 2; }
 note() { echo "$PROG: $*" >&2; }
 usage() { sed -n '2,/^[^#]/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "$1"; }
@@ -56,18 +57,23 @@ while (($# > 0)); do
     -h | --help) usage 0 ;;
     --no-roles) ROLES=0; shift; continue ;;
     --records | --ops | --threads | --shards | --repeat | --copy-records | --worker-threads | \
-      --memory | --build | --out | --server-cpus | --client-cpus | --server-flags)
+      --memory | --build | --out | --server-cpus | --client-cpus | --server-flags | --client-props)
       (($# >= 2)) || die "$1 needs a value (usage: --help)"
       case $1 in
         --server-cpus) SERVER_CPUS=$2 ;; --client-cpus) CLIENT_CPUS=$2 ;;
         --records) RECORDS=$2 ;; --ops) OPS=$2 ;; --threads) THREADS=$2 ;;
         --shards) SHARDS=$2 ;; --repeat) REPEAT=$2 ;; --copy-records) COPY_RECORDS=$2 ;;
         --worker-threads) WORKERS=$2 ;; --memory) MEMORY=$2 ;; --build) BUILD=$2 ;;
-        --out) OUT=$2 ;; --server-flags) SERVER_FLAGS=$2 ;;
+        --out) OUT=$2 ;; --server-flags) SERVER_FLAGS=$2 ;; --client-props) CLIENT_PROPS=$2 ;;
       esac
       shift 2 ;;
     *) echo "$PROG: unknown argument '$1'" >&2; usage 2 >&2 ;;
   esac
+done
+CLIENT_PROP_ARGS=()
+for p in $CLIENT_PROPS; do
+  [[ $p == *=* ]] || die "--client-props: '$p' is not NAME=VALUE"
+  CLIENT_PROP_ARGS+=(-p "$p")
 done
 uint() { if ! [[ $2 =~ ^[0-9]+$ ]] || (($2 < $3)); then die "$1=$2: an integer >= $3"; fi; }
 uint --records "$RECORDS" 1
@@ -277,7 +283,7 @@ kvb() {
   set +e
   (
     "${PIN_CLI[@]}" "$KVB" "$@" -db rdkv -p rdkv.seed="$SEED" -p rdkv.transport=tcp -p status.interval=0 \
-      >"$OUT/$name.txt" 2>"$OUT/$name.err"
+      "${CLIENT_PROP_ARGS[@]}" >"$OUT/$name.txt" 2>"$OUT/$name.err"
     rc=$?
     times >"$work/times"
     exit $rc

@@ -534,7 +534,10 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
         KeyJob& job = sub[n];
         const bool reroute = unreachable && !job.done && !s.ok();
         if (!job.done && !s.ok() && !reroute) Finish(job, s);
-        if (reroute || (job.wrong_owner && Clock::now() < deadline)) {
+        // A redirect is followed while a retry has time to answer: a shard that stays moving
+        // until op_timeout ends with its kWrongOwner ("is moving"), not a kTimedOut.
+        if (reroute || (job.wrong_owner &&
+                        Clock::now() + RedirectRetryBudget(options_.op_timeout) < deadline)) {
           // Not done: re-routed with the refreshed map.
           redirected = link;
           job.out->reset();
