@@ -16,7 +16,11 @@
 # s % N), then one quiet second.
 #
 #   bench/failover-bench.sh [--rounds N] [--durability none|sync] [--servers 3..6] [--pin-keys]
-#                           [--build DIR] [--out DIR]
+#                           [--cpu] [--build DIR] [--out DIR]
+#
+# --cpu: samples every CPU while the test runs (perf record -a, 499 Hz, CLOCK_MONOTONIC) and
+# prints where the host's CPU went in the failover windows against the second before each kill
+# (bench/failover_analysis.py cpu: kvserver, kvcoord, etcd, the load, the test harness, idle).
 #
 # --pin-keys: 8 keys, 16 load threads, thread i on key i % 8 only (history_load --pin_keys),
 # threads 0-7 GETs only (one per 3 ms at most each: --get_only_pause_us=3000; at full speed they
@@ -31,7 +35,7 @@
 # history_load lincheck), outputs under a temporary dir that is printed. Needs etcd and python3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-rounds=20 durability=none build=$ROOT/build/ci out="" servers=3 pin=""
+rounds=20 durability=none build=$ROOT/build/ci out="" servers=3 pin="" cpu=""
 while (($#)); do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
@@ -39,6 +43,7 @@ while (($#)); do
     --build) build=$2; shift 2 ;;
     --servers) servers=$2; shift 2 ;;
     --pin-keys) pin=1; shift ;;
+    --cpu) cpu=1; shift ;;
     --out) out=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "failover-bench.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
@@ -58,8 +63,13 @@ export RDKV_FAILOVER_REBALANCE=1
 [[ -n $pin ]] &&
   export RDKV_FAILOVER_LOAD_FLAGS="--pin_keys --keys=8 --threads=16 --get_only_threads=8 --get_only_pause_us=3000 --pause_us=2000"
 echo "failover-bench: $rounds rounds, $servers servers, durability $durability${pin:+, keys pinned to threads}, $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); outputs in $out"
+perf_cmd=()
+if [[ -n $cpu ]]; then
+  command -v perf >/dev/null || { echo "--cpu needs perf (linux-perf)" >&2; exit 2; }
+  perf_cmd=(perf record -q -a -F 499 -k CLOCK_MONOTONIC -o "$out/perf.data" --)
+fi
 set +e
-"$ROOT/tests/cluster/failover_kill_test.sh" "$build" "$build/tests/history/history_load" \
+"${perf_cmd[@]}" "$ROOT/tests/cluster/failover_kill_test.sh" "$build" "$build/tests/history/history_load" \
   "$build/tests/history/lincheck" "$rounds" "$durability" "$out" | tee "$out/test.txt"
 rc=${PIPESTATUS[0]}
 set -e
@@ -126,5 +136,9 @@ PY
 # The unaffected shards' throughput during each failover.
 if [[ -f $out/keys.txt ]]; then
   python3 "$ROOT/bench/failover_analysis.py" unaffected "$out" | tee "$out/unaffected.txt"
+  if [[ -n $cpu && -f $out/perf.data ]]; then
+    perf script -i "$out/perf.data" -F comm,tid,time >"$out/cpu-samples.txt" 2>/dev/null
+    python3 "$ROOT/bench/failover_analysis.py" cpu "$out" "$out/cpu-samples.txt" | tee "$out/cpu.txt"
+  fi
 fi
 exit "$rc"

@@ -6,12 +6,18 @@ Used by tests/cluster/failover_kill_test.sh (writes flowing again) and bench/fai
 
   failover_analysis.py unaffected OUT_DIR   OUT_DIR as the kill test leaves it: rounds.txt,
                                             h.jsonl, keys.txt, map-before-<round>.json
+  failover_analysis.py cpu OUT_DIR SAMPLES  where the host's CPU went in each failover's window
+                                            (the same window as `unaffected`) and in the second
+                                            before: SAMPLES is `perf script -F comm,tid,time` of
+                                            a `perf record -a -k CLOCK_MONOTONIC` of the run
 
 A history line is one operation (tests/history/README.md): op, key, invoke, complete (ns,
 CLOCK_MONOTONIC), outcome. keys.txt (history_load --keys_out) has "KEY KEYHASH" lines.
 """
+import collections
 import json
 import os
+import re
 import sys
 
 DEFINITE = ("ok", "not_found", "exists", "version_mismatch")
@@ -167,9 +173,78 @@ def main_unaffected(out_dir):
                       f"p50 {pm[0]:.2f}, min {pm[1]:.2f}, n {n}")
 
 
+# Process names folded into the classes the cpu report prints, first prefix first (the rest:
+# "other").
+CPU_CLASSES = (("kvserver", "kvserver"), ("kvcoord", "kvcoord"), ("etcdctl", "test harness"),
+               ("etcd", "etcd"),
+               ("history_load", "load (history_load)"), ("swapper", "idle"),
+               ("python", "test harness"), ("bash", "test harness"),
+               ("kvcli", "test harness"), ("sleep", "test harness"), ("pyenv", "test harness"),
+               ("dirname", "test harness"), ("date", "test harness"), ("readlink", "test harness"),
+               ("awk", "test harness"), ("cat", "test harness"), ("perf", "perf"))
+
+
+def cpu_class(comm):
+    for prefix, name in CPU_CLASSES:
+        if comm.startswith(prefix):
+            return name
+    return "other"
+
+
+def cpu_shares(samples, windows, hz):
+    """samples: (time_s, comm) of a system-wide sampling at `hz` per CPU; windows: (start_s,
+    end_s). Returns {class: CPUs busy on average over the windows}."""
+    counts = collections.Counter()
+    seconds = sum(b - a for a, b in windows)
+    windows = sorted(windows)
+    for t, comm in samples:
+        for a, b in windows:
+            if a <= t < b:
+                counts[cpu_class(comm)] += 1
+                break
+    return {k: v / hz / seconds for k, v in counts.items()} if seconds > 0 else {}
+
+
+def main_cpu(out_dir, samples_path, hz=499):
+    ops = [json.loads(line) for line in open(os.path.join(out_dir, "h.jsonl")) if line.strip()]
+    rounds = [list(map(int, line.split())) for line in open(os.path.join(out_dir, "rounds.txt"))
+              if line.strip()]
+    key_hashes = {}
+    for line in open(os.path.join(out_dir, "keys.txt")):
+        if line.strip():
+            k, h = line.split()
+            key_hashes[k] = int(h)
+    maps = {r[0]: json.load(open(os.path.join(out_dir, f"map-before-{r[0]}.json")))
+            for r in rounds}
+    res = unaffected_ratios(ops, rounds, maps, key_hashes)
+    samples = []
+    for line in open(samples_path, errors="replace"):
+        m = re.match(r"\s*(.+?)\s+\d+\s+([\d.]+):", line)
+        if m:
+            samples.append((float(m.group(2)), m.group(1)))
+    during, before = [], []
+    for r, x in zip(rounds, res):
+        t_kill = r[2] / 1e9
+        if x["window_ms"] > 1000:  # the coordinator killed too: a lease expiry, not work
+            continue
+        during.append((t_kill, t_kill + x["window_ms"] / 1e3))
+        before.append((t_kill - 1.0, t_kill))
+    if not during:
+        print("cpu: no round with a window under 1 s")
+        return
+    d, b = cpu_shares(samples, during, hz), cpu_shares(samples, before, hz)
+    print(f"CPUs busy (of {os.cpu_count()}), during the failover windows ({len(during)} rounds, "
+          f"{sum(y - x for x, y in during) * 1000:.0f} ms in all) / in the second before each kill:")
+    for k in sorted(set(d) | set(b), key=lambda k: -d.get(k, 0)):
+        print(f"  {k:22s} {d.get(k, 0):5.2f} / {b.get(k, 0):5.2f}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "unaffected":
         main_unaffected(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "cpu":
+        main_cpu(sys.argv[2], sys.argv[3])
     else:
-        print("usage: failover_analysis.py unaffected OUT_DIR", file=sys.stderr)
+        print("usage: failover_analysis.py unaffected OUT_DIR | cpu OUT_DIR SAMPLES",
+              file=sys.stderr)
         sys.exit(2)

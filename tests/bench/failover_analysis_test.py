@@ -83,5 +83,28 @@ class FailoverAnalysisTest(unittest.TestCase):
         self.assertEqual(x[("backup", "write")][2], 0.0)
 
 
+class CpuSharesTest(unittest.TestCase):
+    def test_processes_fold_into_classes(self):
+        self.assertEqual(fa.cpu_class("kvserver"), "kvserver")
+        self.assertEqual(fa.cpu_class("swapper"), "idle")
+        self.assertEqual(fa.cpu_class("python3"), "test harness")
+        self.assertEqual(fa.cpu_class("etcdctl"), "test harness")
+        self.assertEqual(fa.cpu_class("etcd"), "etcd")
+        self.assertEqual(fa.cpu_class("kworker/1:0"), "other")
+
+    def test_shares_count_only_samples_inside_the_windows(self):
+        # 10 Hz per CPU, 2 windows of 0.5 s: 1 CPU-second of samples possible per CPU.
+        samples = [(0.1 * i, "kvserver") for i in range(10)]        # 0.0 .. 0.9: 5 in windows
+        samples += [(0.05 + 0.1 * i, "swapper") for i in range(10)]  # 5 in windows
+        samples += [(3.0, "etcd")]                                   # outside both
+        shares = fa.cpu_shares(samples, [(0.0, 0.3), (0.5, 0.7)], hz=10)
+        # kvserver: 0.0, 0.1, 0.2, 0.5, 0.6 -> 5 samples / 10 Hz / 0.5 s = 1.0 CPU.
+        self.assertAlmostEqual(shares["kvserver"], 1.0)
+        # swapper: 0.05, 0.15, 0.25, 0.55, 0.65 -> 1.0 CPU idle.
+        self.assertAlmostEqual(shares["idle"], 1.0)
+        self.assertNotIn("etcd", shares)
+        self.assertEqual(fa.cpu_shares(samples, [], hz=10), {})
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
-"""Waits until a condition over the cluster map in etcd holds; one process per wait.
+"""Answers a test's questions about the cluster map in etcd; one process for the whole test.
 
-    etcd_map_wait.py ENDPOINT KEY SECONDS POLL_S CONDITION
+    etcd_map_wait.py ENDPOINT KEY POLL_S      (a coprocess: requests on stdin, answers on stdout)
 
-Reads KEY through etcd's JSON gateway (POST /v3/kv/range) every POLL_S seconds and evaluates
-CONDITION (a Python expression) over the map: `m` the parsed map, `sh` its shard count, `reps`
-its replica sets (primary first), `joining` the number of joining replicas. Exit 0 when it held
-(printing time.monotonic_ns() of the read that showed it), 1 when SECONDS passed first.
+Requests, one per line:
+    now                      -> "NS": time.monotonic_ns()
+    wait SECONDS CONDITION   -> "ok NS" once CONDITION held (NS: the monotonic time of the etcd
+                                read that showed it), "timeout" when SECONDS passed first,
+                                "error MESSAGE" when CONDITION does not compile
+CONDITION is a Python expression over the map: `m` the parsed map, `sh` its shard count, `reps`
+its replica sets (primary first), `joining` the number of joining replicas. KEY is read through
+etcd's JSON gateway (POST /v3/kv/range) every POLL_S seconds on one kept-alive connection.
 
-The failover tests wait on the map while a failover runs; one poll used to start etcdctl and
-python3 (tens of milliseconds of CPU on a 2-core host, twenty times a second), which took CPU
-from the cluster exactly in the window bench/failover_analysis.py measures. A poll here is one
-HTTP request on a kept-alive connection.
+Why a coprocess: the failover tests wait on the map while a failover runs. One poll used to
+start etcdctl and python3, and even one interpreter per wait costs about 100 ms of CPU on a
+2-core host (the imports), right in the window bench/failover_analysis.py measures the
+unaffected shards in. Started once before the first kill, this process costs a poll's HTTP
+request and nothing else.
 """
 import base64
 import http.client
@@ -20,50 +25,72 @@ import sys
 import time
 
 
-def read_map(conn, key):
-    body = json.dumps({"key": base64.b64encode(key.encode()).decode()})
-    conn.request("POST", "/v3/kv/range", body, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    data = resp.read()
-    if resp.status != 200:
-        return None
-    kvs = json.loads(data).get("kvs") or []
-    if not kvs:
-        return None
-    return json.loads(base64.b64decode(kvs[0]["value"]))
+class MapReader:
+    def __init__(self, endpoint, key):
+        self.host, port = endpoint.rsplit(":", 1)
+        self.port = int(port)
+        self.body = json.dumps({"key": base64.b64encode(key.encode()).decode()})
+        self.conn = None
+
+    def read(self):
+        """The map, or None (no map yet, etcd unreachable for now)."""
+        try:
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
+            self.conn.request("POST", "/v3/kv/range", self.body,
+                              {"Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+            data = resp.read()
+            if resp.status != 200:
+                return None
+            kvs = json.loads(data).get("kvs") or []
+            return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError):
+            if self.conn is not None:
+                self.conn.close()
+            self.conn = None
+            return None
 
 
 def holds(m, condition):
-    sh = m["shards"]
     reps = m.get("replicas") or [[o] for o in m["owners"]]
     joining = sum(len(v) for v in (m.get("joining") or {}).values())
-    return bool(eval(condition, {}, {"m": m, "sh": sh, "reps": reps, "joining": joining}))
+    env = {"m": m, "sh": m["shards"], "reps": reps, "joining": joining}
+    try:
+        return bool(eval(condition, {}, env))
+    except (KeyError, IndexError, TypeError):  # a map without the fields asked about yet
+        return False
+
+
+def wait(reader, seconds, condition, poll_s):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        m = reader.read()
+        if m is not None and holds(m, condition):
+            return f"ok {time.monotonic_ns()}"
+        time.sleep(poll_s)
+    return "timeout"
 
 
 def main():
-    if len(sys.argv) != 6:
-        sys.exit("usage: etcd_map_wait.py ENDPOINT KEY SECONDS POLL_S CONDITION")
-    endpoint, key, seconds, poll_s, condition = sys.argv[1:]
-    host, port = endpoint.rsplit(":", 1)
-    condition = compile(condition, "<condition>", "eval")  # a typo fails here, not by timeout
-    deadline = time.monotonic() + float(seconds)
-    conn = None
-    while time.monotonic() < deadline:
-        try:
-            if conn is None:
-                conn = http.client.HTTPConnection(host, int(port), timeout=2)
-            m = read_map(conn, key)
-            if m is not None and holds(m, condition):
-                print(time.monotonic_ns())
-                return 0
-        except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError, TypeError):
-            # etcd restarting, a map being written for the first time: poll again.
-            if conn is not None:
-                conn.close()
-            conn = None
-        time.sleep(float(poll_s))
-    return 1
+    if len(sys.argv) != 4:
+        sys.exit("usage: etcd_map_wait.py ENDPOINT KEY POLL_S  (requests on stdin)")
+    reader = MapReader(sys.argv[1], sys.argv[2])
+    poll_s = float(sys.argv[3])
+    for line in sys.stdin:
+        parts = line.rstrip("\n").split(" ", 2)
+        if parts[0] == "now":
+            answer = str(time.monotonic_ns())
+        elif parts[0] == "wait" and len(parts) == 3:
+            try:
+                condition = compile(parts[2], "<condition>", "eval")
+                answer = wait(reader, float(parts[1]), condition, poll_s)
+            except Exception as e:  # a typo in the condition: said, not waited out
+                answer = f"error {type(e).__name__}: {e}"
+        else:
+            answer = f"error unknown request {line.strip()!r}"
+        print(answer, flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

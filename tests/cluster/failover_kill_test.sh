@@ -22,7 +22,7 @@ transport=${RDKV_FAILOVER_TRANSPORT:-tcp} host=${RDKV_FAILOVER_HOST:-127.0.0.1}
 # The VM's CPU is emulated (20-50x slower): there the suite sets a longer etcd lease TTL
 # (RDKV_FAILOVER_LEASE_TTL; at 2 s the servers could not renew in time and fenced themselves
 # over and over), multiplies every deadline of this test by RDKV_FAILOVER_TIME_SCALE, polls etcd
-# every RDKV_FAILOVER_POLL_S (each poll starts etcdctl and python3) and passes
+# every RDKV_FAILOVER_POLL_S (one HTTP request each: etcd_map_wait.py) and passes
 # RDKV_COORD_EXTRA_FLAGS (e.g. a slower coordinator poll) to deploy/local-cluster.sh.
 lease_ttl=${RDKV_FAILOVER_LEASE_TTL:-2} scale=${RDKV_FAILOVER_TIME_SCALE:-1}
 poll_s=${RDKV_FAILOVER_POLL_S:-0.05}
@@ -40,11 +40,16 @@ LC=$DEPLOY_TEST_ROOT/deploy/local-cluster.sh
 command -v etcd >/dev/null || skip "etcd is not installed (deploy/install-deps.sh installs it)"
 command -v etcdctl >/dev/null || skip "etcdctl is not installed (deploy/install-deps.sh installs it)"
 command -v python3 >/dev/null || skip "python3 is not installed"
+# The interpreter itself: a version manager's shim (pyenv) is a bash script that costs tens of
+# milliseconds of CPU per start, which the failover bench would count against the cluster.
+py=$(python3 -c 'import sys; print(sys.executable)') && [[ -x $py ]] || py=python3
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [[ -x $build/coordinator/kvcoord ]] || { echo "FAIL: $build/coordinator/kvcoord not built"; exit 1; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/rdkv-failover.XXXXXX")
 load_pid=""
 cleanup() {
   [[ -n $load_pid ]] && kill "$load_pid" 2>/dev/null
+  [[ -n ${MAPQ_PID:-} ]] && kill "$MAPQ_PID" 2>/dev/null
   "$LC" stop "$work/c" >/dev/null 2>&1
   if [[ -n $out_dir ]]; then mkdir -p "$out_dir" && cp -r "$work"/. "$out_dir"/ 2>/dev/null; fi
   rm -rf "$work"
@@ -60,25 +65,32 @@ unset RDKV_CLUSTER_DIR RDKV_EXTRA_FLAGS RDKV_AUTH_TOKEN RDKV_ADMIN_TOKEN
 expect_rc 0 "start $nservers servers, R=3, map in etcd, 2 coordinators, durability $durability" \
   "$LC" start "$nservers" "$work/c"
 etcd_ep=127.0.0.1:$((base + 6))
-now_ns() { python3 -c 'import time; print(time.monotonic_ns())'; }
 # map_state: "EPOCH COORDINATED PRIMARIES... | INSYNC_COUNTS... | JOINING_TOTAL" of the map in etcd.
 map_json() { ETCDCTL_API=3 etcdctl --endpoints="$etcd_ep" get /rdkv/fo/map --print-value-only 2>/dev/null; }
 map_query() {  # map_query PYTHON_EXPR_OVER_m -> its value
-  map_json | python3 -c "import json,sys
+  map_json | "$py" -c "import json,sys
 m=json.load(sys.stdin); sh=m['shards']; reps=m.get('replicas') or [[o] for o in m['owners']]
 joining=sum(len(v) for v in (m.get('joining') or {}).values())
 print($1)" 2>/dev/null
 }
+# The test's clock and its waits on the map: one coprocess for the whole test, one HTTP request
+# per poll (etcd_map_wait.py). Polling with etcdctl and python3, or even one interpreter start
+# per wait, took the CPU that the failover bench measures the unaffected shards by.
+coproc MAPQ { exec "$py" "$here/etcd_map_wait.py" "$etcd_ep" /rdkv/fo/map "$poll_s"; }
+mapq() {  # mapq REQUEST -> its answer in $MAPQ_ANSWER
+  MAPQ_ANSWER=""
+  printf '%s\n' "$1" >&"${MAPQ[1]}" && IFS= read -r MAPQ_ANSWER <&"${MAPQ[0]}"
+}
 # wait_for SECONDS PYTHON_CONDITION -> 0 when it held in time (SECONDS x scale); waited_ns: the
-# monotonic time of the etcd read that showed it. One process per wait, one HTTP request per
-# poll (etcd_map_wait.py): polling with etcdctl and python3 per poll took the CPU that the
-# failover bench measures the unaffected shards by.
+# monotonic time of the etcd read that showed it.
 waited_ns=0
 wait_for() {
-  local t
-  t=$(python3 "$(dirname "${BASH_SOURCE[0]}")/etcd_map_wait.py" "$etcd_ep" /rdkv/fo/map \
-    $(($1 * scale)) "$poll_s" "$2") || return 1
-  waited_ns=$t
+  mapq "wait $(($1 * scale)) $2" || return 1
+  case $MAPQ_ANSWER in
+    ok\ *) waited_ns=${MAPQ_ANSWER#ok } ;;
+    error*) echo "wait_for: $MAPQ_ANSWER" >&2; return 1 ;;
+    *) return 1 ;;
+  esac
 }
 all_admitted="m.get('coordinated', False) and all(s.get('incarnation', 0) for s in m['servers'])"
 full="all(len(r) == 3 for r in reps) and joining == 0"
@@ -115,17 +127,18 @@ for ((r = 1; r <= rounds; r++)); do
     # Round 2 also kills the elected coordinator with the server: the other one must be elected
     # and finish the failover.
     leader=$(ETCDCTL_API=3 etcdctl --endpoints="$etcd_ep" get /rdkv/fo/coordinator --print-value-only |
-      python3 -c 'import json,sys; print(json.load(sys.stdin)["name"])' 2>/dev/null)
+      "$py" -c 'import json,sys; print(json.load(sys.stdin)["name"])' 2>/dev/null)
     [[ -n $leader && -f $work/c/$leader/pid ]] && coord_pid=$(cat "$work/c/$leader/pid")
     [[ -n $coord_pid ]] || bad "round $r: no elected coordinator found"
   fi
   # The clock is read just before the signal (the builtin kill follows at once).
-  t_kill=$(now_ns)
+  mapq now
+  t_kill=$MAPQ_ANSWER
   kill -KILL "$pid" || { bad "round $r: kill server $victim (pid $pid)"; break; }
   if [[ -n $coord_pid ]]; then
     kill -KILL "$coord_pid" && ok "round $r: killed the elected coordinator ($leader) with server $victim"
   fi
-  echo "=== $(date '+%F %T') failover_kill_test: SIGKILL to pid $pid" >>"$work/c/server-$victim/kvserver.log"
+  printf '=== %(%F %T)T failover_kill_test: SIGKILL to pid %s\n' -1 "$pid" >>"$work/c/server-$victim/kvserver.log"
   if ! wait_for 15 "m['epoch'] > $epoch and all(o != $victim for o in m['owners']) and all($victim not in x for x in reps)"; then
     bad "round $r: server $victim's shards were not promoted within $((15 * scale)) s"
     break
@@ -142,7 +155,8 @@ for ((r = 1; r <= rounds; r++)); do
     t_restored=$waited_ns
   fi
   sleep 0.5
-  t_restart=$(now_ns)
+  mapq now
+  t_restart=$MAPQ_ANSWER
   # Until it is gone or a zombie (in the VM nothing reaps it: kill -0 alone waited forever).
   while :; do
     st=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || st=gone
