@@ -13,7 +13,11 @@
 #      acknowledges may be lost.
 #   3. The link comes back: server 0 registers again, finds itself in no replica set, and the
 #      coordinator adds it back to every shard with a catch-up copy (R=3 again, never a primary).
-#   4. Both client groups' histories together are linearizable (lincheck).
+#   4. The kill test across namespaces: RDKV_NETNS_KILL_ROUNDS (default 3) rounds, each SIGKILLs
+#      the server that is primary of the most shards (another one each round), waits for its
+#      shards' promotion, restarts it in its namespace and waits until it is a replica of every
+#      shard again, under the same load.
+#   5. Both client groups' histories together are linearizable (lincheck).
 # Usage: netns_failover_partition_test.sh BUILD_DIR. Exit 77 (SKIPPED) when namespaces cannot be
 # made or etcd is missing.
 set -u
@@ -103,13 +107,19 @@ for i in 0 1; do
     --admin_token_file="$work/admin" >>"$work/coord$i.log" 2>&1 &
   pids+=($!)
 done
-for i in 0 1 2; do
-  rm -rf "$work/data$i"
+spid=()
+start_server() {  # start_server I: server I in its namespace (again after a kill: same flags)
+  local i=$1
   ip netns exec ${tag}n$i "$KV" --host="$(addr $i)" --port=7400 --transport=tcp --memory=32MiB \
     --huge_pages=false --nocheck_memory --etcd="$(hostaddr $i):$ep" --cluster_name=part \
     --etcd_lease_ttl_s=2 --server_id=$i --data_dir="$work/data$i" --durability=none \
     --worker_threads=8 --admin_token_file="$work/admin" >>"$work/s$i.log" 2>&1 &
+  spid[i]=$!
   pids+=($!)
+}
+for i in 0 1 2; do
+  rm -rf "$work/data$i"
+  start_server $i
 done
 map_query() {  # map_query PYTHON_EXPR_OVER_m
   ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$ep" get /rdkv/part/map --print-value-only 2>/dev/null |
@@ -161,6 +171,25 @@ echo "partition healed"
 wait_for 90 "all(len(r) == 3 for r in reps) and joining == 0 and all(o != 0 for o in m['owners'])" ||
   fail "server 0 did not rejoin every shard as a replica within 90 s: $(map_query m)"
 echo "server 0 is an in-sync backup of every shard again $((SECONDS - t1)) s after the heal, primary of none"
+# 4. The kill test across the namespaces: SIGKILL the server that is primary of the most shards,
+#    each round another one, under the same load; its shards are promoted, it is restarted in
+#    its namespace and comes back as a backup of every shard (R=3 again). The one history
+#    covers these failovers too.
+full="all(len(r) == 3 for r in reps) and joining == 0 and all(s.get('incarnation', 0) for s in m['servers'])"
+for ((r = 1; r <= ${RDKV_NETNS_KILL_ROUNDS:-3}; r++)); do
+  victim=$(map_query "max(range(3), key=lambda i: (sum(1 for o in m['owners'] if o == i), -((i - $r) % 3)))")
+  epoch=$(map_query "m['epoch']")
+  kill -KILL "${spid[victim]}" || fail "kill round $r: kill server $victim"
+  wait "${spid[victim]}" 2>/dev/null
+  t2=$SECONDS
+  wait_for 20 "m['epoch'] > $epoch and all(o != $victim for o in m['owners']) and all($victim not in x for x in reps)" ||
+    fail "kill round $r: server $victim's shards were not promoted within 20 s: $(map_query m)"
+  promoted=$((SECONDS - t2))
+  start_server "$victim"
+  wait_for 60 "$full" ||
+    fail "kill round $r: server $victim did not come back as a replica of every shard within 60 s: $(map_query m)"
+  echo "kill round $r: server $victim SIGKILLed in its namespace; promoted within ${promoted} s, R=3 again $((SECONDS - t2)) s after the kill"
+done
 sleep 1
 touch "$work/stop"
 wait $load_out; rc_out=$?
@@ -179,4 +208,4 @@ inside_ok=$(grep -c '"outcome":"ok"' "$work/h_in.jsonl")
 timeout 300 "$LIN" "$work/h.jsonl" >"$work/lin.out" 2>&1 || { head -n 30 "$work/lin.out"; fail "the history is not linearizable"; }
 head -n 3 "$work/lin.out"
 grep -q "committed map epoch" "$work/coord0.log" "$work/coord1.log" || fail "no coordinator decision logged"
-echo "PASSED: partitioned primary fenced, promoted elsewhere, rejoined as a backup; history (both client groups) linearizable"
+echo "PASSED: partitioned primary fenced, promoted elsewhere, rejoined as a backup; ${RDKV_NETNS_KILL_ROUNDS:-3} SIGKILLed primaries replaced; history (both client groups) linearizable"
