@@ -1,48 +1,125 @@
 #include "server/retry_table.h"
 
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <new>
+
 namespace rdkv::server {
 
-RetryTable::RetryTable(size_t capacity, std::chrono::milliseconds retention)
-    : per_stripe_capacity_(std::max<size_t>(1, capacity / kStripes)), retention_(retention) {}
+namespace {
+size_t IndexSlotsFor(size_t ring_size) { return std::bit_ceil(2 * ring_size); }
+}  // namespace
 
-RetryTable::Stripe& RetryTable::StripeOf(uint64_t client_id, uint64_t seq) const {
-  return stripes_[IdHash{}(Id{client_id, seq}) % kStripes];
+RetryTable::RetryTable(size_t capacity, std::chrono::milliseconds retention, size_t stripes)
+    : stripe_count_(std::max<size_t>(1, stripes)),
+      ring_size_(std::max<size_t>(1, capacity / stripe_count_)),
+      index_mask_(IndexSlotsFor(ring_size_) - 1),
+      retention_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(retention).count()),
+      stripes_(new Stripe[stripe_count_]) {
+  // The index names ring positions + 1 in 32 bits.
+  if (ring_size_ >= (size_t{1} << 31)) throw std::bad_alloc();
 }
 
-void RetryTable::Expire(Stripe& s, Clock::time_point now) const {
-  while (!s.order.empty() &&
-         (s.order.size() > per_stripe_capacity_ || now - s.order.front().second > retention_)) {
-    s.entries.erase(s.order.front().first);
-    s.order.pop_front();
+RetryTable::~RetryTable() {
+  for (size_t i = 0; i < stripe_count_; ++i) {
+    Stripe& s = stripes_[i];
+    MutexLock lock(&s.mu);
+    std::free(s.ring);
+    std::free(s.index);
   }
+}
+
+int64_t RetryTable::NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+size_t RetryTable::HashOf(uint64_t client_id, uint64_t seq) {
+  // Both words mixed (a multiply-xorshift), so that one client's consecutive seqs spread over
+  // the stripes and the index alike.
+  uint64_t h = client_id * 0x9e3779b97f4a7c15ULL ^ seq;
+  h ^= h >> 32;
+  h *= 0xd6e8feb86659fd93ULL;
+  h ^= h >> 32;
+  return static_cast<size_t>(h);
+}
+
+size_t RetryTable::SlotOf(const Stripe& s, size_t hash, uint64_t client_id, uint64_t seq) const {
+  // The stripe took hash % stripe_count_; the index uses what is above it.
+  for (size_t slot = (hash / stripe_count_) & index_mask_;; slot = (slot + 1) & index_mask_) {
+    const uint32_t v = s.index[slot];
+    if (v == kEmpty) return slot;
+    const Entry& e = s.ring[v - 1];
+    if (e.client_id == client_id && e.seq == seq) return slot;
+  }
+}
+
+void RetryTable::DropOldest(Stripe& s) const {
+  const Entry& oldest = s.ring[s.head];
+  size_t hole = SlotOf(s, HashOf(oldest.client_id, oldest.seq), oldest.client_id, oldest.seq);
+  // Backward-shift deletion: entries after the hole in its probe run move back into it when
+  // their home slot is not in (hole, slot] (cyclically), so that every lookup still finds them.
+  for (size_t slot = (hole + 1) & index_mask_; s.index[slot] != kEmpty;
+       slot = (slot + 1) & index_mask_) {
+    const Entry& e = s.ring[s.index[slot] - 1];
+    const size_t home = (HashOf(e.client_id, e.seq) / stripe_count_) & index_mask_;
+    const bool stays = hole < slot ? (home > hole && home <= slot) : (home > hole || home <= slot);
+    if (stays) continue;
+    s.index[hole] = s.index[slot];
+    hole = slot;
+  }
+  s.index[hole] = kEmpty;
+  s.head = (s.head + 1) % ring_size_;
+  --s.count;
+}
+
+void RetryTable::Expire(Stripe& s, int64_t now_ns) const {
+  while (s.count > 0 && now_ns - s.ring[s.head].at_ns > retention_ns_) DropOldest(s);
 }
 
 std::optional<RetryTable::Answer> RetryTable::Find(uint64_t client_id, uint64_t seq) const {
   if (client_id == 0) return std::nullopt;
-  Stripe& s = StripeOf(client_id, seq);
+  const size_t hash = HashOf(client_id, seq);
+  Stripe& s = StripeOf(hash);
   MutexLock lock(&s.mu);
-  auto it = s.entries.find(Id{client_id, seq});
-  if (it == s.entries.end() || Clock::now() - it->second.at > retention_) return std::nullopt;
+  if (s.count == 0) return std::nullopt;
+  const uint32_t v = s.index[SlotOf(s, hash, client_id, seq)];
+  if (v == kEmpty) return std::nullopt;
+  const Entry& e = s.ring[v - 1];
+  if (NowNs() - e.at_ns > retention_ns_) return std::nullopt;
   hits_.fetch_add(1, std::memory_order_relaxed);
-  return it->second.answer;
+  return Answer{e.code, e.version};
 }
 
 void RetryTable::Record(uint64_t client_id, uint64_t seq, Answer answer) {
   if (client_id == 0) return;
-  Stripe& s = StripeOf(client_id, seq);
-  const Clock::time_point now = Clock::now();
+  const size_t hash = HashOf(client_id, seq);
+  Stripe& s = StripeOf(hash);
+  const int64_t now = NowNs();
   MutexLock lock(&s.mu);
-  if (s.entries.emplace(Id{client_id, seq}, Entry{answer, now}).second) {
-    s.order.emplace_back(Id{client_id, seq}, now);
+  if (s.ring == nullptr) {
+    // calloc: zero is kEmpty, and the kernel maps the pages as entries reach them.
+    s.ring = static_cast<Entry*>(std::calloc(ring_size_, sizeof(Entry)));
+    s.index = static_cast<uint32_t*>(std::calloc(index_mask_ + 1, sizeof(uint32_t)));
+    if (s.ring == nullptr || s.index == nullptr) throw std::bad_alloc();
   }
   Expire(s, now);
+  if (s.index[SlotOf(s, hash, client_id, seq)] != kEmpty) return;  // the first answer stays
+  if (s.count == ring_size_) DropOldest(s);
+  const size_t pos = (s.head + s.count) % ring_size_;
+  s.ring[pos] = Entry{client_id, seq, answer.version, now, answer.code};
+  // Looked up again: dropping the oldest may have moved the slot's run.
+  s.index[SlotOf(s, hash, client_id, seq)] = static_cast<uint32_t>(pos + 1);
+  ++s.count;
 }
 
 size_t RetryTable::size() const {
   size_t n = 0;
-  for (Stripe& s : stripes_) {
+  for (size_t i = 0; i < stripe_count_; ++i) {
+    Stripe& s = stripes_[i];
     MutexLock lock(&s.mu);
-    n += s.entries.size();
+    n += s.count;
   }
   return n;
 }

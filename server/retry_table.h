@@ -7,15 +7,20 @@
 // `retention` and at most `capacity` of them; the oldest go first. In memory only: a retry
 // after every replica of a shard restarted is not recognised.
 //
+// Layout (docs/design.md "The retry table"): 64 stripes, each a ring of entries in the
+// order they were recorded (the oldest is the next to go) and an open-addressing index (linear
+// probing, 4-byte slots naming a ring position) of the power of two at or above twice the ring:
+// 40 bytes of ring and 8 to 16 of index per id kept, allocated once per stripe on its first record
+// and touched only as entries are written; nothing is allocated per write.
+//
 // Thread-safety: all methods are thread-safe (striped locks).
 #pragma once
 
-#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <optional>
-#include <unordered_map>
 
 #include "common/util/mutex.h"
 #include "rdkv/status.h"
@@ -30,44 +35,61 @@ class RetryTable {
   };
   using Clock = std::chrono::steady_clock;
 
+  static constexpr size_t kDefaultStripes = 64;
+  // `capacity`: ids kept at most, over all stripes (at least one per stripe); each stripe
+  // keeps capacity / stripes and drops its own oldest (tests use one stripe: one FIFO).
   explicit RetryTable(size_t capacity = 1 << 20,
-                      std::chrono::milliseconds retention = std::chrono::seconds(120));
+                      std::chrono::milliseconds retention = std::chrono::seconds(120),
+                      size_t stripes = kDefaultStripes);
+  ~RetryTable();
+  RetryTable(const RetryTable&) = delete;
+  RetryTable& operator=(const RetryTable&) = delete;
 
   // The recorded answer of (client_id, seq), if it is still kept. client_id 0: never.
   std::optional<Answer> Find(uint64_t client_id, uint64_t seq) const;
   // Records the answer of an applied write (client_id 0: ignored). A second record of one id
   // keeps the first answer.
   void Record(uint64_t client_id, uint64_t seq, Answer answer);
-
   size_t size() const;
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
+  // Bytes reserved per id kept (ring entry and index slots), for sizing (docs/operations.md).
+  static constexpr size_t kBytesPerId = 40 + 2 * sizeof(uint32_t);
 
  private:
-  struct Id {
-    uint64_t client_id, seq;
-    bool operator==(const Id&) const = default;
-  };
-  struct IdHash {
-    size_t operator()(const Id& id) const {
-      return static_cast<size_t>(id.client_id * 0x9e3779b97f4a7c15ULL ^ id.seq);
-    }
-  };
   struct Entry {
-    Answer answer;
-    Clock::time_point at;
+    uint64_t client_id;
+    uint64_t seq;
+    uint64_t version;
+    int64_t at_ns;  // when it was recorded (steady clock)
+    StatusCode code;
   };
-  static constexpr size_t kStripes = 64;
+  static_assert(sizeof(Entry) == 40, "kBytesPerId counts a 40-byte ring entry");
+  static constexpr uint32_t kEmpty = 0;  // an index slot naming no entry (else position + 1)
+
   struct Stripe {
     mutable Mutex mu;
-    std::unordered_map<Id, Entry, IdHash> entries GUARDED_BY(mu);
-    std::deque<std::pair<Id, Clock::time_point>> order GUARDED_BY(mu);  // oldest first
+    // Allocated on the stripe's first record (calloc: pages are touched as they are used).
+    Entry* ring GUARDED_BY(mu) = nullptr;
+    uint32_t* index GUARDED_BY(mu) = nullptr;
+    size_t head GUARDED_BY(mu) = 0;   // ring position of the oldest entry
+    size_t count GUARDED_BY(mu) = 0;  // entries kept
   };
-  Stripe& StripeOf(uint64_t client_id, uint64_t seq) const;
-  void Expire(Stripe& s, Clock::time_point now) const REQUIRES(s.mu);
 
-  const size_t per_stripe_capacity_;
-  const std::chrono::milliseconds retention_;
-  mutable std::array<Stripe, kStripes> stripes_;
+  static size_t HashOf(uint64_t client_id, uint64_t seq);
+  Stripe& StripeOf(size_t hash) const { return stripes_[hash % stripe_count_]; }
+  // The index slot naming (client_id, seq), or the empty slot where it would go.
+  size_t SlotOf(const Stripe& s, size_t hash, uint64_t client_id, uint64_t seq) const
+      REQUIRES(s.mu);
+  // Drops the oldest entry: out of the index (backward-shift deletion), then off the ring.
+  void DropOldest(Stripe& s) const REQUIRES(s.mu);
+  void Expire(Stripe& s, int64_t now_ns) const REQUIRES(s.mu);
+  static int64_t NowNs();
+
+  const size_t stripe_count_;
+  const size_t ring_size_;   // entries per stripe
+  const size_t index_mask_;  // index slots per stripe - 1 (a power of two, at least 2 x ring)
+  const int64_t retention_ns_;
+  const std::unique_ptr<Stripe[]> stripes_;
   mutable std::atomic<uint64_t> hits_{0};
 };
 
