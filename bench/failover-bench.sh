@@ -66,7 +66,9 @@ echo "failover-bench: $rounds rounds, $servers servers, durability $durability${
 perf_cmd=()
 if [[ -n $cpu ]]; then
   command -v perf >/dev/null || { echo "--cpu needs perf (linux-perf)" >&2; exit 2; }
-  perf_cmd=(perf record -q -a -F 499 -k CLOCK_MONOTONIC -o "$out/perf.data" --)
+  # cpu-clock: a fixed period on every CPU, idle ones too (the cycles event of a hardware PMU
+  # samples halted CPUs hardly at all), so that 499 samples are one CPU-second.
+  perf_cmd=(perf record -q -a -e cpu-clock -F 499 -k CLOCK_MONOTONIC -o "$out/perf.data" --)
 fi
 set +e
 "${perf_cmd[@]}" "$ROOT/tests/cluster/failover_kill_test.sh" "$build" "$build/tests/history/history_load" \

@@ -445,7 +445,7 @@ if ((COPY_RECORDS > 0)); then
   "${PIN_CLI[@]}" "$KVB" run -db rdkv -p rdkv.seed="$SEED" -p rdkv.transport=tcp -P bench/workloads/workloada \
     -p readproportion=0 -p updateproportion=1 -p requestdistribution=uniform \
     -p recordcount="$COPY_RECORDS" -p fieldcount=1 -p fieldlength=100 -p operationcount=0 \
-    -p maxexecutiontime=3600 -p status.interval=1 -threads 4 \
+    -p maxexecutiontime=3600 -p status.interval=1 -threads 4 "${CLIENT_PROP_ARGS[@]}" \
     >"$OUT/copy-updates.txt" 2>"$OUT/copy-updates.err" &
   BG_PID=$!
   sleep 2

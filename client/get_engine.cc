@@ -534,11 +534,11 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
         KeyJob& job = sub[n];
         const bool reroute = unreachable && !job.done && !s.ok();
         if (!job.done && !s.ok() && !reroute) Finish(job, s);
-        // A redirect is followed while a retry has time to answer: a shard that stays moving
-        // until op_timeout ends with its kWrongOwner ("is moving"), not a kTimedOut.
-        if (reroute || (job.wrong_owner &&
-                        Clock::now() + RedirectRetryBudget(options_.op_timeout) < deadline)) {
+        if (reroute || (job.wrong_owner && Clock::now() < deadline)) {
           // Not done: re-routed with the refreshed map.
+          if (job.wrong_owner && job.out->has_value() && !(*job.out)->ok()) {
+            job.redirect = (*job.out)->status();
+          }
           redirected = link;
           job.out->reset();
           job.done = false;
@@ -551,6 +551,16 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
     }
     return redirected;
   });
+  // A redirect followed until op_timeout ran out in its retry: the redirect says why (a shard
+  // that stayed moving ends with its kWrongOwner, not a bare kTimedOut).
+  for (KeyJob& job : jobs) {
+    if (!job.redirect || !job.out->has_value() || (*job.out)->ok()) continue;
+    const Status& last = (*job.out)->status();
+    if (!last.Is(StatusCode::kTimedOut)) continue;
+    job.out->emplace(
+        Status(job.redirect->code(),
+               job.redirect->message() + "; the retry after it timed out: " + last.message()));
+  }
   return Status::Ok();
 }
 

@@ -48,6 +48,9 @@ struct KeyJob {
   Link* link = nullptr;      // the server it is read from
   uint32_t shard = 0;        // cluster: the key's shard
   bool wrong_owner = false;  // cluster: the server does not serve the shard (re-route)
+  // Cluster: the kWrongOwner it was last re-routed after. A GET whose retry then times out
+  // answers with it (why it could not be served) rather than a bare kTimedOut.
+  std::optional<Status> redirect;
   std::string_view key;
   uint64_t hash = 0;
   uint64_t bucket_offset[kv::kChoices] = {};  // region offsets of the key's candidate buckets

@@ -9,7 +9,6 @@
 // the client is shared.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -23,16 +22,6 @@
 #include "rdkv/client.h"
 
 namespace rdkv::client {
-
-// A retry needs at least this much of op_timeout left; otherwise the last error stands (a
-// retry with 1 ms left would only turn it into kTimedOut, which hides the reason and, for a
-// write, its outcome). Writes and GETs alike.
-inline constexpr std::chrono::milliseconds kMinRetryBudget{100};
-// The same for a redirect (kWrongOwner) under a short op_timeout: a quarter of it at most, so
-// that a client with a 40 ms op_timeout still follows a map change.
-inline std::chrono::milliseconds RedirectRetryBudget(std::chrono::milliseconds op_timeout) {
-  return std::min(kMinRetryBudget, op_timeout / 4);
-}
 
 // A cluster map with the link of each shard's owner, built once per map.
 struct Routing {

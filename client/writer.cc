@@ -38,6 +38,9 @@ Status WithEarlierRefusal(Status last, const Status& refused) {
 }
 
 constexpr std::chrono::milliseconds kRetryPause{20};
+// A retry needs at least this much of op_timeout left; otherwise the last error stands (a
+// retry with 1 ms left would only turn it into kTimedOut, which hides the reason).
+constexpr std::chrono::milliseconds kMinRetryBudget{100};
 }  // namespace
 
 Writer::Writer(const ClientOptions& options, Links* links, Router* router, Caller* caller)

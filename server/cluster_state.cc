@@ -218,7 +218,9 @@ void ClusterState::NoteWritePause(std::chrono::steady_clock::time_point start,
   write_pause_ns_.fetch_add(paused.count(), std::memory_order_relaxed);
   write_pauses_.fetch_add(1, std::memory_order_relaxed);
   if (paused >= kLoggedWritePause) {
-    LOG(INFO) << "server " << server_id_ << ": a map change held off writes of every shard for "
+    LOG(INFO) << "server " << server_id_
+              << ": taking the ownership lock (a map change or an unfence) held off writes of "
+                 "every shard for "
               << std::chrono::duration_cast<std::chrono::microseconds>(paused).count() << " us ("
               << std::chrono::duration_cast<std::chrono::microseconds>(drained - start).count()
               << " us of it waiting for writes in flight)";

@@ -186,7 +186,8 @@ class ClusterState {
   void Unfence() EXCLUDES(install_mu_, turnstile_, mu_);
   bool fenced() const { return fenced_.load(std::memory_order_acquire); }
   // Time this server's writes (of every shard) spent held off by installs and Unfence taking
-  // the ownership lock exclusively, and how many times (for /metrics).
+  // the ownership lock exclusively, and how many takings (an install takes it twice: lost
+  // shards, then gained ones) (for /metrics).
   uint64_t write_pause_ns() const { return write_pause_ns_.load(std::memory_order_relaxed); }
   uint64_t write_pauses() const { return write_pauses_.load(std::memory_order_relaxed); }
   // Times this server fenced itself (a Fence while not fenced), for /metrics.

@@ -135,10 +135,12 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
     f.Counter("rdkv_fences_total", "Times this server fenced itself (lost its etcd lease)",
               static_cast<double>(s.fences));
     f.Counter("rdkv_map_change_write_pause_seconds_total",
-              "Time writes of every shard were held off by map changes taking the ownership lock",
+              "Time writes of every shard were held off while map changes and unfences took "
+              "the ownership lock exclusively",
               static_cast<double>(s.write_pause_ns) / 1e9);
     f.Counter("rdkv_map_change_write_pauses_total",
-              "Map changes (and unfences) that held off writes while they took the ownership lock",
+              "Exclusive takings of the ownership lock (two per map change: lost shards, then "
+              "gained ones; one per unfence)",
               static_cast<double>(s.write_pauses));
     f.Counter("rdkv_promotions_total",
               "Shards this server took over as primary from an in-sync backup role (a failover "

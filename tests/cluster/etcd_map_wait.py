@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Answers a test's questions about the cluster map in etcd; one process for the whole test.
 
-    etcd_map_wait.py ENDPOINT KEY POLL_S      (a coprocess: requests on stdin, answers on stdout)
+    etcd_map_wait.py ENDPOINT KEY POLL_S [TIMEOUT_S]   (a coprocess: requests on stdin,
+                                                        answers on stdout)
 
 Requests, one per line:
     now                      -> "NS": time.monotonic_ns()
@@ -10,7 +11,8 @@ Requests, one per line:
                                 "error MESSAGE" when CONDITION does not compile
 CONDITION is a Python expression over the map: `m` the parsed map, `sh` its shard count, `reps`
 its replica sets (primary first), `joining` the number of joining replicas. KEY is read through
-etcd's JSON gateway (POST /v3/kv/range) every POLL_S seconds on one kept-alive connection.
+etcd's JSON gateway (POST /v3/kv/range) every POLL_S seconds on one kept-alive connection, each
+read given TIMEOUT_S (default 2; the tests scale it for the emulated VM).
 
 Why a coprocess: the failover tests wait on the map while a failover runs. One poll used to
 start etcdctl and python3, and even one interpreter per wait costs about 100 ms of CPU on a
@@ -26,17 +28,19 @@ import time
 
 
 class MapReader:
-    def __init__(self, endpoint, key):
+    def __init__(self, endpoint, key, timeout_s):
         self.host, port = endpoint.rsplit(":", 1)
         self.port = int(port)
         self.body = json.dumps({"key": base64.b64encode(key.encode()).decode()})
         self.conn = None
+        self.timeout_s = timeout_s
 
     def read(self):
         """The map, or None (no map yet, etcd unreachable for now)."""
         try:
             if self.conn is None:
-                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=2)
+                self.conn = http.client.HTTPConnection(self.host, self.port,
+                                                       timeout=self.timeout_s)
             self.conn.request("POST", "/v3/kv/range", self.body,
                               {"Content-Type": "application/json"})
             resp = self.conn.getresponse()
@@ -53,12 +57,12 @@ class MapReader:
 
 
 def holds(m, condition):
-    reps = m.get("replicas") or [[o] for o in m["owners"]]
-    joining = sum(len(v) for v in (m.get("joining") or {}).values())
-    env = {"m": m, "sh": m["shards"], "reps": reps, "joining": joining}
     try:
+        reps = m.get("replicas") or [[o] for o in m["owners"]]
+        joining = sum(len(v) for v in (m.get("joining") or {}).values())
+        env = {"m": m, "sh": m["shards"], "reps": reps, "joining": joining}
         return bool(eval(condition, {}, env))
-    except (KeyError, IndexError, TypeError):  # a map without the fields asked about yet
+    except (KeyError, IndexError, TypeError, AttributeError):  # a partial map: not yet
         return False
 
 
@@ -73,9 +77,9 @@ def wait(reader, seconds, condition, poll_s):
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: etcd_map_wait.py ENDPOINT KEY POLL_S  (requests on stdin)")
-    reader = MapReader(sys.argv[1], sys.argv[2])
+    if len(sys.argv) not in (4, 5):
+        sys.exit("usage: etcd_map_wait.py ENDPOINT KEY POLL_S [TIMEOUT_S]  (requests on stdin)")
+    reader = MapReader(sys.argv[1], sys.argv[2], float(sys.argv[4]) if len(sys.argv) == 5 else 2.0)
     poll_s = float(sys.argv[3])
     for line in sys.stdin:
         parts = line.rstrip("\n").split(" ", 2)

@@ -49,7 +49,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/rdkv-failover.XXXXXX")
 load_pid=""
 cleanup() {
   [[ -n $load_pid ]] && kill "$load_pid" 2>/dev/null
-  [[ -n ${MAPQ_PID:-} ]] && kill "$MAPQ_PID" 2>/dev/null
+  [[ -n ${map_pid:-} ]] && kill "$map_pid" 2>/dev/null
   "$LC" stop "$work/c" >/dev/null 2>&1
   if [[ -n $out_dir ]]; then mkdir -p "$out_dir" && cp -r "$work"/. "$out_dir"/ 2>/dev/null; fi
   rm -rf "$work"
@@ -76,16 +76,21 @@ print($1)" 2>/dev/null
 # The test's clock and its waits on the map: one coprocess for the whole test, one HTTP request
 # per poll (etcd_map_wait.py). Polling with etcdctl and python3, or even one interpreter start
 # per wait, took the CPU that the failover bench measures the unaffected shards by.
-coproc MAPQ { exec "$py" "$here/etcd_map_wait.py" "$etcd_ep" /rdkv/fo/map "$poll_s"; }
-mapq() {  # mapq REQUEST -> its answer in $MAPQ_ANSWER
+coproc MAPQ { exec "$py" "$here/etcd_map_wait.py" "$etcd_ep" /rdkv/fo/map "$poll_s" $((2 * scale)); }
+map_in=${MAPQ[1]} map_out=${MAPQ[0]} map_pid=$MAPQ_PID
+# A write to the coprocess after it died: a failure of the test (with cleanup), not a SIGPIPE
+# that would end the shell without its EXIT trap.
+trap 'bad "the map coprocess (etcd_map_wait.py) died"; exit 1' PIPE
+mapq() {  # mapq REQUEST [SECONDS] -> its answer in $MAPQ_ANSWER; 1 when none came in time
   MAPQ_ANSWER=""
-  printf '%s\n' "$1" >&"${MAPQ[1]}" && IFS= read -r MAPQ_ANSWER <&"${MAPQ[0]}"
+  kill -0 "$map_pid" 2>/dev/null || { bad "the map coprocess (etcd_map_wait.py) is not running"; exit 1; }
+  printf '%s\n' "$1" >&"$map_in" && IFS= read -r -t "${2:-10}" MAPQ_ANSWER <&"$map_out"
 }
 # wait_for SECONDS PYTHON_CONDITION -> 0 when it held in time (SECONDS x scale); waited_ns: the
 # monotonic time of the etcd read that showed it.
 waited_ns=0
 wait_for() {
-  mapq "wait $(($1 * scale)) $2" || return 1
+  mapq "wait $(($1 * scale)) $2" $(($1 * scale + 10)) || return 1
   case $MAPQ_ANSWER in
     ok\ *) waited_ns=${MAPQ_ANSWER#ok } ;;
     error*) echo "wait_for: $MAPQ_ANSWER" >&2; return 1 ;;
@@ -237,10 +242,10 @@ for r, victim, t_kill, t_prom, t_restart, t_full, t_restored in rounds:
           f"after the kill; "
           + (f"R=3 on the survivors {survivors[-1]:.0f} ms after the kill; " if t_restored else "")
           + f"R=3 again {restore[-1]:.0f} ms after the restart")
-stats("kill -> promoted map seen (test polls etcd: +100-300 ms)", promote)
+stats("kill -> promoted map seen (+ the test's etcd poll period, 50 ms by default)", promote)
 stats("kill -> writes flowing again (end of the longest gap in write answers)", back)
 if survivors:
-    stats("kill -> replication factor restored on the survivors (test polls etcd: +100-300 ms)",
+    stats("kill -> replication factor restored on the survivors (+ the test's etcd poll period, 50 ms by default)",
           survivors)
 stats("restart -> replication factor restored", restore)
 PY

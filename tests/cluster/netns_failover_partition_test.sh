@@ -141,10 +141,10 @@ wait_for 30 "m.get('coordinated', False) and all(s.get('incarnation', 0) for s i
 echo "3 servers in namespaces ${tag}n0..2, map in etcd (R=3), 2 coordinators: admitted"
 
 "$LOAD" --seed="$(addr 1):7400" --threads=4 --keys=12 --key_prefix=pk- --client_base=0 \
-  --seconds=300 --stop_file="$work/stop" --out="$work/h_out.jsonl" >"$work/load_out.txt" 2>&1 &
+  --seconds=900 --stop_file="$work/stop" --out="$work/h_out.jsonl" >"$work/load_out.txt" 2>&1 &
 load_out=$!
 ip netns exec ${tag}n0 "$LOAD" --seed="$(addr 0):7400" --threads=2 --keys=12 --key_prefix=pk- \
-  --client_base=100 --seconds=300 --stop_file="$work/stop" --out="$work/h_in.jsonl" \
+  --client_base=100 --seconds=900 --stop_file="$work/stop" --out="$work/h_in.jsonl" \
   >"$work/load_in.txt" 2>&1 &
 load_in=$!
 sleep 2
@@ -179,8 +179,15 @@ full="all(len(r) == 3 for r in reps) and joining == 0 and all(s.get('incarnation
 for ((r = 1; r <= ${RDKV_NETNS_KILL_ROUNDS:-3}; r++)); do
   victim=$(map_query "max(range(3), key=lambda i: (sum(1 for o in m['owners'] if o == i), -((i - $r) % 3)))")
   epoch=$(map_query "m['epoch']")
+  [[ $victim =~ ^[0-2]$ && $epoch =~ ^[0-9]+$ ]] || fail "kill round $r: no map in etcd ($victim, $epoch)"
+  kill -0 $load_out 2>/dev/null && kill -0 $load_in 2>/dev/null ||
+    fail "kill round $r: the load ended before the kill rounds (raise history_load's --seconds)"
   kill -KILL "${spid[victim]}" || fail "kill round $r: kill server $victim"
   wait "${spid[victim]}" 2>/dev/null
+  # Out of the cleanup list: its pid may be reused.
+  alive=()
+  for p in "${pids[@]}"; do [[ $p == "${spid[victim]}" ]] || alive+=("$p"); done
+  pids=("${alive[@]}")
   t2=$SECONDS
   wait_for 20 "m['epoch'] > $epoch and all(o != $victim for o in m['owners']) and all($victim not in x for x in reps)" ||
     fail "kill round $r: server $victim's shards were not promoted within 20 s: $(map_query m)"
