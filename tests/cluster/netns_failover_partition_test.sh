@@ -18,6 +18,7 @@
 #      shards' promotion, restarts it in its namespace and waits until it is a replica of every
 #      shard again, under the same load.
 #   5. Both client groups' histories together are linearizable (lincheck).
+# RDKV_NETNS_DURABILITY=sync runs the servers with --durability=sync (default none).
 # Usage: netns_failover_partition_test.sh BUILD_DIR. Exit 77 (SKIPPED) when namespaces cannot be
 # made or etcd is missing.
 set -u
@@ -107,12 +108,16 @@ for i in 0 1; do
     --admin_token_file="$work/admin" >>"$work/coord$i.log" 2>&1 &
   pids+=($!)
 done
+# RDKV_NETNS_DURABILITY: the servers' --durability (default none: memory replication alone
+# must keep every acknowledged write; sync: each restart also recovers from RocksDB).
+durability=${RDKV_NETNS_DURABILITY:-none}
+case $durability in none | sync | async) ;; *) fail "RDKV_NETNS_DURABILITY: none, sync or async" ;; esac
 spid=()
 start_server() {  # start_server I: server I in its namespace (again after a kill: same flags)
   local i=$1
   ip netns exec ${tag}n$i "$KV" --host="$(addr $i)" --port=7400 --transport=tcp --memory=32MiB \
     --huge_pages=false --nocheck_memory --etcd="$(hostaddr $i):$ep" --cluster_name=part \
-    --etcd_lease_ttl_s=2 --server_id=$i --data_dir="$work/data$i" --durability=none \
+    --etcd_lease_ttl_s=2 --server_id=$i --data_dir="$work/data$i" --durability="$durability" \
     --worker_threads=8 --admin_token_file="$work/admin" >>"$work/s$i.log" 2>&1 &
   spid[i]=$!
   pids+=($!)
