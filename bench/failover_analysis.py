@@ -137,7 +137,8 @@ def p50_min(xs):
     return xs[len(xs) // 2], xs[0]
 
 
-def main_unaffected(out_dir):
+def load_run(out_dir):
+    """The kill test's rounds and unaffected_ratios over them, from OUT_DIR's files."""
     ops = [json.loads(line) for line in open(os.path.join(out_dir, "h.jsonl")) if line.strip()]
     rounds = [list(map(int, line.split())) for line in open(os.path.join(out_dir, "rounds.txt"))
               if line.strip()]
@@ -148,7 +149,11 @@ def main_unaffected(out_dir):
             key_hashes[k] = int(h)
     maps = {r[0]: json.load(open(os.path.join(out_dir, f"map-before-{r[0]}.json")))
             for r in rounds}
-    res = unaffected_ratios(ops, rounds, maps, key_hashes)
+    return rounds, unaffected_ratios(ops, rounds, maps, key_hashes)
+
+
+def main_unaffected(out_dir):
+    rounds, res = load_run(out_dir)
     fmt = lambda v: "-" if v is None else f"{v:.2f}"
     for x in res:
         parts = []
@@ -206,17 +211,7 @@ def cpu_shares(samples, windows, hz):
 
 
 def main_cpu(out_dir, samples_path, hz=499):
-    ops = [json.loads(line) for line in open(os.path.join(out_dir, "h.jsonl")) if line.strip()]
-    rounds = [list(map(int, line.split())) for line in open(os.path.join(out_dir, "rounds.txt"))
-              if line.strip()]
-    key_hashes = {}
-    for line in open(os.path.join(out_dir, "keys.txt")):
-        if line.strip():
-            k, h = line.split()
-            key_hashes[k] = int(h)
-    maps = {r[0]: json.load(open(os.path.join(out_dir, f"map-before-{r[0]}.json")))
-            for r in rounds}
-    res = unaffected_ratios(ops, rounds, maps, key_hashes)
+    rounds, res = load_run(out_dir)
     samples = []
     for line in open(samples_path, errors="replace"):
         m = re.match(r"\s*(.+?)\s+\d+\s+([\d.]+):", line)
