@@ -14,7 +14,6 @@ size_t IndexSlotsFor(size_t ring_size) { return std::bit_ceil(2 * ring_size); }
 RetryTable::RetryTable(size_t capacity, std::chrono::milliseconds retention, size_t stripes)
     : stripe_count_(std::max<size_t>(1, stripes)),
       ring_size_(std::max<size_t>(1, capacity / stripe_count_)),
-      index_mask_(IndexSlotsFor(ring_size_) - 1),
       retention_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(retention).count()),
       stripes_(new Stripe[stripe_count_]) {
   // The index names ring positions + 1 in 32 bits.
@@ -47,7 +46,7 @@ size_t RetryTable::HashOf(uint64_t client_id, uint64_t seq) {
 
 size_t RetryTable::SlotOf(const Stripe& s, size_t hash, uint64_t client_id, uint64_t seq) const {
   // The stripe took hash % stripe_count_; the index uses what is above it.
-  for (size_t slot = (hash / stripe_count_) & index_mask_;; slot = (slot + 1) & index_mask_) {
+  for (size_t slot = (hash / stripe_count_) & s.mask;; slot = (slot + 1) & s.mask) {
     const uint32_t v = s.index[slot];
     if (v == kEmpty) return slot;
     const Entry& e = s.ring[v - 1];
@@ -60,18 +59,44 @@ void RetryTable::DropOldest(Stripe& s) const {
   size_t hole = SlotOf(s, HashOf(oldest.client_id, oldest.seq), oldest.client_id, oldest.seq);
   // Backward-shift deletion: entries after the hole in its probe run move back into it when
   // their home slot is not in (hole, slot] (cyclically), so that every lookup still finds them.
-  for (size_t slot = (hole + 1) & index_mask_; s.index[slot] != kEmpty;
-       slot = (slot + 1) & index_mask_) {
+  for (size_t slot = (hole + 1) & s.mask; s.index[slot] != kEmpty; slot = (slot + 1) & s.mask) {
     const Entry& e = s.ring[s.index[slot] - 1];
-    const size_t home = (HashOf(e.client_id, e.seq) / stripe_count_) & index_mask_;
+    const size_t home = (HashOf(e.client_id, e.seq) / stripe_count_) & s.mask;
     const bool stays = hole < slot ? (home > hole && home <= slot) : (home > hole || home <= slot);
     if (stays) continue;
     s.index[hole] = s.index[slot];
     hole = slot;
   }
   s.index[hole] = kEmpty;
-  s.head = (s.head + 1) % ring_size_;
+  s.head = (s.head + 1) % s.capacity;
   --s.count;
+}
+
+void RetryTable::Grow(Stripe& s) const {
+  const size_t capacity =
+      s.capacity == 0 ? std::min(ring_size_, kFirstRing) : std::min(ring_size_, 2 * s.capacity);
+  const size_t slots = IndexSlotsFor(capacity);
+  auto* ring = static_cast<Entry*>(std::malloc(capacity * sizeof(Entry)));
+  auto* index = static_cast<uint32_t*>(std::calloc(slots, sizeof(uint32_t)));
+  if (ring == nullptr || index == nullptr) {
+    std::free(ring);
+    std::free(index);
+    throw std::bad_alloc();
+  }
+  // The entries keep their order, oldest at position 0; the index is built again.
+  for (size_t i = 0; i < s.count; ++i) ring[i] = s.ring[(s.head + i) % s.capacity];
+  std::free(s.ring);
+  std::free(s.index);
+  s.ring = ring;
+  s.index = index;
+  s.capacity = capacity;
+  s.mask = slots - 1;
+  s.head = 0;
+  for (size_t i = 0; i < s.count; ++i) {
+    const Entry& e = ring[i];
+    s.index[SlotOf(s, HashOf(e.client_id, e.seq), e.client_id, e.seq)] =
+        static_cast<uint32_t>(i + 1);
+  }
 }
 
 void RetryTable::Expire(Stripe& s, int64_t now_ns) const {
@@ -98,16 +123,17 @@ void RetryTable::Record(uint64_t client_id, uint64_t seq, Answer answer) {
   Stripe& s = StripeOf(hash);
   const int64_t now = NowNs();
   MutexLock lock(&s.mu);
-  if (s.ring == nullptr) {
-    // calloc: zero is kEmpty, and the kernel maps the pages as entries reach them.
-    s.ring = static_cast<Entry*>(std::calloc(ring_size_, sizeof(Entry)));
-    s.index = static_cast<uint32_t*>(std::calloc(index_mask_ + 1, sizeof(uint32_t)));
-    if (s.ring == nullptr || s.index == nullptr) throw std::bad_alloc();
-  }
+  if (s.capacity == 0) Grow(s);
   Expire(s, now);
   if (s.index[SlotOf(s, hash, client_id, seq)] != kEmpty) return;  // the first answer stays
-  if (s.count == ring_size_) DropOldest(s);
-  const size_t pos = (s.head + s.count) % ring_size_;
+  if (s.count == s.capacity) {
+    if (s.capacity < ring_size_) {
+      Grow(s);
+    } else {
+      DropOldest(s);
+    }
+  }
+  const size_t pos = (s.head + s.count) % s.capacity;
   s.ring[pos] = Entry{client_id, seq, answer.version, now, answer.code};
   // Looked up again: dropping the oldest may have moved the slot's run.
   s.index[SlotOf(s, hash, client_id, seq)] = static_cast<uint32_t>(pos + 1);

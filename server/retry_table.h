@@ -10,8 +10,9 @@
 // Layout (docs/design.md "The retry table"): 64 stripes, each a ring of entries in the
 // order they were recorded (the oldest is the next to go) and an open-addressing index (linear
 // probing, 4-byte slots naming a ring position) of the power of two at or above twice the ring:
-// 40 bytes of ring and 8 to 16 of index per id kept, allocated once per stripe on its first record
-// and touched only as entries are written; nothing is allocated per write.
+// 40 bytes of ring and 8 to 16 of index per id kept. A stripe's ring starts at kFirstRing
+// entries and doubles when full (its index built again) up to its share of the capacity; then
+// a record drops the oldest. Nothing is allocated per write once a stripe has grown.
 //
 // Thread-safety: all methods are thread-safe (striped locks).
 #pragma once
@@ -68,11 +69,12 @@ class RetryTable {
 
   struct Stripe {
     mutable Mutex mu;
-    // Allocated on the stripe's first record (calloc: pages are touched as they are used).
-    Entry* ring GUARDED_BY(mu) = nullptr;
-    uint32_t* index GUARDED_BY(mu) = nullptr;
-    size_t head GUARDED_BY(mu) = 0;   // ring position of the oldest entry
-    size_t count GUARDED_BY(mu) = 0;  // entries kept
+    Entry* ring GUARDED_BY(mu) = nullptr;      // `capacity` entries (malloc)
+    uint32_t* index GUARDED_BY(mu) = nullptr;  // `mask` + 1 slots (calloc: all kEmpty)
+    size_t capacity GUARDED_BY(mu) = 0;        // 0 until the first record
+    size_t mask GUARDED_BY(mu) = 0;            // index slots - 1 (a power of two - 1)
+    size_t head GUARDED_BY(mu) = 0;            // ring position of the oldest entry
+    size_t count GUARDED_BY(mu) = 0;           // entries kept
   };
 
   static size_t HashOf(uint64_t client_id, uint64_t seq);
@@ -83,11 +85,13 @@ class RetryTable {
   // Drops the oldest entry: out of the index (backward-shift deletion), then off the ring.
   void DropOldest(Stripe& s) const REQUIRES(s.mu);
   void Expire(Stripe& s, int64_t now_ns) const REQUIRES(s.mu);
+  // Doubles the stripe's ring (its first: kFirstRing), up to ring_size_, keeping every entry.
+  void Grow(Stripe& s) const REQUIRES(s.mu);
+  static constexpr size_t kFirstRing = 64;
   static int64_t NowNs();
 
   const size_t stripe_count_;
-  const size_t ring_size_;   // entries per stripe
-  const size_t index_mask_;  // index slots per stripe - 1 (a power of two, at least 2 x ring)
+  const size_t ring_size_;  // entries per stripe at most
   const int64_t retention_ns_;
   const std::unique_ptr<Stripe[]> stripes_;
   mutable std::atomic<uint64_t> hits_{0};

@@ -5,6 +5,7 @@
 // is back; a server takes a shard from another primary only after that one released it.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -138,6 +139,7 @@ TEST_F(EtcdClusterTest, MapWrittenToEtcdIsInstalledEverywhereAndLosesNoWrite) {
   // its old primary released it.
   std::atomic<bool> stop{false};
   std::vector<std::map<std::string, std::pair<std::string, uint64_t>>> acked(3);
+  std::array<std::atomic<uint64_t>, 3> puts_ok{};  // per writer, for the end (below)
   std::vector<std::thread> writers;
   for (int t = 0; t < 3; ++t) {
     writers.emplace_back([&, t] {
@@ -148,6 +150,7 @@ TEST_F(EtcdClusterTest, MapWrittenToEtcdIsInstalledEverywhereAndLosesNoWrite) {
         auto v = c->Put(key, value);
         if (v.ok()) {
           acked[t][key] = {value, *v};
+          puts_ok[t].fetch_add(1);
         } else {
           acked[t].erase(key);
         }
@@ -187,7 +190,17 @@ TEST_F(EtcdClusterTest, MapWrittenToEtcdIsInstalledEverywhereAndLosesNoWrite) {
     }
   }
   EXPECT_TRUE(AllAtEpoch(last_epoch)) << "epoch " << last_epoch << " did not reach every server";
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Every writer makes a full pass over its 40 keys under the last map before they stop, however
+  // slow the host (a sanitizer build beside other tests): what is checked below does not depend
+  // on speed.
+  std::array<uint64_t, 3> at_last_map;
+  for (int t = 0; t < 3; ++t) at_last_map[t] = puts_ok[t].load();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int t = 0; t < 3; ++t) {
+    while (puts_ok[t].load() < at_last_map[t] + 40 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   stop = true;
   for (auto& w : writers) w.join();
   auto reader = NewClient(2);

@@ -92,6 +92,28 @@ TEST(RetryTableTest, AnswersExpireAfterTheRetention) {
   EXPECT_FALSE(t.Find(1, 2).has_value());
 }
 
+// A stripe's ring grows from 64 entries by doubling; growing after expiry has moved the ring's
+// head (so that its entries wrap around) keeps every entry and its order.
+TEST(RetryTableTest, GrowingKeepsEveryEntryInOrder) {
+  RetryTable t(/*capacity=*/1000, 100ms, /*stripes=*/1);
+  for (uint64_t seq = 1; seq <= 40; ++seq) t.Record(1, seq, {StatusCode::kOk, seq});
+  std::this_thread::sleep_for(200ms);
+  // The first record drops the 40 expired ones: the head moves to position 40 of 64.
+  for (uint64_t seq = 41; seq <= 300; ++seq) t.Record(1, seq, {StatusCode::kOk, seq});
+  EXPECT_EQ(t.size(), 260u);
+  for (uint64_t seq = 1; seq <= 40; ++seq) EXPECT_FALSE(t.Find(1, seq).has_value()) << seq;
+  for (uint64_t seq = 41; seq <= 300; ++seq) {
+    auto a = t.Find(1, seq);
+    ASSERT_TRUE(a.has_value()) << seq;
+    EXPECT_EQ(a->version, seq);
+  }
+  // Still one FIFO: at 1000, the oldest go first.
+  for (uint64_t seq = 301; seq <= 1100; ++seq) t.Record(1, seq, {StatusCode::kOk, seq});
+  EXPECT_EQ(t.size(), 1000u);
+  EXPECT_FALSE(t.Find(1, 100).has_value());
+  EXPECT_TRUE(t.Find(1, 101).has_value());
+}
+
 // Against a model: one stripe is one FIFO of `capacity` ids, each with its first answer. Ids
 // come from a small space so that duplicates and collisions in the index are frequent, and
 // every drop runs the index's backward-shift deletion.
