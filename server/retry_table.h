@@ -53,8 +53,6 @@ class RetryTable {
   void Record(uint64_t client_id, uint64_t seq, Answer answer);
   size_t size() const;
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
-  // Bytes reserved per id kept (ring entry and index slots), for sizing (docs/operations.md).
-  static constexpr size_t kBytesPerId = 40 + 2 * sizeof(uint32_t);
 
  private:
   struct Entry {
@@ -64,7 +62,7 @@ class RetryTable {
     int64_t at_ns;  // when it was recorded (steady clock)
     StatusCode code;
   };
-  static_assert(sizeof(Entry) == 40, "kBytesPerId counts a 40-byte ring entry");
+  static_assert(sizeof(Entry) == 40, "docs/design.md counts a 40-byte ring entry");
   static constexpr uint32_t kEmpty = 0;  // an index slot naming no entry (else position + 1)
 
   struct Stripe {
