@@ -209,6 +209,10 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
             "Failed replicated writes awaiting repair (the repair table; writes are refused "
             "at 65536)",
             static_cast<double>(s.repairs_pending));
+    f.Gauge("rdkv_replication_repair_bytes_pending",
+            "Bytes of keys and values of the writes awaiting repair (writes are refused at "
+            "64 MiB by default)",
+            static_cast<double>(s.repair_bytes_pending));
     f.Counter("rdkv_replication_repairs_noted_total",
               "Replicated writes that failed after a forward and were kept for repair",
               static_cast<double>(s.repairs_noted));

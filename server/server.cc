@@ -73,6 +73,7 @@ class ServerImpl final : public Server {
       replicator_ = std::make_unique<replication::Replicator>(fabric_.get(), ro);
       service_.set_replicator(replicator_.get());
       service_.set_async_replicated_writes(options.async_replicated_writes);
+      service_.set_max_repair_bytes(options.max_repair_bytes);
       service_.set_transport_workers(options.worker_threads);
       cluster_->set_resync_hook(
           [this](const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
@@ -205,6 +206,7 @@ class ServerImpl final : public Server {
       s.retries_answered = c.retries_answered.load();
       s.batches_applied = c.replicate_batches.load();
       s.repairs_pending = service_.repairs_pending();
+      s.repair_bytes_pending = service_.repair_bytes_pending();
       s.repairs_noted = c.repairs_noted.load();
       s.repairs_done = c.repairs_done.load();
       s.repairs_dropped = c.repairs_dropped.load();

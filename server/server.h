@@ -72,6 +72,10 @@ struct ServerOptions {
   // A replicated write holds no thread while its backups answer (docs/design.md "No thread
   // waits for the backups"); false: it waits on a worker or writer thread (the earlier path).
   bool async_replicated_writes = true;
+  // Writes that failed at a backup and await repair are kept in memory with their values; once
+  // their keys and values reach this many bytes (or 65,536 keys), the primary refuses new
+  // replicated writes (kUnavailable) until the repair pass catches up.
+  size_t max_repair_bytes = 64 << 20;
   // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
   // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
   // Unset: no HTTP server.
@@ -120,8 +124,8 @@ struct ServerStats {
   uint64_t async_forwards = 0;
   // Repair of failed replicated writes: kept now, and since the start kept, repaired,
   // dropped (superseded), failed again. Request ids the retry table keeps.
-  uint64_t repairs_pending = 0, repairs_noted = 0, repairs_done = 0, repairs_dropped = 0,
-           repair_failures = 0, retry_ids_kept = 0;
+  uint64_t repairs_pending = 0, repair_bytes_pending = 0, repairs_noted = 0, repairs_done = 0,
+           repairs_dropped = 0, repair_failures = 0, retry_ids_kept = 0;
   // Lag per backup this primary forwards to (replication::Replicator::PeerState).
   struct Backup {
     uint32_t id = 0;

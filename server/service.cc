@@ -252,18 +252,20 @@ std::string Service::StatsJson() const {
                     {"owned_shards", m->ShardsOf(me).size()},
                     {"backup_shards", backup_shards},
                     {"joining_shards", joining_shards}};
-    j["replication"] = {{"replicated_writes", load(counters_.replicated_writes)},
-                        {"replicas_applied", load(counters_.replicas_applied)},
-                        {"retries_answered", load(counters_.retries_answered)},
-                        {"retry_ids_kept", retry_table_.size()},
-                        {"batches_applied", load(counters_.replicate_batches)},
-                        {"repairs_pending", repairs_pending_.load(std::memory_order_relaxed)},
-                        {"repairs_noted", load(counters_.repairs_noted)},
-                        {"repairs_done", load(counters_.repairs_done)},
-                        {"repairs_dropped", load(counters_.repairs_dropped)},
-                        {"repair_failures", load(counters_.repair_failures)},
-                        {"catchup_applied", load(counters_.catchup_applied)},
-                        {"scan_items", load(counters_.scan_items)}};
+    j["replication"] = {
+        {"replicated_writes", load(counters_.replicated_writes)},
+        {"replicas_applied", load(counters_.replicas_applied)},
+        {"retries_answered", load(counters_.retries_answered)},
+        {"retry_ids_kept", retry_table_.size()},
+        {"batches_applied", load(counters_.replicate_batches)},
+        {"repairs_pending", repairs_pending_.load(std::memory_order_relaxed)},
+        {"repair_bytes_pending", repair_bytes_pending_.load(std::memory_order_relaxed)},
+        {"repairs_noted", load(counters_.repairs_noted)},
+        {"repairs_done", load(counters_.repairs_done)},
+        {"repairs_dropped", load(counters_.repairs_dropped)},
+        {"repair_failures", load(counters_.repair_failures)},
+        {"catchup_applied", load(counters_.catchup_applied)},
+        {"scan_items", load(counters_.scan_items)}};
     nlohmann::json scans = nlohmann::json::object();
     for (const auto& [shard, at] : ScanProgress()) scans[std::to_string(shard)] = at;
     j["replication"]["scan_progress"] = std::move(scans);

@@ -147,15 +147,21 @@ class Service {
   void WaitForWrites() EXCLUDES(offload_mu_, repair_mu_);
   // Writes kept for repair now (failed after a forward; docs/design.md "Replication").
   size_t repairs_pending() const { return repairs_pending_.load(std::memory_order_relaxed); }
+  size_t repair_bytes_pending() const {
+    return repair_bytes_pending_.load(std::memory_order_relaxed);
+  }
   // Request ids whose answers the retry table keeps now.
   size_t retry_ids_kept() const { return retry_table_.size(); }
   // How far the latest SHARD_SCAN of each shard scanned since the start got through the index
   // (0..1; 1: the scan finished): a copy's progress on its source, by shard.
   std::map<uint32_t, double> ScanProgress() const EXCLUDES(copies_mu_);
-  // At most this many keys (and kMaxRepairBytes of keys and values) await repair: beyond it a
-  // replicated write is refused (kUnavailable) before it is forwarded.
+  // At most this many keys (and max_repair_bytes of keys and values, kDefaultMaxRepairBytes
+  // unless set) await repair: beyond either a replicated write is refused (kUnavailable) before
+  // it is forwarded. Writes already in flight that fail are still kept, so the bytes can pass
+  // the limit by what was in flight (bounded by the asynchronous writes' own limit).
   static constexpr size_t kMaxRepairKeys = 1 << 16;
-  static constexpr size_t kMaxRepairBytes = 64 << 20;
+  static constexpr size_t kDefaultMaxRepairBytes = 64 << 20;
+  void set_max_repair_bytes(size_t bytes) { max_repair_bytes_ = bytes; }
   // How often the repair pass retries the writes that await repair.
   static constexpr std::chrono::milliseconds kRepairInterval{100};
   // etcd clusters: INSTALL_MAP commits the map to etcd first. Null: no etcd.
@@ -407,7 +413,9 @@ class Service {
   std::unordered_map<std::string, PendingRepair> repairs_ GUARDED_BY(repair_mu_);
   size_t repair_bytes_ GUARDED_BY(repair_mu_) = 0;
   bool repair_stop_ GUARDED_BY(repair_mu_) = false;
-  std::atomic<size_t> repairs_pending_{0};  // repairs_.size(), read without the lock
+  std::atomic<size_t> repairs_pending_{0};       // repairs_.size(), read without the lock
+  std::atomic<size_t> repair_bytes_pending_{0};  // repair_bytes_, read without the lock
+  size_t max_repair_bytes_ = kDefaultMaxRepairBytes;
   std::thread repair_thread_;
 
   // Transport worker threads seen (Handle with a ReplyHandle), and how many of them run a

@@ -306,11 +306,16 @@ Status Service::CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint6
     return Status::Internal("shard " + std::to_string(shard) +
                             " is replicated but this server has no replicator");
   }
-  if (repairs_pending_.load(std::memory_order_relaxed) >= kMaxRepairKeys) {
-    return Status::Unavailable("shard " + std::to_string(shard) + ": " +
-                               std::to_string(kMaxRepairKeys) +
-                               " earlier writes of this server failed at a backup and await "
-                               "repair; writes are refused until its backups answer again");
+  const size_t repair_keys = repairs_pending_.load(std::memory_order_relaxed);
+  const size_t repair_bytes = repair_bytes_pending_.load(std::memory_order_relaxed);
+  if (repair_keys >= kMaxRepairKeys || repair_bytes >= max_repair_bytes_) {
+    return Status::Unavailable(
+        "shard " + std::to_string(shard) + ": " + std::to_string(repair_keys) +
+        " earlier writes of this server (" + std::to_string(repair_bytes) +
+        " bytes of keys and values; the limits are " + std::to_string(kMaxRepairKeys) +
+        " writes and " + std::to_string(max_repair_bytes_) +
+        " bytes) failed at a backup and await repair; writes are refused until its backups "
+        "answer again");
   }
   return Status::Ok();
 }
@@ -936,6 +941,7 @@ void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) {
   p.request_seq = m.request_seq;
   repair_bytes_ += it->first.size() + p.value.size();
   repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
+  repair_bytes_pending_.store(repair_bytes_, std::memory_order_relaxed);
   repair_cv_.Signal();
 }
 
@@ -946,6 +952,7 @@ void Service::ForgetRepair(std::string_view key) {
   repair_bytes_ -= it->first.size() + it->second.value.size();
   repairs_.erase(it);
   repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
+  repair_bytes_pending_.store(repair_bytes_, std::memory_order_relaxed);
 }
 
 Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, uint32_t shard) {

@@ -49,9 +49,11 @@ class ReplicationTest : public ClusterTest {
     server::ServerOptions o = ClusterTest::Options(id);
     o.worker_threads = workers_;
     o.replication_timeout = std::chrono::milliseconds(1000);
+    o.max_repair_bytes = max_repair_bytes_;
     return o;
   }
   int workers_ = 8;
+  size_t max_repair_bytes_ = server::ServerOptions{}.max_repair_bytes;
 
   // Installs `m` on server `id` alone (a raw MAP_INSTALL, as an operator's tool sends it).
   Status InstallOn(int id, const cluster::ClusterMap& m) {
@@ -853,6 +855,51 @@ TEST_F(ReplicationTest, APromotedBackupResendsWhatOnlyItHasBeforeServing) {
   }
   EXPECT_EQ(ScanOf(2, 0)[key].value, "only-on-1") << "the promoted backup did not resend it";
   EXPECT_EQ(ScanOf(0, 0)[key].value, "only-on-1");
+}
+
+// The writes that await repair keep their values in the primary's memory, so their bytes are
+// bounded as well as their number: once they reach max_repair_bytes, the next replicated write
+// is refused before it is forwarded (and so is not kept), until the backups answer again.
+TEST_F(ReplicationTest, WritesAwaitingRepairAreBoundedByTheirBytes) {
+  max_repair_bytes_ = 16 << 10;
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  // The fault of the test below: server 2 refuses the primary's forwards of shard 0.
+  cluster::ClusterMap cut = map_;
+  cut.epoch = 2;
+  cut.backups[0] = {1};
+  ASSERT_TRUE(InstallOn(2, cut).ok());
+  const std::string value(4 << 10, 'v');
+  constexpr int kWrites = 10;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kWrites; ++i) {
+    keys.push_back(KeyIn(0, 100 + i, "repair-bytes"));
+    kv::Response r = RawWrite(0, kv::Op::kPut, keys.back(), value, 0, 5151, i + 1);
+    EXPECT_TRUE(r.status.Is(StatusCode::kUnavailable)) << i << ": " << r.status.ToString();
+  }
+  // 4 writes of 4 KiB and a key pass 16 KiB: they are kept, the rest are refused before they
+  // reach a backup.
+  const std::string stats = servers_[0]->StatsJson();
+  EXPECT_NE(stats.find("\"repairs_pending\":4,"), std::string::npos) << stats;
+  Content on1 = ScanOf(1, 0);
+  for (int i = 0; i < kWrites; ++i) {
+    EXPECT_EQ(on1.count(keys[i]), i < 4 ? 1u : 0u) << "write " << i << " on server 1";
+  }
+  kv::Response refused = RawWrite(0, kv::Op::kPut, KeyIn(0, 99, "repair-bytes"), "x", 0, 5151, 99);
+  EXPECT_TRUE(refused.status.Is(StatusCode::kUnavailable)) << refused.status.ToString();
+  EXPECT_NE(refused.status.message().find("await repair"), std::string::npos)
+      << refused.status.ToString();
+  // Healed: the repair pass brings every kept write to server 2, and writes are taken again.
+  cluster::ClusterMap healed = map_;
+  healed.epoch = 3;
+  for (int id = 0; id < 3; ++id) ASSERT_TRUE(InstallOn(id, healed).ok()) << "server " << id;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline &&
+         servers_[0]->StatsJson().find("\"repairs_pending\":0,") == std::string::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(servers_[0]->StatsJson().find("\"repairs_pending\":0,"), std::string::npos);
+  kv::Response after = RawWrite(0, kv::Op::kPut, keys.back(), "taken", 0, 5151, 100);
+  EXPECT_TRUE(after.status.ok()) << after.status.ToString();
 }
 
 // Repair (docs/design.md "Replication", repair): a write whose forward reached server 1 and was
