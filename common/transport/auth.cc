@@ -141,6 +141,17 @@ SessionRole GrantRole(const ServerSecrets& secrets, SessionRole requested, bool 
   return SessionRole::kData;
 }
 
+SessionRole ProvenSecret(const ServerSecrets& secrets, SessionRole requested) {
+  return requested == SessionRole::kAdmin && !secrets.admin.empty() ? SessionRole::kAdmin
+                                                                    : SessionRole::kData;
+}
+
+bool RevokedByRotation(SessionRole proven, SessionRole granted, bool data_changed,
+                       bool admin_changed) {
+  const bool secret_changed = proven == SessionRole::kAdmin ? admin_changed : data_changed;
+  return secret_changed || (granted == SessionRole::kAdmin && admin_changed);
+}
+
 std::string_view RoleName(SessionRole role) {
   switch (role) {
     case SessionRole::kData:

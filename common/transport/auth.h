@@ -93,6 +93,15 @@ Result<std::string_view> ServerKeyFor(const ServerSecrets& secrets, SessionRole 
 // for a data proof, admin too when no admin secret is configured and the peer is on loopback
 // (protected mode, like Redis), else data.
 SessionRole GrantRole(const ServerSecrets& secrets, SessionRole requested, bool peer_is_loopback);
+// Which secret a peer asking for `requested` proves (the one ServerKeyFor gives): kAdmin for
+// the admin secret; kData for the data secret, which a protected-mode admin proves too.
+SessionRole ProvenSecret(const ServerSecrets& secrets, SessionRole requested);
+// The one revocation rule of both transports' RotateSecrets: a session (or a handshake waiting
+// for its PROOF) that proved `proven` and holds `granted` is revoked when the secret it proved
+// changed, and an admin one also when the admin secret changed (a protected-mode admin is admin
+// only while no admin secret is configured).
+bool RevokedByRotation(SessionRole proven, SessionRole granted, bool data_changed,
+                       bool admin_changed);
 
 std::string_view RoleName(SessionRole role);
 

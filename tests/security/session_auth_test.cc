@@ -141,5 +141,26 @@ TEST(SessionAuth, RolePolicy) {
   EXPECT_FALSE(ServerKeyFor(data_only, SessionRole::kAdmin, false).ok());
 }
 
+// Which secret a session proved, and when rotating the secrets revokes it: the secret it proved
+// changed, or (admin sessions) the admin secret changed. A protected-mode admin proved the data
+// secret, so either change revokes it.
+TEST(SessionAuth, RevocationFollowsTheSecretProved) {
+  ServerSecrets data_only{"d", "", true};
+  ServerSecrets both{"d", "a", true};
+  EXPECT_EQ(ProvenSecret(data_only, SessionRole::kAdmin), SessionRole::kData);  // protected mode
+  EXPECT_EQ(ProvenSecret(data_only, SessionRole::kData), SessionRole::kData);
+  EXPECT_EQ(ProvenSecret(both, SessionRole::kAdmin), SessionRole::kAdmin);
+  EXPECT_EQ(ProvenSecret(both, SessionRole::kData), SessionRole::kData);
+  const SessionRole kD = SessionRole::kData, kA = SessionRole::kAdmin;
+  // proven, granted, data changed, admin changed
+  EXPECT_TRUE(RevokedByRotation(kD, kD, true, false));
+  EXPECT_FALSE(RevokedByRotation(kD, kD, false, true));
+  EXPECT_TRUE(RevokedByRotation(kA, kA, false, true));
+  EXPECT_FALSE(RevokedByRotation(kA, kA, true, false));
+  EXPECT_TRUE(RevokedByRotation(kD, kA, true, false));  // protected mode: its data secret went
+  EXPECT_TRUE(RevokedByRotation(kD, kA, false, true));  // an admin secret now exists
+  EXPECT_FALSE(RevokedByRotation(kD, kA, false, false));
+}
+
 }  // namespace
 }  // namespace rdkv::transport::auth

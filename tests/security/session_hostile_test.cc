@@ -550,5 +550,57 @@ TEST_F(HostileClients, RotatingASecretRevokesTheSessionsThatProvedIt) {
   EXPECT_TRUE((*fresh)->Call(req, &resp, 5s).ok());
 }
 
+// Protected mode (no admin secret; loopback peers that prove the data secret are admin): the
+// admin role comes from the data secret, so rotating the data secret must revoke those admin
+// sessions too, and a handshake keyed by the old data secret must not finish as admin. Found
+// by review: revocation went by the granted role, so both lived on.
+TEST_F(HostileClients, RotatingTheDataSecretRevokesProtectedModeAdmins) {
+  ListenOptions lo = Options();
+  lo.admin_token.clear();
+  Listen(std::move(lo));
+  auto admin = Connect(kData);
+  ASSERT_TRUE(admin.ok()) << admin.status().ToString();
+  ASSERT_EQ(RoleSeenBy(admin->get()), SessionRole::kAdmin) << "not in protected mode";
+  // A handshake in progress with the old data secret: HELLO answered, PROOF not yet sent.
+  int half = Raw();
+  auto nonce = auth::RandomNonce();
+  ASSERT_TRUE(nonce.ok());
+  const std::vector<uint8_t> hello = raw::MakeHello(SessionRole::kData, *nonce);
+  ASSERT_TRUE(raw::SendBytes(half, hello));
+  FrameHeader h;
+  std::vector<uint8_t> body;
+  ASSERT_TRUE(raw::RecvFrame(half, &h, &body));
+  ASSERT_EQ(h.type, FrameType::kChallenge);
+  auto challenge = DecodeChallenge(body);
+  ASSERT_TRUE(challenge.ok());
+
+  Result<uint64_t> revoked = listener_->RotateSecrets("new-data", "");
+  ASSERT_TRUE(revoked.ok()) << revoked.status().ToString();
+  EXPECT_EQ(*revoked, 1u);
+  std::vector<uint8_t> req = {1}, resp;
+  EXPECT_FALSE((*admin)->Call(req, &resp, 5s).ok()) << "the admin session outlived its secret";
+  // The old secret's proof after the rotation: refused or cut, never WELCOME.
+  auth::AuthProof p;
+  p.client_proof = auth::ComputeProof(
+      auth::Side::kClient, kData, SessionRole::kData, *nonce, challenge->server_nonce,
+      std::span<const uint8_t>(hello.data() + kFrameHeaderSize, kHelloBodySize));
+  raw::SendBytes(half, EncodeProof(p));  // may fail: the server may have closed it already
+  const bool answered = raw::RecvFrame(half, &h, &body);
+  EXPECT_TRUE(!answered || h.type != FrameType::kWelcome)
+      << "a proof with the replaced data secret was welcomed after the rotation";
+  // The new secret still gives a loopback peer the admin role (protected mode).
+  auto fresh = Connect("new-data");
+  ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
+  EXPECT_EQ(RoleSeenBy(fresh->get()), SessionRole::kAdmin);
+  // Setting an admin secret ends protected mode: that admin session goes as well.
+  revoked = listener_->RotateSecrets("new-data", "first-admin");
+  ASSERT_TRUE(revoked.ok()) << revoked.status().ToString();
+  EXPECT_EQ(*revoked, 1u);
+  EXPECT_FALSE((*fresh)->Call(req, &resp, 5s).ok());
+  auto data = Connect("new-data");
+  ASSERT_TRUE(data.ok()) << data.status().ToString();
+  EXPECT_EQ(RoleSeenBy(data->get()), SessionRole::kData);
+}
+
 }  // namespace
 }  // namespace rdkv::transport::tcp

@@ -164,6 +164,7 @@ class TcpSession final : public ServerSession {
   auth::Mac expected_proof{};
   SessionRole requested_role = SessionRole::kData;
   SessionRole granted_role = SessionRole::kData;
+  SessionRole proven_secret = SessionRole::kData;  // whose secret keys the proof (revocation)
   uint64_t secrets_epoch = 0;  // the secrets epoch the proof's key came from (RotateSecrets)
   bool peer_loopback = false;
   SourceKey source{};
@@ -777,6 +778,7 @@ class NicThread {
     auto key = auth::ServerKeyFor(secrets, hello->auth.role, s.peer_loopback);
     if (!key.ok()) return Refuse(s, StatusCode::kPermissionDenied, key.status().message());
     s.granted_role = auth::GrantRole(secrets, hello->auth.role, s.peer_loopback);
+    s.proven_secret = auth::ProvenSecret(secrets, hello->auth.role);
     auto nonce = auth::RandomNonce();
     if (!nonce.ok()) return Refuse(s, StatusCode::kUnavailable, nonce.status().message());
     auth::AuthChallenge c;
@@ -992,7 +994,8 @@ class NicThread {
     const uint64_t revoked_at[2] = {core_->role_revoked_at[0].load(std::memory_order_acquire),
                                     core_->role_revoked_at[1].load(std::memory_order_acquire)};
     auto is_revoked = [&](const TcpSession& s, SessionRole role) {
-      return s.secrets_epoch < revoked_at[role == SessionRole::kAdmin ? 1 : 0];
+      return auth::RevokedByRotation(s.proven_secret, role, s.secrets_epoch < revoked_at[0],
+                                     s.secrets_epoch < revoked_at[1]);
     };
     for (auto& [id, s] : sessions_) {
       if (s->state == TcpSession::State::kAwaitProof && is_revoked(*s, s->granted_role)) {

@@ -1107,6 +1107,7 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   }
   auto session = std::make_shared<ServerSessionImpl>(next_session_id_++, who, req.max_message);
   session->role_ = auth::GrantRole(secrets_, req.role, this_host);
+  session->proven_secret_ = auth::ProvenSecret(secrets_, req.role);
   session->created_ = Clock::now();
   session->last_active_ = session->created_;
   session->source_ = source;
@@ -1377,8 +1378,9 @@ void VerbsListener::ApplyRotation() {
   uint64_t revoked = 0;
   for (auto& [id, s] : by_id_) {
     if (s->dead() || s->secrets_epoch_ >= epoch) continue;
-    const bool changed = s->role_ == SessionRole::kAdmin ? admin_changed : data_changed;
-    if (!changed) continue;
+    if (!auth::RevokedByRotation(s->proven_secret_, s->role_, data_changed, admin_changed)) {
+      continue;
+    }
     if (s->auth_state() == ServerSessionImpl::AuthState::kReady) ++revoked;
     s->MarkDead();
   }

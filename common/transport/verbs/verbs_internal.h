@@ -302,6 +302,7 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
   const std::string peer_;
   const uint32_t peer_max_message_;
   SessionRole role_ = SessionRole::kData;  // set by the cm thread before the session is published
+  SessionRole proven_secret_ = SessionRole::kData;  // whose secret keyed its proof (revocation)
 
   // Handshake (docs/security.md "The handshake (verbs)"). Set by the cm thread before the
   // session is published, then read-only: the client proof we expect, the regions the WELCOME
