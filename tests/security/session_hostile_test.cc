@@ -441,22 +441,71 @@ TEST_F(HostileClients, UnreadRepliesPastTheBoundCutTheClientOff) {
     frames.insert(frames.end(), head, head + sizeof head);
     frames.insert(frames.end(), payload.begin(), payload.end());
   }
-  // Workers paused: all 200 requests queue (the NIC reads them: no output yet), then the
-  // workers answer them all at once.
+  // Workers paused: requests queue (the NIC reads them, up to the queue's byte bound: no output
+  // yet), then the workers answer them all at once, and the rest as reading resumes.
   listener_->PauseWorkers(true);
-  ASSERT_TRUE(raw::SendBytes(fd, frames));
+  std::thread sender([&] { raw::SendBytes(fd, frames); });  // blocks at the queue's bound
   Clock::time_point deadline = Clock::now() + 10s;
-  while (listener_->stats().requests < 200 && Clock::now() < deadline) {
+  while (listener_->stats().requests < 60 && Clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
   }
-  ASSERT_EQ(listener_->stats().requests, 200u);
+  ASSERT_GE(listener_->stats().requests, 60u);
   listener_->PauseWorkers(false);
   while (listener_->stats().slow_readers_cut == 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(listener_->stats().slow_readers_cut, 1u);
+  sender.join();  // the cut ended its send
   auto c = Connect();
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+}
+
+// Requests queued for the workers are bounded by their bytes as well as their number: one client
+// pipelining large requests to workers that do not keep up (paused here, as slow fsyncs would)
+// stops being read at max(4 MiB, 2 largest messages) of queued payloads, not at 1,024 requests
+// (about 1 GiB at the largest size). Found by review. All its requests are answered once the
+// workers catch up.
+TEST_F(HostileClients, OneClientsQueuedRequestsAreBoundedInBytes) {
+  ListenOptions lo = Options();
+  lo.max_message_size = 1 << 20;  // the bound: max(4 MiB, 2 MiB) = 4 MiB of queued payloads
+  Listen(lo);
+  int fd = Raw();
+  FrameHeader h;
+  std::vector<uint8_t> body;
+  ASSERT_TRUE(raw::ClientHandshake(fd, kData, SessionRole::kData, &h, &body));
+  ASSERT_EQ(h.type, FrameType::kWelcome);
+  constexpr int kRequests = 100;
+  std::vector<uint8_t> payload(256 << 10, 0x5a), frames;  // 25 MiB in all
+  for (int i = 0; i < kRequests; ++i) {
+    uint8_t head[kCallHeadSize];
+    EncodeCallHead(FrameType::kCallRequest, i, static_cast<uint32_t>(payload.size()), head);
+    frames.insert(frames.end(), head, head + sizeof head);
+    frames.insert(frames.end(), payload.begin(), payload.end());
+  }
+  listener_->PauseWorkers(true);
+  std::thread sender([&] { EXPECT_TRUE(raw::SendBytes(fd, frames)); });
+  // Let the NIC read all it will: the count stops growing at the bound.
+  uint64_t queued = 0;
+  for (int stable = 0; stable < 10;) {
+    std::this_thread::sleep_for(50ms);
+    const uint64_t now = listener_->stats().requests;
+    stable = now == queued ? stable + 1 : 0;
+    queued = now;
+  }
+  std::printf("%llu requests of 256 KiB queued before the server stopped reading\n",
+              static_cast<unsigned long long>(queued));
+  EXPECT_GE(queued, 16u);  // 4 MiB
+  EXPECT_LE(queued, 17u);
+  // The workers catch up; reading resumes and every request is answered (an echo each).
+  listener_->PauseWorkers(false);
+  int answered = 0;
+  while (answered < kRequests && raw::RecvFrame(fd, &h, &body)) {
+    ASSERT_EQ(h.type, FrameType::kCallResponse);
+    ++answered;
+  }
+  EXPECT_EQ(answered, kRequests);
+  sender.join();
+  EXPECT_EQ(listener_->stats().requests, static_cast<uint64_t>(kRequests));
 }
 
 TEST_F(HostileClients, IdleSessionsAreClosedAndMaxConnectionsIsHonoured) {

@@ -44,10 +44,16 @@ constexpr size_t kOutLowWater = 256 << 10;
 constexpr size_t kOutHardMin = 4 << 20;
 // One warning line per kind per this period, with the count of the suppressed ones.
 constexpr auto kLogPeriod = std::chrono::seconds(10);
-// Requests of one connection queued for the workers: above this the NIC stops reading that
-// connection until the workers catch up (checked every sweep), so a client that ignores
-// max_outstanding_calls cannot grow the queue without bound.
+// Requests of one connection queued for the workers, and their payloads' bytes: at either limit
+// the NIC stops reading that connection until the workers are through half of it (checked every
+// sweep), so a client that ignores max_outstanding_calls cannot grow the queue without bound.
+// The bytes' limit is max(kQueuedBytesMin, 2 largest messages), as for unsent output: without
+// it 1,024 requests of the largest size held a GiB per connection.
 constexpr uint32_t kMaxQueuedPerSession = 1024;
+constexpr size_t kQueuedBytesMin = 4 << 20;
+// A queued request's payload buffer goes back to the pool with its capacity up to this; a larger
+// one is freed, so that a burst of large requests does not stay allocated in the pool.
+constexpr size_t kPooledPayloadMax = 64 << 10;
 // Requests of one connection the inline handler answers in one receive pass (ReadSocket); the
 // rest of the pass goes to the workers, so that one client's stream of small writes cannot
 // hold up the other sessions of its NIC thread (their READs) for long.
@@ -204,7 +210,8 @@ class TcpSession final : public ServerSession {
   Clock::time_point out_progress GUARDED_BY(out_mu);
   // The client was cut off for not reading; counted once.
   bool cut_off GUARDED_BY(out_mu) = false;
-  std::atomic<uint32_t> queued{0};  // requests of this session waiting for or in a worker
+  std::atomic<uint32_t> queued{0};        // requests of this session waiting for or in a worker
+  std::atomic<uint64_t> queued_bytes{0};  // and their payloads' bytes
 
  private:
   const uint64_t id_;
@@ -243,6 +250,7 @@ class WorkQueue {
   }
   void Release(WorkItem* item) EXCLUDES(mu_) {
     item->session.reset();
+    if (item->payload.capacity() > kPooledPayloadMax) std::vector<uint8_t>().swap(item->payload);
     MutexLock lock(&mu_);
     item->next = free_;
     free_ = item;
@@ -935,12 +943,20 @@ class NicThread {
     item->request_id = call->request_id;
     item->payload.assign(call->payload.begin(), call->payload.end());
     core_->requests.fetch_add(1, std::memory_order_relaxed);
-    bool too_many = s.queued.fetch_add(1, std::memory_order_relaxed) + 1 >= kMaxQueuedPerSession;
+    const size_t bytes = item->payload.size();
+    const bool too_many =
+        s.queued.fetch_add(1, std::memory_order_relaxed) + 1 >= kMaxQueuedPerSession ||
+        s.queued_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes >= QueuedBytesLimit();
     core_->queue.Push(item);
     MutexLock lock(&s.out_mu);
     if (too_many) s.queue_paused = true;
     PauseInputIfBacklogged(s);
     s.UpdateEventsLocked();
+  }
+
+  // The queued payload bytes at which a session's reading pauses (kQueuedBytesMin above).
+  size_t QueuedBytesLimit() const {
+    return std::max(kQueuedBytesMin, 2 * core_->options.max_message_size);
   }
 
   // Answers pile up unread (past the high-water mark even after a flush): stop taking the
@@ -1011,7 +1027,8 @@ class NicThread {
         continue;
       }
       if (s->nic_queue_paused() &&
-          s->queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2) {
+          s->queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2 &&
+          s->queued_bytes.load(std::memory_order_relaxed) < QueuedBytesLimit() / 2) {
         resumed.push_back(s);
       }
       if (idle_timeout.count() > 0 && now - s->last_activity >= idle_timeout &&
@@ -1427,6 +1444,7 @@ class TcpListener final : public Listener {
     while (WorkItem* item = core_->queue.Pop()) {
       handler(std::span<const uint8_t>(item->payload.data(), item->payload.size()),
               ReplyHandle{item->session, item->request_id});
+      item->session->queued_bytes.fetch_sub(item->payload.size(), std::memory_order_relaxed);
       item->session->queued.fetch_sub(1, std::memory_order_release);  // QueueCall's inline test
       core_->queue.Release(item);
     }
