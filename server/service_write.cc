@@ -183,6 +183,18 @@ std::optional<bool> Service::AnswerRetry(const kv::Request& r, Exchange ex) {
   std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq);
   if (!first) return std::nullopt;
   counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
+  if (persister_ != nullptr && persister_->durability() == Durability::kSync) {
+    // The first attempt is recorded when it is applied, and may still wait for its WAL sync
+    // (its own answer goes out only then): a retry that overtook it must not be acknowledged
+    // before that. A marker enqueued now is written after it, so the retry is answered once
+    // everything enqueued so far is durable (or with the error that made it not durable).
+    persister_->EnqueueMaxVersion(first->version,
+                                  [answer = AnswerLater(ex), code = first->code,
+                                   version = first->version](const Status& durable) {
+                                    answer(durable.ok() ? Status(code, "") : durable, version, {});
+                                  });
+    return false;
+  }
   return AnswerNow(ex, Status(first->code, ""), first->version);
 }
 

@@ -253,6 +253,45 @@ TEST(PersistSync, ReplyIsDeferredUntilTheWalIsSynced) {
   fi.fs->sync_delay_us = 0;
 }
 
+// A retry (same client id and sequence) that arrives while the first attempt waits for its WAL
+// sync is answered from the retry table, but only once the first attempt is durable: sync mode
+// acknowledges nothing that a crash could lose. Found by review: the retry was answered OK at
+// once.
+TEST(PersistSync, ARetryIsNotAcknowledgedBeforeTheFirstAttemptIsDurable) {
+  TempDir dir;
+  FaultInjection fi;
+  PersistOptions o = Opts(Durability::kSync, dir.path());
+  o.env = fi.env.get();
+  auto n = MustStart(o);
+  fi.fs->sync_delay_us = 300000;  // every sync takes 300 ms
+  auto session = std::make_shared<FakeSession>();
+  kv::Request put{kv::Op::kPut, "k", "v", 0};
+  put.client_id = 7;
+  put.request_seq = 1;
+  std::vector<uint8_t> req, resp;
+  kv::EncodeRequest(put, &req);
+  transport::ReplyHandle first{session, 42};
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(n->service().Handle(req, &resp, &first));  // deferred until durable
+  transport::ReplyHandle retry{session, 43};
+  resp.clear();
+  ASSERT_FALSE(n->service().Handle(req, &resp, &retry))
+      << "the retry was answered before its first attempt was durable";
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(session->Has(43));
+  std::vector<uint8_t> keep;
+  kv::Response a = session->Wait(42, &keep);
+  kv::Response b = session->Wait(43, &keep);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  ASSERT_TRUE(a.status.ok()) << a.status.ToString();
+  ASSERT_TRUE(b.status.ok()) << b.status.ToString();
+  EXPECT_EQ(b.version, a.version) << "the retry was applied again";
+  uint64_t version = 0;
+  EXPECT_EQ(GetValue(*n, "k", &version), "v");
+  EXPECT_EQ(version, a.version);
+  fi.fs->sync_delay_us = 0;
+}
+
 TEST(PersistSync, GroupCommitSharesSyncs) {
   TempDir dir;
   FaultInjection fi;
