@@ -74,6 +74,7 @@ class ServerImpl final : public Server {
       service_.set_replicator(replicator_.get());
       service_.set_async_replicated_writes(options.async_replicated_writes);
       service_.set_max_repair_bytes(options.max_repair_bytes);
+      service_.set_max_pool_writes(options.max_pool_writes);
       service_.set_transport_workers(options.worker_threads);
       cluster_->set_resync_hook(
           [this](const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {

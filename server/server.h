@@ -76,6 +76,9 @@ struct ServerOptions {
   // their keys and values reach this many bytes (or 65,536 keys), the primary refuses new
   // replicated writes (kUnavailable) until the repair pass catches up.
   size_t max_repair_bytes = 64 << 20;
+  // Replicated writes waiting for the writer pool (Service::set_max_pool_writes): beyond this
+  // many (or 64 MiB of keys and values) a write is refused with kUnavailable.
+  size_t max_pool_writes = 4096;
   // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
   // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
   // Unset: no HTTP server.

@@ -67,6 +67,8 @@ struct OpCounters {
   std::atomic<uint64_t> repairs_noted{0}, repairs_done{0}, repairs_dropped{0}, repair_failures{0};
   // REPLICATE batches this backup applied.
   std::atomic<uint64_t> replicate_batches{0};
+  // Replicated writes refused because the writer pool's queue was full (Service::OffloadWrite).
+  std::atomic<uint64_t> pool_refused{0};
   // Catch-up: REPLICATE writes taken (answered OK) for a shard this server is joining (the
   // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN
   // answers (the source side of catch-up copies and shard moves).
@@ -162,6 +164,13 @@ class Service {
   static constexpr size_t kMaxRepairKeys = 1 << 16;
   static constexpr size_t kDefaultMaxRepairBytes = 64 << 20;
   void set_max_repair_bytes(size_t bytes) { max_repair_bytes_ = bytes; }
+  // Replicated writes that wait for the writer pool (their stripe busy, repairs pending, or more
+  // than the asynchronous path's limits in flight): at most this many, and kMaxPoolBytes of
+  // their keys and values; beyond either a write is refused at once (kUnavailable, nothing
+  // applied: the client library retries it), instead of queueing without bound.
+  static constexpr size_t kDefaultMaxPoolWrites = 4096;
+  static constexpr size_t kMaxPoolBytes = 64 << 20;
+  void set_max_pool_writes(size_t writes) { max_pool_writes_ = writes; }
   // How often the repair pass retries the writes that await repair.
   static constexpr std::chrono::milliseconds kRepairInterval{100};
   // etcd clusters: INSTALL_MAP commits the map to etcd first. Null: no etcd.
@@ -437,6 +446,11 @@ class Service {
   Mutex offload_mu_;
   CondVar offload_cv_;
   size_t offloaded_ GUARDED_BY(offload_mu_) = 0;
+  // Of those, the writes queued for or running on the writer pool, and their keys' and values'
+  // bytes: bounded (max_pool_writes_, kMaxPoolBytes), beyond which a write is refused.
+  size_t pool_writes_ GUARDED_BY(offload_mu_) = 0;
+  size_t pool_bytes_ GUARDED_BY(offload_mu_) = 0;
+  size_t max_pool_writes_ = kDefaultMaxPoolWrites;
 
   mutable Mutex copies_mu_;
   // When each shard last saw a copy into this server.

@@ -68,12 +68,29 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
 }
 
 bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
-  // The request's bytes live only during the transport's handler call: copy them.
-  auto owned = std::make_shared<OwnedRequest>(r);
+  const size_t bytes = r.key.size() + r.value.size();
+  size_t waiting = 0, waiting_bytes = 0;
+  bool full = false;
   {
     MutexLock lock(&offload_mu_);
-    ++offloaded_;
+    waiting = pool_writes_;
+    waiting_bytes = pool_bytes_;
+    full = pool_writes_ >= max_pool_writes_ || pool_bytes_ + bytes > kMaxPoolBytes;
+    if (!full) {
+      ++offloaded_;
+      ++pool_writes_;
+      pool_bytes_ += bytes;
+    }
   }
+  if (full) {
+    counters_.pool_refused.fetch_add(1, std::memory_order_relaxed);
+    return AnswerNow(ex, Status::Unavailable("server overloaded: " + std::to_string(waiting) +
+                                             " writes (" + std::to_string(waiting_bytes) +
+                                             " bytes) already wait for this server's backups; "
+                                             "nothing was applied, retry later"));
+  }
+  // The request's bytes live only during the transport's handler call: copy them.
+  auto owned = std::make_shared<OwnedRequest>(r);
   replicator_->Submit([this, owned, op = ex.op, received = ex.received, role = ex.role,
                        deliver = (*ex.defer)()]() mutable {
     std::vector<uint8_t> response;
@@ -81,6 +98,8 @@ bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
     Exchange mine{&response, &defer, op, received, role};
     if (HandleWriteNow(owned->request, mine)) deliver(response);  // else it took `deliver`
     MutexLock lock(&offload_mu_);
+    --pool_writes_;
+    pool_bytes_ -= owned->bytes();
     if (--offloaded_ == 0) offload_cv_.SignalAll();
   });
   return false;

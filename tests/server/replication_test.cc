@@ -50,10 +50,12 @@ class ReplicationTest : public ClusterTest {
     o.worker_threads = workers_;
     o.replication_timeout = std::chrono::milliseconds(1000);
     o.max_repair_bytes = max_repair_bytes_;
+    o.max_pool_writes = max_pool_writes_;
     return o;
   }
   int workers_ = 8;
   size_t max_repair_bytes_ = server::ServerOptions{}.max_repair_bytes;
+  size_t max_pool_writes_ = server::ServerOptions{}.max_pool_writes;
 
   // Installs `m` on server `id` alone (a raw MAP_INSTALL, as an operator's tool sends it).
   Status InstallOn(int id, const cluster::ClusterMap& m) {
@@ -855,6 +857,65 @@ TEST_F(ReplicationTest, APromotedBackupResendsWhatOnlyItHasBeforeServing) {
   }
   EXPECT_EQ(ScanOf(2, 0)[key].value, "only-on-1") << "the promoted backup did not resend it";
   EXPECT_EQ(ScanOf(0, 0)[key].value, "only-on-1");
+}
+
+// Writes that cannot start now (their key's stripe is held by a write in flight) wait for the
+// writer pool with their own copy of the request; that queue is bounded: beyond
+// max_pool_writes a write is refused at once (kUnavailable, nothing applied) instead of piling
+// up while the backups are slow. Found by review: the queue grew with the offered load.
+TEST_F(ReplicationTest, WritesWaitingForTheWriterPoolAreBounded) {
+  max_pool_writes_ = 4;
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const std::string key = KeyIn(0, 21, "pool");
+  servers_[1]->PauseWorkers(true);  // the backup answers nothing: the first write stays in flight
+  kv::Response first;
+  std::thread a([&] { first = RawWriteAlone(0, kv::Op::kPut, key, "first", 61, 1); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  auto pending = [&] {
+    uint64_t n = 0;
+    for (const auto& b : servers_[0]->stats().backups) n += b.pending;
+    return n;
+  };
+  while (pending() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(pending(), 1u) << "the first write was not forwarded";
+  // Ten more writes of the key: each finds the stripe held and goes to the writer pool.
+  constexpr int kMore = 10;
+  std::vector<kv::Response> more(kMore);
+  std::vector<std::thread> writers;
+  for (int i = 0; i < kMore; ++i) {
+    writers.emplace_back(
+        [&, i] { more[i] = RawWriteAlone(0, kv::Op::kPut, key, "more", 61, 2 + i); });
+  }
+  // All but max_pool_writes of them are refused at once, while the backup is still paused.
+  auto refused = [&] {
+    const std::string stats = servers_[0]->StatsJson();
+    const size_t at = stats.find("\"overload_refused\":");
+    return at == std::string::npos ? 0 : std::stoi(stats.substr(at + 19));
+  };
+  while (refused() < kMore - 4 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(refused(), kMore - 4) << servers_[0]->StatsJson();
+  servers_[1]->PauseWorkers(false);
+  a.join();
+  for (auto& w : writers) w.join();
+  EXPECT_TRUE(first.status.ok()) << first.status.ToString();
+  int ok = 0, overloaded = 0;
+  for (const kv::Response& r : more) {
+    if (r.status.ok()) {
+      ++ok;
+    } else if (r.status.Is(StatusCode::kUnavailable) &&
+               r.status.message().find("overloaded") != std::string::npos) {
+      ++overloaded;
+    } else {
+      ADD_FAILURE() << r.status.ToString();
+    }
+  }
+  EXPECT_EQ(ok, 4);
+  EXPECT_EQ(overloaded, kMore - 4);
+  EXPECT_EQ(ScanOf(0, 0), ScanOf(1, 0));
 }
 
 // The writes that await repair keep their values in the primary's memory, so their bytes are
