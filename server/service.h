@@ -167,7 +167,8 @@ class Service {
   // Replicated writes that wait for the writer pool (their stripe busy, repairs pending, or more
   // than the asynchronous path's limits in flight): at most this many, and kMaxPoolBytes of
   // their keys and values; beyond either a write is refused at once (kUnavailable, nothing
-  // applied: the client library retries it), instead of queueing without bound.
+  // applied: the client library retries it), instead of queueing without bound. A shard move's
+  // IMPORT is exempt (its mover bounds its own copies and does not retry them).
   static constexpr size_t kDefaultMaxPoolWrites = 4096;
   static constexpr size_t kMaxPoolBytes = 64 << 20;
   void set_max_pool_writes(size_t writes) { max_pool_writes_ = writes; }

@@ -75,7 +75,10 @@ bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
     MutexLock lock(&offload_mu_);
     waiting = pool_writes_;
     waiting_bytes = pool_bytes_;
-    full = pool_writes_ >= max_pool_writes_ || pool_bytes_ + bytes > kMaxPoolBytes;
+    // A shard move's IMPORT is not refused: the mover does not retry it, and its copies are
+    // bounded by the mover's own window (8 in flight).
+    full = r.op != kv::Op::kImport &&
+           (pool_writes_ >= max_pool_writes_ || pool_bytes_ + bytes > kMaxPoolBytes);
     if (!full) {
       ++offloaded_;
       ++pool_writes_;

@@ -426,6 +426,9 @@ TEST_F(HostileClients, ClientsThatNeverReadAreCutOffAndMemoryStaysBounded) {
 TEST_F(HostileClients, UnreadRepliesPastTheBoundCutTheClientOff) {
   ListenOptions lo = Options();
   lo.output_stall_timeout = std::chrono::hours(1);  // only the hard bound can act
+  // Room in the input queue for all 200 requests (max(4 MiB, 2 x 8 MiB) of payloads), while
+  // the output bound stays at 4 MiB (this client's HELLO offers 1 MiB messages).
+  lo.max_message_size = 8 << 20;
   Listen(lo);
   int fd = Raw();
   int small = 4096;
@@ -441,23 +444,79 @@ TEST_F(HostileClients, UnreadRepliesPastTheBoundCutTheClientOff) {
     frames.insert(frames.end(), head, head + sizeof head);
     frames.insert(frames.end(), payload.begin(), payload.end());
   }
-  // Workers paused: requests queue (the NIC reads them, up to the queue's byte bound: no output
-  // yet), then the workers answer them all at once, and the rest as reading resumes.
+  // Workers paused: all 200 requests queue (the NIC reads them: no output yet), then the
+  // workers answer them all at once.
   listener_->PauseWorkers(true);
-  std::thread sender([&] { raw::SendBytes(fd, frames); });  // blocks at the queue's bound
+  ASSERT_TRUE(raw::SendBytes(fd, frames));
   Clock::time_point deadline = Clock::now() + 10s;
-  while (listener_->stats().requests < 60 && Clock::now() < deadline) {
+  while (listener_->stats().requests < 200 && Clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
   }
-  ASSERT_GE(listener_->stats().requests, 60u);
+  ASSERT_EQ(listener_->stats().requests, 200u);
   listener_->PauseWorkers(false);
   while (listener_->stats().slow_readers_cut == 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(listener_->stats().slow_readers_cut, 1u);
-  sender.join();  // the cut ended its send
   auto c = Connect();
   ASSERT_TRUE(c.ok()) << c.status().ToString();
+}
+
+// The count bound: a client that pipelines more small requests than a connection may queue
+// (1,024) stops being read there, and once the workers catch up every request is answered
+// (reading resumes as soon as the queue is below half, not at the next sweep). Found by review:
+// the 1,024th request skipped the byte count that its worker then took off, and the session
+// never resumed.
+TEST_F(HostileClients, RequestsBeyondTheQueuedCountAreAllAnswered) {
+  Listen(Options());
+  int fd = Raw();
+  FrameHeader h;
+  std::vector<uint8_t> body;
+  ASSERT_TRUE(raw::ClientHandshake(fd, kData, SessionRole::kData, &h, &body));
+  ASSERT_EQ(h.type, FrameType::kWelcome);
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  constexpr int kRequests = 1100;
+  std::vector<uint8_t> payload(16, 0x33), frames;
+  for (int i = 0; i < kRequests; ++i) {
+    uint8_t head[kCallHeadSize];
+    EncodeCallHead(FrameType::kCallRequest, i, static_cast<uint32_t>(payload.size()), head);
+    frames.insert(frames.end(), head, head + sizeof head);
+    frames.insert(frames.end(), payload.begin(), payload.end());
+  }
+  listener_->PauseWorkers(true);
+  ASSERT_TRUE(raw::SendBytes(fd, frames));  // 57 KB: the socket buffers take what is not read
+  uint64_t queued = 0;
+  for (int stable = 0; stable < 10;) {
+    std::this_thread::sleep_for(50ms);
+    const uint64_t now = listener_->stats().requests;
+    stable = now == queued ? stable + 1 : 0;
+    queued = now;
+  }
+  EXPECT_EQ(queued, 1024u) << "the count bound did not stop reading";
+  listener_->PauseWorkers(false);
+  const Clock::time_point start = Clock::now();
+  int answered = 0;
+  while (answered < kRequests && raw::RecvFrame(fd, &h, &body)) {
+    ASSERT_EQ(h.type, FrameType::kCallResponse);
+    ++answered;
+  }
+  EXPECT_EQ(answered, kRequests) << "the session did not resume reading";
+  std::printf("%d answers %.0f ms after the workers resumed\n", answered,
+              std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+  // The queue's accounting came back to zero: requests smaller than any before (a count that
+  // wrapped below zero would pause on them and never resume) are all answered.
+  std::vector<uint8_t> tail;
+  for (int i = 0; i < 4; ++i) {
+    uint8_t head[kCallHeadSize];
+    EncodeCallHead(FrameType::kCallRequest, kRequests + i, 4, head);
+    tail.insert(tail.end(), head, head + sizeof head);
+    tail.insert(tail.end(), 4, 0x44);
+  }
+  ASSERT_TRUE(raw::SendBytes(fd, tail));
+  int more = 0;
+  while (more < 4 && raw::RecvFrame(fd, &h, &body)) ++more;
+  EXPECT_EQ(more, 4);
 }
 
 // Requests queued for the workers are bounded by their bytes as well as their number: one client

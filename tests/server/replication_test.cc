@@ -48,7 +48,7 @@ class ReplicationTest : public ClusterTest {
   server::ServerOptions Options(uint32_t id) const override {
     server::ServerOptions o = ClusterTest::Options(id);
     o.worker_threads = workers_;
-    o.replication_timeout = std::chrono::milliseconds(1000);
+    o.replication_timeout = replication_timeout_;
     o.max_repair_bytes = max_repair_bytes_;
     o.max_pool_writes = max_pool_writes_;
     return o;
@@ -56,6 +56,7 @@ class ReplicationTest : public ClusterTest {
   int workers_ = 8;
   size_t max_repair_bytes_ = server::ServerOptions{}.max_repair_bytes;
   size_t max_pool_writes_ = server::ServerOptions{}.max_pool_writes;
+  std::chrono::milliseconds replication_timeout_{1000};
 
   // Installs `m` on server `id` alone (a raw MAP_INSTALL, as an operator's tool sends it).
   Status InstallOn(int id, const cluster::ClusterMap& m) {
@@ -865,7 +866,8 @@ TEST_F(ReplicationTest, APromotedBackupResendsWhatOnlyItHasBeforeServing) {
 // up while the backups are slow. Found by review: the queue grew with the offered load.
 TEST_F(ReplicationTest, WritesWaitingForTheWriterPoolAreBounded) {
   max_pool_writes_ = 4;
-  StartReplicated(2);  // shard 0: primary 0, backup 1
+  replication_timeout_ = std::chrono::seconds(30);  // the first write must stay in flight
+  StartReplicated(2);                               // shard 0: primary 0, backup 1
   const std::string key = KeyIn(0, 21, "pool");
   servers_[1]->PauseWorkers(true);  // the backup answers nothing: the first write stays in flight
   kv::Response first;

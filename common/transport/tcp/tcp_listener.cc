@@ -51,6 +51,10 @@ constexpr auto kLogPeriod = std::chrono::seconds(10);
 // it 1,024 requests of the largest size held a GiB per connection.
 constexpr uint32_t kMaxQueuedPerSession = 1024;
 constexpr size_t kQueuedBytesMin = 4 << 20;
+// The queued payload bytes at which a session's reading pauses.
+size_t QueuedBytesLimitOf(const ListenOptions& o) {
+  return std::max(kQueuedBytesMin, 2 * o.max_message_size);
+}
 // A queued request's payload buffer goes back to the pool with its capacity up to this; a larger
 // one is freed, so that a burst of large requests does not stay allocated in the pool.
 constexpr size_t kPooledPayloadMax = 64 << 10;
@@ -138,6 +142,7 @@ class TcpSession final : public ServerSession {
   Status Reply(uint64_t request_id, std::span<const uint8_t> response) override;
   std::string peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
+  NicThread* nic() const { return nic_; }
   SessionRole role() const override { return role_.load(std::memory_order_acquire); }
   void set_role(SessionRole r) { role_.store(r, std::memory_order_release); }
 
@@ -405,6 +410,13 @@ class NicThread {
 
   // RotateSecrets: sweep now (revoked sessions are closed there).
   void SweepSoon() { Wake(); }
+  // From a worker whose request took a session's queue below half: this thread looks at its
+  // paused sessions at once (else only at the next sweep, up to kEpollTimeoutMs later, which
+  // held a client of large requests to a few MB per sweep).
+  void ResumeSoon() {
+    resume_soon_.store(true, std::memory_order_release);
+    Wake();
+  }
   // The secrets epoch this thread's last sweep acted on.
   uint64_t swept_epoch() const { return swept_epoch_.load(std::memory_order_acquire); }
 
@@ -465,6 +477,7 @@ class NicThread {
           ssize_t r = read(wake_fd_, &v, sizeof v);
           (void)r;
           AdoptPending();
+          if (resume_soon_.exchange(false, std::memory_order_acq_rel)) ResumeQueuePaused();
           continue;
         }
         auto it = sessions_.find(events[i].data.u64);
@@ -944,9 +957,11 @@ class NicThread {
     item->payload.assign(call->payload.begin(), call->payload.end());
     core_->requests.fetch_add(1, std::memory_order_relaxed);
     const size_t bytes = item->payload.size();
-    const bool too_many =
-        s.queued.fetch_add(1, std::memory_order_relaxed) + 1 >= kMaxQueuedPerSession ||
-        s.queued_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes >= QueuedBytesLimit();
+    // Both counts always (a worker takes both off again).
+    const uint32_t queued = s.queued.fetch_add(1, std::memory_order_relaxed) + 1;
+    const uint64_t queued_bytes =
+        s.queued_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    const bool too_many = queued >= kMaxQueuedPerSession || queued_bytes >= QueuedBytesLimit();
     core_->queue.Push(item);
     MutexLock lock(&s.out_mu);
     if (too_many) s.queue_paused = true;
@@ -954,9 +969,14 @@ class NicThread {
     s.UpdateEventsLocked();
   }
 
-  // The queued payload bytes at which a session's reading pauses (kQueuedBytesMin above).
-  size_t QueuedBytesLimit() const {
-    return std::max(kQueuedBytesMin, 2 * core_->options.max_message_size);
+  size_t QueuedBytesLimit() const { return QueuedBytesLimitOf(core_->options); }
+
+  // A session whose reading paused for its queue may read again: the workers are through half
+  // of it, by count and by bytes.
+  bool MayResume(const TcpSession& s) const {
+    return s.nic_queue_paused() &&
+           s.queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2 &&
+           s.queued_bytes.load(std::memory_order_relaxed) < QueuedBytesLimit() / 2;
   }
 
   // Answers pile up unread (past the high-water mark even after a flush): stop taking the
@@ -1002,6 +1022,24 @@ class NicThread {
     sessions_.erase(s.id());
   }
 
+  // Reads again from a session that paused for its queue: what its buffer holds first.
+  void Resume(TcpSession& s) {
+    {
+      MutexLock lock(&s.out_mu);
+      s.queue_paused = false;
+      s.UpdateEventsLocked();
+    }
+    ProcessInput(s);
+  }
+
+  void ResumeQueuePaused() {
+    std::vector<std::shared_ptr<TcpSession>> resumed;
+    for (auto& [id, s] : sessions_) {
+      if (s->state == TcpSession::State::kReady && MayResume(*s)) resumed.push_back(s);
+    }
+    for (auto& s : resumed) Resume(*s);
+  }
+
   void Sweep(Clock::time_point now) {
     std::vector<std::shared_ptr<TcpSession>> expired, resumed, idle, stalled, revoked, rekeyed;
     const auto idle_timeout = core_->options.idle_timeout;
@@ -1026,11 +1064,7 @@ class NicThread {
         revoked.push_back(s);
         continue;
       }
-      if (s->nic_queue_paused() &&
-          s->queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2 &&
-          s->queued_bytes.load(std::memory_order_relaxed) < QueuedBytesLimit() / 2) {
-        resumed.push_back(s);
-      }
+      if (MayResume(*s)) resumed.push_back(s);
       if (idle_timeout.count() > 0 && now - s->last_activity >= idle_timeout &&
           s->queued.load(std::memory_order_relaxed) == 0) {
         idle.push_back(s);
@@ -1039,14 +1073,7 @@ class NicThread {
         if (!s->out.empty() && now - s->out_progress >= stall_timeout) stalled.push_back(s);
       }
     }
-    for (auto& s : resumed) {
-      {
-        MutexLock lock(&s->out_mu);
-        s->queue_paused = false;
-        s->UpdateEventsLocked();
-      }
-      ProcessInput(*s);
-    }
+    for (auto& s : resumed) Resume(*s);
     for (auto& s : expired) {
       if (s->nic_closed()) continue;
       if (s->state == TcpSession::State::kTls || s->state == TcpSession::State::kAwaitHello ||
@@ -1104,6 +1131,7 @@ class NicThread {
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> swept_epoch_{0};
+  std::atomic<bool> resume_soon_{false};  // ResumeSoon: resume paused sessions now
   std::thread thread_;
   Mutex pending_mu_;
   std::vector<std::shared_ptr<TcpSession>> pending_ GUARDED_BY(pending_mu_);
@@ -1444,8 +1472,16 @@ class TcpListener final : public Listener {
     while (WorkItem* item = core_->queue.Pop()) {
       handler(std::span<const uint8_t>(item->payload.data(), item->payload.size()),
               ReplyHandle{item->session, item->request_id});
-      item->session->queued_bytes.fetch_sub(item->payload.size(), std::memory_order_relaxed);
-      item->session->queued.fetch_sub(1, std::memory_order_release);  // QueueCall's inline test
+      TcpSession& s = *item->session;
+      const size_t bytes = item->payload.size();
+      const uint64_t bytes_before = s.queued_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+      const uint32_t before = s.queued.fetch_sub(1, std::memory_order_release);  // inline test
+      // Below half of either limit now: the NIC thread resumes the session if it paused.
+      const uint64_t half_bytes = QueuedBytesLimitOf(core_->options) / 2;
+      if (before == kMaxQueuedPerSession / 2 ||
+          (bytes_before >= half_bytes && bytes_before - bytes < half_bytes)) {
+        s.nic()->ResumeSoon();
+      }
       core_->queue.Release(item);
     }
   }
