@@ -421,10 +421,10 @@ class Service {
   Mutex repair_mu_;
   CondVar repair_cv_;
   std::unordered_map<std::string, PendingRepair> repairs_ GUARDED_BY(repair_mu_);
-  size_t repair_bytes_ GUARDED_BY(repair_mu_) = 0;
   bool repair_stop_ GUARDED_BY(repair_mu_) = false;
-  std::atomic<size_t> repairs_pending_{0};       // repairs_.size(), read without the lock
-  std::atomic<size_t> repair_bytes_pending_{0};  // repair_bytes_, read without the lock
+  std::atomic<size_t> repairs_pending_{0};  // repairs_.size(), read without the lock
+  // Their keys' and values' bytes: changed under repair_mu_, read without it.
+  std::atomic<size_t> repair_bytes_pending_{0};
   size_t max_repair_bytes_ = kDefaultMaxRepairBytes;
   std::thread repair_thread_;
 

@@ -964,7 +964,7 @@ void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) {
   PendingRepair& p = it->second;
   if (!inserted) {
     if (p.version > m.version) return;  // the newer one stays
-    repair_bytes_ -= it->first.size() + p.value.size();
+    repair_bytes_pending_.fetch_sub(it->first.size() + p.value.size(), std::memory_order_relaxed);
   }
   p.shard = shard;
   p.map_epoch = m.map_epoch;
@@ -973,9 +973,8 @@ void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) {
   p.is_delete = m.is_delete;
   p.client_id = m.client_id;
   p.request_seq = m.request_seq;
-  repair_bytes_ += it->first.size() + p.value.size();
+  repair_bytes_pending_.fetch_add(it->first.size() + p.value.size(), std::memory_order_relaxed);
   repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
-  repair_bytes_pending_.store(repair_bytes_, std::memory_order_relaxed);
   repair_cv_.Signal();
 }
 
@@ -983,10 +982,10 @@ void Service::ForgetRepair(std::string_view key) {
   MutexLock lock(&repair_mu_);
   auto it = repairs_.find(std::string(key));
   if (it == repairs_.end()) return;
-  repair_bytes_ -= it->first.size() + it->second.value.size();
+  repair_bytes_pending_.fetch_sub(it->first.size() + it->second.value.size(),
+                                  std::memory_order_relaxed);
   repairs_.erase(it);
   repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
-  repair_bytes_pending_.store(repair_bytes_, std::memory_order_relaxed);
 }
 
 Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, uint32_t shard) {

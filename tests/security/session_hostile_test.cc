@@ -437,13 +437,8 @@ TEST_F(HostileClients, UnreadRepliesPastTheBoundCutTheClientOff) {
   std::vector<uint8_t> body;
   ASSERT_TRUE(raw::ClientHandshake(fd, kData, SessionRole::kData, &h, &body));
   ASSERT_EQ(h.type, FrameType::kWelcome);
-  std::vector<uint8_t> payload(60 << 10, 0x42), frames;
-  for (int i = 0; i < 200; ++i) {  // 12 MB of echo replies, none read
-    uint8_t head[kCallHeadSize];
-    EncodeCallHead(FrameType::kCallRequest, i, static_cast<uint32_t>(payload.size()), head);
-    frames.insert(frames.end(), head, head + sizeof head);
-    frames.insert(frames.end(), payload.begin(), payload.end());
-  }
+  const std::vector<uint8_t> payload(60 << 10, 0x42);
+  const std::vector<uint8_t> frames = raw::CallRequests(0, 200, payload);  // 12 MB of echoes
   // Workers paused: all 200 requests queue (the NIC reads them: no output yet), then the
   // workers answer them all at once.
   listener_->PauseWorkers(true);
@@ -477,13 +472,8 @@ TEST_F(HostileClients, RequestsBeyondTheQueuedCountAreAllAnswered) {
   timeval tv{20, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   constexpr int kRequests = 1100;
-  std::vector<uint8_t> payload(16, 0x33), frames;
-  for (int i = 0; i < kRequests; ++i) {
-    uint8_t head[kCallHeadSize];
-    EncodeCallHead(FrameType::kCallRequest, i, static_cast<uint32_t>(payload.size()), head);
-    frames.insert(frames.end(), head, head + sizeof head);
-    frames.insert(frames.end(), payload.begin(), payload.end());
-  }
+  const std::vector<uint8_t> payload(16, 0x33);
+  const std::vector<uint8_t> frames = raw::CallRequests(0, kRequests, payload);
   listener_->PauseWorkers(true);
   ASSERT_TRUE(raw::SendBytes(fd, frames));  // 57 KB: the socket buffers take what is not read
   uint64_t queued = 0;
@@ -506,14 +496,8 @@ TEST_F(HostileClients, RequestsBeyondTheQueuedCountAreAllAnswered) {
               std::chrono::duration<double, std::milli>(Clock::now() - start).count());
   // The queue's accounting came back to zero: requests smaller than any before (a count that
   // wrapped below zero would pause on them and never resume) are all answered.
-  std::vector<uint8_t> tail;
-  for (int i = 0; i < 4; ++i) {
-    uint8_t head[kCallHeadSize];
-    EncodeCallHead(FrameType::kCallRequest, kRequests + i, 4, head);
-    tail.insert(tail.end(), head, head + sizeof head);
-    tail.insert(tail.end(), 4, 0x44);
-  }
-  ASSERT_TRUE(raw::SendBytes(fd, tail));
+  const std::vector<uint8_t> small(4, 0x44);
+  ASSERT_TRUE(raw::SendBytes(fd, raw::CallRequests(kRequests, 4, small)));
   int more = 0;
   while (more < 4 && raw::RecvFrame(fd, &h, &body)) ++more;
   EXPECT_EQ(more, 4);
@@ -534,13 +518,8 @@ TEST_F(HostileClients, OneClientsQueuedRequestsAreBoundedInBytes) {
   ASSERT_TRUE(raw::ClientHandshake(fd, kData, SessionRole::kData, &h, &body));
   ASSERT_EQ(h.type, FrameType::kWelcome);
   constexpr int kRequests = 100;
-  std::vector<uint8_t> payload(256 << 10, 0x5a), frames;  // 25 MiB in all
-  for (int i = 0; i < kRequests; ++i) {
-    uint8_t head[kCallHeadSize];
-    EncodeCallHead(FrameType::kCallRequest, i, static_cast<uint32_t>(payload.size()), head);
-    frames.insert(frames.end(), head, head + sizeof head);
-    frames.insert(frames.end(), payload.begin(), payload.end());
-  }
+  const std::vector<uint8_t> payload(256 << 10, 0x5a);
+  const std::vector<uint8_t> frames = raw::CallRequests(0, kRequests, payload);  // 25 MiB
   listener_->PauseWorkers(true);
   std::thread sender([&] { EXPECT_TRUE(raw::SendBytes(fd, frames)); });
   // Let the NIC read all it will: the count stops growing at the bound.
@@ -608,13 +587,10 @@ TEST_F(HostileClients, RotatingASecretRevokesTheSessionsThatProvedIt) {
   // A handshake in progress with the old data secret: HELLO sent, proof not yet.
   int half = Raw();
   {
-    auto nonce = auth::RandomNonce();
-    ASSERT_TRUE(nonce.ok());
-    ASSERT_TRUE(raw::SendBytes(half, raw::MakeHello(SessionRole::kData, *nonce)));
-    FrameHeader h;
-    std::vector<uint8_t> body;
-    ASSERT_TRUE(raw::RecvFrame(half, &h, &body));
-    ASSERT_EQ(h.type, FrameType::kChallenge);
+    auth::Nonce nonce;
+    std::vector<uint8_t> hello;
+    auth::AuthChallenge challenge;
+    ASSERT_TRUE(raw::HelloUntilChallenge(half, SessionRole::kData, &nonce, &hello, &challenge));
   }
 
   Result<uint64_t> revoked = listener_->RotateSecrets("new-data", kAdmin);
@@ -671,16 +647,10 @@ TEST_F(HostileClients, RotatingTheDataSecretRevokesProtectedModeAdmins) {
   ASSERT_EQ(RoleSeenBy(admin->get()), SessionRole::kAdmin) << "not in protected mode";
   // A handshake in progress with the old data secret: HELLO answered, PROOF not yet sent.
   int half = Raw();
-  auto nonce = auth::RandomNonce();
-  ASSERT_TRUE(nonce.ok());
-  const std::vector<uint8_t> hello = raw::MakeHello(SessionRole::kData, *nonce);
-  ASSERT_TRUE(raw::SendBytes(half, hello));
-  FrameHeader h;
-  std::vector<uint8_t> body;
-  ASSERT_TRUE(raw::RecvFrame(half, &h, &body));
-  ASSERT_EQ(h.type, FrameType::kChallenge);
-  auto challenge = DecodeChallenge(body);
-  ASSERT_TRUE(challenge.ok());
+  auth::Nonce nonce;
+  std::vector<uint8_t> hello;
+  auth::AuthChallenge challenge;
+  ASSERT_TRUE(raw::HelloUntilChallenge(half, SessionRole::kData, &nonce, &hello, &challenge));
 
   Result<uint64_t> revoked = listener_->RotateSecrets("new-data", "");
   ASSERT_TRUE(revoked.ok()) << revoked.status().ToString();
@@ -690,9 +660,11 @@ TEST_F(HostileClients, RotatingTheDataSecretRevokesProtectedModeAdmins) {
   // The old secret's proof after the rotation: refused or cut, never WELCOME.
   auth::AuthProof p;
   p.client_proof = auth::ComputeProof(
-      auth::Side::kClient, kData, SessionRole::kData, *nonce, challenge->server_nonce,
+      auth::Side::kClient, kData, SessionRole::kData, nonce, challenge.server_nonce,
       std::span<const uint8_t>(hello.data() + kFrameHeaderSize, kHelloBodySize));
   raw::SendBytes(half, EncodeProof(p));  // may fail: the server may have closed it already
+  FrameHeader h;
+  std::vector<uint8_t> body;
   const bool answered = raw::RecvFrame(half, &h, &body);
   EXPECT_TRUE(!answered || h.type != FrameType::kWelcome)
       << "a proof with the replaced data secret was welcomed after the rotation";

@@ -66,6 +66,41 @@ inline std::vector<uint8_t> MakeHello(SessionRole role, const auth::Nonce& nonce
   return EncodeHello({kProtocolVersion, max_message, {role, nonce}});
 }
 
+// `count` CALL_REQUEST frames with request ids first_id, first_id + 1, ..., each carrying
+// `payload`, back to back (a pipelining client).
+inline std::vector<uint8_t> CallRequests(uint64_t first_id, int count,
+                                         std::span<const uint8_t> payload) {
+  std::vector<uint8_t> frames;
+  frames.reserve(static_cast<size_t>(count) * (kCallHeadSize + payload.size()));
+  for (int i = 0; i < count; ++i) {
+    uint8_t head[kCallHeadSize];
+    EncodeCallHead(FrameType::kCallRequest, first_id + i, static_cast<uint32_t>(payload.size()),
+                   head);
+    frames.insert(frames.end(), head, head + sizeof head);
+    frames.insert(frames.end(), payload.begin(), payload.end());
+  }
+  return frames;
+}
+
+// The first half of a client's handshake over `fd`: HELLO with a fresh nonce, then the
+// server's CHALLENGE. Fills what a later PROOF needs. False when the server sent anything else.
+inline bool HelloUntilChallenge(int fd, SessionRole role, auth::Nonce* nonce,
+                                std::vector<uint8_t>* hello, auth::AuthChallenge* challenge) {
+  auto n = auth::RandomNonce();
+  if (!n.ok()) return false;
+  *nonce = *n;
+  *hello = MakeHello(role, *nonce);
+  FrameHeader h;
+  std::vector<uint8_t> body;
+  if (!SendBytes(fd, *hello) || !RecvFrame(fd, &h, &body) || h.type != FrameType::kChallenge) {
+    return false;
+  }
+  auto c = DecodeChallenge(body);
+  if (!c.ok()) return false;
+  *challenge = *c;
+  return true;
+}
+
 // The client side of the handshake over `fd`: HELLO, CHALLENGE (the server proof is checked
 // only when check_server), PROOF. Fills the final frame (WELCOME or REFUSED; or the REFUSED
 // that answered the HELLO). `sent` receives every byte this client wrote (a captured

@@ -55,6 +55,9 @@ constexpr size_t kQueuedBytesMin = 4 << 20;
 size_t QueuedBytesLimitOf(const ListenOptions& o) {
   return std::max(kQueuedBytesMin, 2 * o.max_message_size);
 }
+// A paused session reads again once both are below these (half of each limit).
+constexpr uint32_t kResumeQueuedBelow = kMaxQueuedPerSession / 2;
+size_t ResumeQueuedBytesBelowOf(const ListenOptions& o) { return QueuedBytesLimitOf(o) / 2; }
 // A queued request's payload buffer goes back to the pool with its capacity up to this; a larger
 // one is freed, so that a burst of large requests does not stay allocated in the pool.
 constexpr size_t kPooledPayloadMax = 64 << 10;
@@ -974,9 +977,9 @@ class NicThread {
   // A session whose reading paused for its queue may read again: the workers are through half
   // of it, by count and by bytes.
   bool MayResume(const TcpSession& s) const {
-    return s.nic_queue_paused() &&
-           s.queued.load(std::memory_order_relaxed) < kMaxQueuedPerSession / 2 &&
-           s.queued_bytes.load(std::memory_order_relaxed) < QueuedBytesLimit() / 2;
+    return s.nic_queue_paused() && s.queued.load(std::memory_order_relaxed) < kResumeQueuedBelow &&
+           s.queued_bytes.load(std::memory_order_relaxed) <
+               ResumeQueuedBytesBelowOf(core_->options);
   }
 
   // Answers pile up unread (past the high-water mark even after a flush): stop taking the
@@ -1477,9 +1480,9 @@ class TcpListener final : public Listener {
       const uint64_t bytes_before = s.queued_bytes.fetch_sub(bytes, std::memory_order_relaxed);
       const uint32_t before = s.queued.fetch_sub(1, std::memory_order_release);  // inline test
       // Below half of either limit now: the NIC thread resumes the session if it paused.
-      const uint64_t half_bytes = QueuedBytesLimitOf(core_->options) / 2;
-      if (before == kMaxQueuedPerSession / 2 ||
-          (bytes_before >= half_bytes && bytes_before - bytes < half_bytes)) {
+      const uint64_t resume_bytes = ResumeQueuedBytesBelowOf(core_->options);
+      if (before == kResumeQueuedBelow ||
+          (bytes_before >= resume_bytes && bytes_before - bytes < resume_bytes)) {
         s.nic()->ResumeSoon();
       }
       core_->queue.Release(item);
