@@ -152,7 +152,7 @@ TEST(EtcdErrors, ErrorBodiesBecomeStatuses) {
 }
 
 TEST(EtcdClientDown, UnreachableIsUnavailableNamingEndpoints) {
-  uint16_t p1 = testing::EtcdFreePort(), p2 = testing::EtcdFreePort();
+  uint16_t p1 = testing::FreePort(), p2 = testing::FreePort();
   auto c = EtcdClient::Create(
       {.endpoints = {"127.0.0.1:" + std::to_string(p1), "127.0.0.1:" + std::to_string(p2)},
        .request_timeout = milliseconds(1000)});

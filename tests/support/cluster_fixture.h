@@ -29,23 +29,9 @@
 #include "common/transport/transport.h"
 #include "rdkv/client.h"
 #include "server/server.h"
+#include "tests/support/free_port.h"
 
 namespace rdkv::testing {
-
-// A TCP port on 127.0.0.1 that nothing holds right now (the kernel's choice for port 0).
-inline uint16_t FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  EXPECT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The shard of `key` among `shard_count` shards.
 inline uint32_t ShardOfKey(std::string_view key, uint32_t shard_count) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/etcd/etcd_client.h"
+#include "tests/support/free_port.h"
 
 namespace rdkv::testing {
 
@@ -50,21 +51,6 @@ inline std::string FindEtcdBinary() {
   return "";
 }
 
-// A TCP port on 127.0.0.1 that nothing holds right now (the kernel's choice for port 0).
-inline uint16_t EtcdFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ADD_FAILURE() << "cannot pick a free port";
-  }
-  if (fd >= 0) close(fd);
-  return ntohs(a.sin_port);
-}
-
 class EtcdCluster {
  public:
   explicit EtcdCluster(int members = 1) : binary_(FindEtcdBinary()) {
@@ -78,8 +64,8 @@ class EtcdCluster {
     members_.resize(members);
     for (int i = 0; i < members; ++i) {
       members_[i].name = "m" + std::to_string(i);
-      members_[i].client_port = EtcdFreePort();
-      members_[i].peer_port = EtcdFreePort();
+      members_[i].client_port = FreePort();
+      members_[i].peer_port = FreePort();
     }
     for (int i = 0; i < members; ++i) Spawn(i);  // all first: a cluster needs its quorum
     for (int i = 0; i < members; ++i) {
