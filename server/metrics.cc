@@ -164,6 +164,14 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
     f.Counter("rdkv_replication_version_retries_total",
               "Writes forwarded again above a newer version a backup held",
               static_cast<double>(s.version_retries));
+    f.Counter("rdkv_replication_overload_refused_total",
+              "Replicated writes refused because the writer pool's queue was full (nothing "
+              "applied; the client may retry)",
+              static_cast<double>(s.overload_refused));
+    f.Counter("rdkv_replication_stale_forwards_refused_total",
+              "Forwarded PUTs this backup refused as not above a delete it applied (a forward "
+              "the primary had given up on, arriving late)",
+              static_cast<double>(s.stale_forwards_refused));
     f.Counter("rdkv_retried_writes_answered_total",
               "Retried writes answered from the retry table (applied once)",
               static_cast<double>(s.retries_answered));

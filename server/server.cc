@@ -206,6 +206,8 @@ class ServerImpl final : public Server {
       s.replicas_applied = c.replicas_applied.load();
       s.retries_answered = c.retries_answered.load();
       s.batches_applied = c.replicate_batches.load();
+      s.overload_refused = c.pool_refused.load();
+      s.stale_forwards_refused = c.stale_forwards_refused.load();
       s.repairs_pending = service_.repairs_pending();
       s.repair_bytes_pending = service_.repair_bytes_pending();
       s.repairs_noted = c.repairs_noted.load();

@@ -123,6 +123,9 @@ struct ServerStats {
   // Batching: REPLICATE requests sent as a primary and the writes they carried; batches
   // applied as a backup.
   uint64_t batches_sent = 0, batched_writes = 0, batches_applied = 0;
+  // Writes refused because the writer pool's queue was full (kUnavailable, nothing applied);
+  // forwarded PUTs this backup refused as older than a delete it applied (stale REPLICATEs).
+  uint64_t overload_refused = 0, stale_forwards_refused = 0;
   // Forwards of replicated writes that no thread waited for (the asynchronous path).
   uint64_t async_forwards = 0;
   // Repair of failed replicated writes: kept now, and since the start kept, repaired,

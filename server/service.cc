@@ -259,6 +259,7 @@ std::string Service::StatsJson() const {
         {"retry_ids_kept", retry_table_.size()},
         {"batches_applied", load(counters_.replicate_batches)},
         {"overload_refused", load(counters_.pool_refused)},
+        {"stale_forwards_refused", load(counters_.stale_forwards_refused)},
         {"repairs_pending", repairs_pending_.load(std::memory_order_relaxed)},
         {"repair_bytes_pending", repair_bytes_pending_.load(std::memory_order_relaxed)},
         {"repairs_noted", load(counters_.repairs_noted)},

@@ -45,6 +45,7 @@
 #include "server/cluster_state.h"
 #include "server/control_plane.h"
 #include "server/persistence/persister.h"
+#include "server/replica_tombstones.h"
 #include "server/replication/replicator.h"
 #include "server/request_metrics.h"
 #include "server/retry_table.h"
@@ -69,6 +70,8 @@ struct OpCounters {
   std::atomic<uint64_t> replicate_batches{0};
   // Replicated writes refused because the writer pool's queue was full (Service::OffloadWrite).
   std::atomic<uint64_t> pool_refused{0};
+  // Forwarded PUTs this backup refused as not above a delete it applied (a stale REPLICATE).
+  std::atomic<uint64_t> stale_forwards_refused{0};
   // Catch-up: REPLICATE writes taken (answered OK) for a shard this server is joining (the
   // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN
   // answers (the source side of catch-up copies and shard moves).
@@ -412,6 +415,9 @@ class Service {
   void RememberApplied(uint32_t shard, std::string_view key, uint64_t version) EXCLUDES(recent_mu_);
   Mutex recent_mu_;
   std::deque<RecentApply> recent_ GUARDED_BY(recent_mu_);
+
+  // Deletes applied as a backup, in sync or joining: a forwarded PUT not above one is stale.
+  ReplicaTombstones replica_deletes_;
 
   Mutex tombstones_mu_;
   std::map<uint32_t, std::unordered_map<std::string, uint64_t>> tombstones_

@@ -673,8 +673,18 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
     s = store_->DeleteVersioned(m.key, m.version, changed, &current);
     // Catching up: a copied item older than this delete must not bring the key back.
     if (s.ok() && joining) RememberDelete(shard, m.key, m.version);
+    // A stale forward older than this delete must not bring the key back either.
+    if (s.ok() && *changed) replica_deletes_.RememberDelete(shard, m.key, m.version);
   } else if (joining && DeletedSince(shard, m.key, m.version)) {
     s = Status::Ok();  // deleted after the copied version: nothing to apply
+  } else if (const uint64_t deleted = replica_deletes_.RefusingVersion(shard, m.key, m.version);
+             deleted != 0) {
+    // Not above a delete applied here (docs/design.md, a stale REPLICATE after a delete): as
+    // for a newer version, the primary takes a version above it if it still waits.
+    counters_.stale_forwards_refused.fetch_add(1, std::memory_order_relaxed);
+    *version = deleted;
+    return Status::VersionMismatch("the key was deleted here at version " +
+                                   std::to_string(deleted));
   } else {
     s = store_->ApplyVersioned(m.key, m.value, m.version, changed, &current);
   }

@@ -386,6 +386,55 @@ TEST_F(ReplicationTest, BackupRefusesForwardsOfOtherEpochsAndNonBackups) {
   EXPECT_TRUE(forward(0, 2, 1).ok()) << "the new primary's forward";
 }
 
+// A stale REPLICATE after a delete (docs/design.md "Replication"): a forward the primary gave
+// up on reaches the backup after the same write (repaired) and a later DELETE of its key. The
+// key is absent there, so only the remembered delete can refuse it; before, it inserted the
+// key again and a promotion of that backup served a deleted key. The same in a batch.
+TEST_F(ReplicationTest, AStaleForwardAfterADeleteDoesNotBringTheKeyBack) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const uint64_t v = cluster::EpochVersionFloor(1) + 700;
+  auto entry = [&](const std::string& key, std::string_view value, uint64_t version,
+                   bool is_delete) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.version = version;
+    m.is_delete = is_delete;
+    m.map_epoch = 1;
+    m.sender_id = 0;
+    return m;
+  };
+  const std::string single = KeyIn(0, 1, "stale"), batched = KeyIn(0, 2, "stale");
+  // One REPLICATE each: the write (its repair), the delete, then the first forward, late.
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(entry(single, "first", v, false))).status.ok());
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(entry(single, "", v + 1, true))).status.ok());
+  kv::Response late = Call(1, kv::EncodeReplicate(entry(single, "first", v, false)));
+  EXPECT_TRUE(late.status.Is(StatusCode::kVersionMismatch)) << late.status.ToString();
+  EXPECT_EQ(late.version, v + 1) << "the refusal names the delete's version";
+  // In batches, as the replicator sends them.
+  for (const kv::ReplicateRequest& m :
+       {entry(batched, "first", v + 2, false), entry(batched, "", v + 3, true),
+        entry(batched, "first", v + 2, false)}) {
+    kv::ReplicateBatchBuilder builder(4096);
+    ASSERT_TRUE(builder.Add(m));
+    ASSERT_TRUE(Call(1, builder.Encode(1, 0)).status.ok());
+  }
+  Content on1 = ScanOf(1, 0);
+  EXPECT_EQ(on1.count(single), 0u) << "a stale REPLICATE brought a deleted key back";
+  EXPECT_EQ(on1.count(batched), 0u) << "a stale batched REPLICATE brought a deleted key back";
+  EXPECT_EQ(servers_[1]->stats().stale_forwards_refused, 2u);
+  // A write after the delete applies.
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(entry(single, "again", v + 4, false))).status.ok());
+  EXPECT_EQ(ScanOf(1, 0)[single], (Item{"again", v + 4}));
+  // The promoted backup serves what the primary's clients saw: the key written again, the
+  // other key absent.
+  auto client = NewClient(0);
+  ASSERT_NE(client, nullptr);
+  Admin admin(*client);
+  ASSERT_TRUE(admin.Promote(0, 1, nullptr).ok());
+  EXPECT_TRUE(client->Get(batched).status().Is(StatusCode::kNotFound));
+}
+
 TEST_F(ReplicationTest, PromoteUnderLoadLosesNoAcknowledgedWrite) {
   StartReplicated(3);
   std::atomic<bool> stop{false};
@@ -891,11 +940,7 @@ TEST_F(ReplicationTest, WritesWaitingForTheWriterPoolAreBounded) {
         [&, i] { more[i] = RawWriteAlone(0, kv::Op::kPut, key, "more", 61, 2 + i); });
   }
   // All but max_pool_writes of them are refused at once, while the backup is still paused.
-  auto refused = [&] {
-    const std::string stats = servers_[0]->StatsJson();
-    const size_t at = stats.find("\"overload_refused\":");
-    return at == std::string::npos ? 0 : std::stoi(stats.substr(at + 19));
-  };
+  auto refused = [&] { return static_cast<int>(servers_[0]->stats().overload_refused); };
   while (refused() < kMore - 4 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
