@@ -319,9 +319,12 @@ class Service {
   // One forwarded write on a backup whose role CheckReplica confirmed; the caller holds the
   // key's replica stripe. Returns its answer: OK (*version: its version), kVersionMismatch
   // (*version: the newer version held here) or the store's error; *changed when the store
-  // changed (the caller persists it).
+  // changed (the caller persists it, then records the request id with RecordReplicaApplied).
   Status ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool joining,
                       uint64_t* version, bool* changed);
+  // Records an applied forward's request id (a retry after a promotion gets its answer); called
+  // after the write was handed to the persister.
+  void RecordReplicaApplied(const kv::ReplicateRequest& m);
 
   // --- repair of failed replicated writes (service_write.cc) ---
   // A forwarded write whose outcome is unknown (some backups may have applied it): kept so

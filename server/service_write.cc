@@ -614,6 +614,7 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
       bool changed = false;
       s = ApplyReplica(m, shard, my_map->IsJoining(shard, cluster_->server_id()), &version,
                        &changed);
+      if (s.ok()) RecordReplicaApplied(m);  // no persister on this path
     }
     results[i] = {s.code(), version};
     single = s;
@@ -624,6 +625,13 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
 }
 
 bool Service::TryLockStripe(Mutex* mu) NO_THREAD_SAFETY_ANALYSIS { return mu->TryLock(); }
+
+void Service::RecordReplicaApplied(const kv::ReplicateRequest& m) {
+  // After the persister has the write (when it takes one): a retry that finds the id here after
+  // a promotion waits for a marker enqueued behind it (AnswerRetry), so it is not acknowledged
+  // before the write is durable.
+  retry_table_.Record(m.client_id, m.request_seq, {StatusCode::kOk, m.version});
+}
 
 bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   if (kv::IsReplicateBatch(r)) return HandleReplicateBatch(r, ex);
@@ -647,7 +655,10 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   bool changed = false;
   Status s = ApplyReplica(*m, shard, joining, &version, &changed);
   if (!s.ok()) return AnswerNow(ex, s, version);
-  if (persister_ == nullptr || !changed) return AnswerNow(ex, Status::Ok(), m->version);
+  if (persister_ == nullptr || !changed) {
+    RecordReplicaApplied(*m);
+    return AnswerNow(ex, Status::Ok(), m->version);
+  }
   // Answered once durable in sync mode, like the primary's own write.
   const bool deferred = persister_->durability() == Durability::kSync;
   persistence::Persister::Completion done;
@@ -659,6 +670,7 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   } else {
     persister_->EnqueuePut(m->key, m->version, m->value, std::move(done));
   }
+  RecordReplicaApplied(*m);
   if (deferred) return false;
   return AnswerNow(ex, Status::Ok(), m->version);
 }
@@ -698,7 +710,6 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
   if (!joining && has_tombstones_.load(std::memory_order_relaxed)) ForgetDeletes(shard);
   if (s.ok() && *changed) RememberApplied(shard, m.key, m.version);
   if (!s.ok()) return s;
-  retry_table_.Record(m.client_id, m.request_seq, {StatusCode::kOk, m.version});
   if (joining) counters_.catchup_applied.fetch_add(1, std::memory_order_relaxed);
   *version = m.version;
   return Status::Ok();
@@ -741,7 +752,11 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
     bool changed = false;
     Status s = ApplyReplica(m, shard, joining, &version, &changed);
     results[i] = {s.code(), version};
-    if (!s.ok() || persister_ == nullptr || !changed) continue;
+    if (!s.ok()) continue;
+    if (persister_ == nullptr || !changed) {
+      RecordReplicaApplied(m);
+      continue;
+    }
     persistence::Persister::Completion done;
     if (sync) {
       if (pending == nullptr) {
@@ -770,6 +785,7 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
     } else {
       persister_->EnqueuePut(m.key, m.version, m.value, std::move(done));
     }
+    RecordReplicaApplied(m);
   }
   if (pending == nullptr) return AnswerNow(ex, Status::Ok(), n, encode(results));
   std::vector<kv::ReplicateBatchResult> out;
