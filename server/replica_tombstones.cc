@@ -14,13 +14,13 @@ ReplicaTombstones::Stripe& ReplicaTombstones::StripeOf(std::string_view key) con
   return stripes_[StringHash{}(key) % stripe_count_];
 }
 
-void ReplicaTombstones::RememberDelete(uint32_t shard, std::string_view key, uint64_t version,
+void ReplicaTombstones::RememberDelete(std::string_view key, uint64_t version,
                                        Clock::time_point now) {
   Stripe& s = StripeOf(key);
   MutexLock lock(&s.mu);
   auto [it, inserted] = s.newest.try_emplace(std::string(key), version);
   if (!inserted) it->second = std::max(it->second, version);
-  s.order.push_back({shard, std::string(key), version, now});
+  s.order.push_back({std::string(key), version, now});
   any_.store(true, std::memory_order_release);
   ForgetOld(s, now);
 }
@@ -28,9 +28,7 @@ void ReplicaTombstones::RememberDelete(uint32_t shard, std::string_view key, uin
 void ReplicaTombstones::ForgetOld(Stripe& s, Clock::time_point now) {
   while (!s.order.empty() &&
          (s.order.size() > per_stripe_ || now - s.order.front().at > retention_)) {
-    Entry& e = s.order.front();
-    uint64_t& floor = s.floor[e.shard];
-    floor = std::max(floor, e.version);
+    const Entry& e = s.order.front();
     // A newer delete of the key later in the order keeps its entry.
     if (auto it = s.newest.find(e.key); it != s.newest.end() && it->second <= e.version) {
       s.newest.erase(it);
@@ -39,16 +37,12 @@ void ReplicaTombstones::ForgetOld(Stripe& s, Clock::time_point now) {
   }
 }
 
-uint64_t ReplicaTombstones::RefusingVersion(uint32_t shard, std::string_view key,
-                                            uint64_t version) const {
+uint64_t ReplicaTombstones::DeletedAtOrAbove(std::string_view key, uint64_t version) const {
   if (!any_.load(std::memory_order_acquire)) return 0;
   Stripe& s = StripeOf(key);
   MutexLock lock(&s.mu);
-  if (auto it = s.newest.find(key); it != s.newest.end() && it->second >= version) {
-    return it->second;
-  }
-  if (auto f = s.floor.find(shard); f != s.floor.end() && f->second >= version) return f->second;
-  return 0;
+  auto it = s.newest.find(key);
+  return it != s.newest.end() && it->second >= version ? it->second : 0;
 }
 
 size_t ReplicaTombstones::size() const {

@@ -322,6 +322,9 @@ class Service {
   // changed (the caller persists it, then records the request id with RecordReplicaApplied).
   Status ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool joining,
                       uint64_t* version, bool* changed);
+  // For a forwarded PUT on an in-sync replica: the version of a delete of its key applied here
+  // at or above its version while the key is absent (a stale forward: refused), else 0.
+  uint64_t StaleAfterDelete(const kv::ReplicateRequest& m) const;
   // Records an applied forward's request id (a retry after a promotion gets its answer); called
   // after the write was handed to the persister.
   void RecordReplicaApplied(const kv::ReplicateRequest& m);
@@ -419,7 +422,8 @@ class Service {
   Mutex recent_mu_;
   std::deque<RecentApply> recent_ GUARDED_BY(recent_mu_);
 
-  // Deletes applied as a backup, in sync or joining: a forwarded PUT not above one is stale.
+  // Deletes applied as a backup (in sync or joining): on an in-sync replica, a forwarded PUT of
+  // an absent key not above one is stale.
   ReplicaTombstones replica_deletes_;
 
   Mutex tombstones_mu_;

@@ -626,6 +626,15 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
 
 bool Service::TryLockStripe(Mutex* mu) NO_THREAD_SAFETY_ANALYSIS { return mu->TryLock(); }
 
+uint64_t Service::StaleAfterDelete(const kv::ReplicateRequest& m) const {
+  const uint64_t deleted = replica_deletes_.DeletedAtOrAbove(m.key, m.version);
+  if (deleted == 0) return 0;
+  // Only an absent key: a present one refuses an older PUT by its version (and a key written
+  // again after the delete has a version above it).
+  uint64_t current = 0;
+  return store_->Lookup(m.key, &current).ok() ? 0 : deleted;
+}
+
 void Service::RecordReplicaApplied(const kv::ReplicateRequest& m) {
   // After the persister has the write (when it takes one): a retry that finds the id here after
   // a promotion waits for a marker enqueued behind it (AnswerRetry), so it is not acknowledged
@@ -685,12 +694,12 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
     s = store_->DeleteVersioned(m.key, m.version, changed, &current);
     // Catching up: a copied item older than this delete must not bring the key back.
     if (s.ok() && joining) RememberDelete(shard, m.key, m.version);
-    // A stale forward older than this delete must not bring the key back either.
-    if (s.ok() && *changed) replica_deletes_.RememberDelete(shard, m.key, m.version);
+    // A stale forward older than this delete must not bring the key back either (whether
+    // the key was here or not).
+    if (s.ok()) replica_deletes_.RememberDelete(m.key, m.version);
   } else if (joining && DeletedSince(shard, m.key, m.version)) {
     s = Status::Ok();  // deleted after the copied version: nothing to apply
-  } else if (const uint64_t deleted = replica_deletes_.RefusingVersion(shard, m.key, m.version);
-             deleted != 0) {
+  } else if (const uint64_t deleted = joining ? 0 : StaleAfterDelete(m); deleted != 0) {
     // Not above a delete applied here (docs/design.md, a stale REPLICATE after a delete): as
     // for a newer version, the primary takes a version above it if it still waits.
     counters_.stale_forwards_refused.fetch_add(1, std::memory_order_relaxed);
@@ -970,8 +979,10 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     uint64_t newer = 0;
     Status s = replicator_->Forward(next, shard, m, &newer);
     ++sent;
-    if (!s.ok() && newer == 0) {
-      // It serves this state from now on: the repair brings it to the backups that missed it.
+    if (!s.ok()) {
+      // It serves this state from now on: the repair brings it to the backups that missed it,
+      // above the newer version a backup answered with (a write that failed here, or a
+      // delete it applied: design.md, a stale REPLICATE after a delete), in this epoch.
       ++failed;
       NoteFailedWrite(m, shard);
     }
