@@ -125,7 +125,14 @@ void RetryTable::Record(uint64_t client_id, uint64_t seq, Answer answer) {
   MutexLock lock(&s.mu);
   if (s.capacity == 0) Grow(s);
   Expire(s, now);
-  if (s.index[SlotOf(s, hash, client_id, seq)] != kEmpty) return;  // the first answer stays
+  if (const uint32_t at = s.index[SlotOf(s, hash, client_id, seq)]; at != kEmpty) {
+    Entry& e = s.ring[at - 1];
+    if (answer.version > e.version) {
+      e.version = answer.version;
+      e.code = answer.code;
+    }
+    return;
+  }
   if (s.count == s.capacity) {
     if (s.capacity < ring_size_) {
       Grow(s);

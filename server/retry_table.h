@@ -49,7 +49,9 @@ class RetryTable {
   // The recorded answer of (client_id, seq), if it is still kept. client_id 0: never.
   std::optional<Answer> Find(uint64_t client_id, uint64_t seq) const;
   // Records the answer of an applied write (client_id 0: ignored). A second record of one id
-  // keeps the first answer.
+  // keeps the answer with the higher version (a backup sees a write again with a newer
+  // version when its primary forwarded it again above a newer one, or repaired it so); the
+  // id keeps its place in the order.
   void Record(uint64_t client_id, uint64_t seq, Answer answer);
   size_t size() const;
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }

@@ -437,6 +437,34 @@ TEST_F(ReplicationTest, AStaleForwardAfterADeleteDoesNotBringTheKeyBack) {
   EXPECT_TRUE(client->Get(batched).status().Is(StatusCode::kNotFound));
 }
 
+// A backup that applied a write twice, the second time above a newer version (the primary's
+// version retry or repair), answers a retry after its promotion with the version the write
+// took; before, its retry table kept the first version.
+TEST_F(ReplicationTest, ARetryAfterAPromotionGetsTheVersionTheWriteTook) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const std::string key = KeyIn(0, 6, "retry-version");
+  const uint64_t v = cluster::EpochVersionFloor(1) + 900;
+  for (uint64_t version : {v, v + 5}) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = "once";
+    m.version = version;
+    m.client_id = 777;
+    m.request_seq = 1;
+    m.map_epoch = 1;
+    m.sender_id = 0;
+    ASSERT_TRUE(Call(1, kv::EncodeReplicate(m)).status.ok()) << version;
+  }
+  auto client = NewClient(0);
+  ASSERT_NE(client, nullptr);
+  Admin admin(*client);
+  ASSERT_TRUE(admin.Promote(0, 1, nullptr).ok());
+  kv::Response retry = RawWrite(1, kv::Op::kPut, key, "once", 0, 777, 1);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+  EXPECT_EQ(retry.version, v + 5);
+  EXPECT_EQ(ScanOf(1, 0)[key], (Item{"once", v + 5})) << "the retry applied again";
+}
+
 // The first exception of that rule: a joining replica takes the copy's items with their
 // versions, even below a delete it remembers from its earlier time in the replica set (here a
 // delete that reached only it, as one that failed at the primary and was never published).

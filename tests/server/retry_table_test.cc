@@ -1,4 +1,4 @@
-// The retry table (server/retry_table.h): answers found by request id, the first answer kept,
+// The retry table (server/retry_table.h): answers found by request id, the newest answer kept,
 // the oldest dropped at capacity and after the retention, checked against a plain model through
 // a long random run of records (the index's deletions are where an open-addressing table
 // goes wrong), and concurrent use (run under TSan in CI).
@@ -45,14 +45,18 @@ TEST(RetryTableTest, ClientZeroIsNeverRecorded) {
   EXPECT_EQ(t.size(), 0u);
 }
 
-TEST(RetryTableTest, ASecondRecordKeepsTheFirstAnswer) {
+TEST(RetryTableTest, ASecondRecordKeepsTheAnswerWithTheHigherVersion) {
   RetryTable t;
   t.Record(3, 4, {StatusCode::kOk, 10});
-  t.Record(3, 4, {StatusCode::kAlreadyExists, 11});
+  t.Record(3, 4, {StatusCode::kAlreadyExists, 9});  // older: ignored
   auto a = t.Find(3, 4);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(a->code, StatusCode::kOk);
   EXPECT_EQ(a->version, 10u);
+  t.Record(3, 4, {StatusCode::kOk, 12});  // the write again above a newer version
+  a = t.Find(3, 4);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->version, 12u);
   EXPECT_EQ(t.size(), 1u);
 }
 
@@ -114,14 +118,15 @@ TEST(RetryTableTest, GrowingKeepsEveryEntryInOrder) {
   EXPECT_TRUE(t.Find(1, 101).has_value());
 }
 
-// Against a model: one stripe is one FIFO of `capacity` ids, each with its first answer. Ids
+// Against a model: one stripe is one FIFO of `capacity` ids (in the order of their first
+// records), each with the answer of its highest version (here its latest record). Ids
 // come from a small space so that duplicates and collisions in the index are frequent, and
 // every drop runs the index's backward-shift deletion.
 TEST(RetryTableTest, ARandomRunMatchesTheModel) {
   for (size_t capacity : {1u, 2u, 7u, 64u, 1000u}) {
     RetryTable t(capacity, 3600s, /*stripes=*/1);
     std::deque<std::pair<uint64_t, uint64_t>> order;         // oldest first
-    std::map<std::pair<uint64_t, uint64_t>, uint64_t> kept;  // id -> first version
+    std::map<std::pair<uint64_t, uint64_t>, uint64_t> kept;  // id -> newest version
     std::mt19937_64 rng(capacity);
     const uint64_t space = capacity * 3 + 5;
     for (uint64_t step = 1; step <= 60000; ++step) {
@@ -134,8 +139,8 @@ TEST(RetryTableTest, ARandomRunMatchesTheModel) {
           order.pop_front();
         }
         order.push_back(id);
-        kept[id] = step;
       }
+      kept[id] = step;
       // A few lookups per step, present and absent alike.
       for (int probe = 0; probe < 3; ++probe) {
         const uint64_t c = 1 + rng() % 3, s = rng() % space;
