@@ -101,6 +101,20 @@ class ReplicationTest : public ClusterTest {
     });
   }
 
+  // A forward as primary 0 sends it under map epoch 1 (a test's raw REPLICATE); `key` and
+  // `value` must outlive it.
+  static kv::ReplicateRequest ForwardOf(std::string_view key, std::string_view value,
+                                        uint64_t version, bool is_delete = false) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.version = version;
+    m.is_delete = is_delete;
+    m.map_epoch = 1;
+    m.sender_id = 0;
+    return m;
+  }
+
   // The map server `id` holds now (MAP_FETCH).
   Result<cluster::ClusterMap> MapOf(int id) {
     kv::Response m = Call(id, kv::EncodeMapFetch({}));
@@ -393,28 +407,17 @@ TEST_F(ReplicationTest, BackupRefusesForwardsOfOtherEpochsAndNonBackups) {
 TEST_F(ReplicationTest, AStaleForwardAfterADeleteDoesNotBringTheKeyBack) {
   StartReplicated(2);  // shard 0: primary 0, backup 1
   const uint64_t v = cluster::EpochVersionFloor(1) + 700;
-  auto entry = [&](const std::string& key, std::string_view value, uint64_t version,
-                   bool is_delete) {
-    kv::ReplicateRequest m;
-    m.key = key;
-    m.value = value;
-    m.version = version;
-    m.is_delete = is_delete;
-    m.map_epoch = 1;
-    m.sender_id = 0;
-    return m;
-  };
   const std::string single = KeyIn(0, 1, "stale"), batched = KeyIn(0, 2, "stale");
   // One REPLICATE each: the write (its repair), the delete, then the first forward, late.
-  ASSERT_TRUE(Call(1, kv::EncodeReplicate(entry(single, "first", v, false))).status.ok());
-  ASSERT_TRUE(Call(1, kv::EncodeReplicate(entry(single, "", v + 1, true))).status.ok());
-  kv::Response late = Call(1, kv::EncodeReplicate(entry(single, "first", v, false)));
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(ForwardOf(single, "first", v, false))).status.ok());
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(ForwardOf(single, "", v + 1, true))).status.ok());
+  kv::Response late = Call(1, kv::EncodeReplicate(ForwardOf(single, "first", v, false)));
   EXPECT_TRUE(late.status.Is(StatusCode::kVersionMismatch)) << late.status.ToString();
   EXPECT_EQ(late.version, v + 1) << "the refusal names the delete's version";
   // In batches, as the replicator sends them.
   for (const kv::ReplicateRequest& m :
-       {entry(batched, "first", v + 2, false), entry(batched, "", v + 3, true),
-        entry(batched, "first", v + 2, false)}) {
+       {ForwardOf(batched, "first", v + 2, false), ForwardOf(batched, "", v + 3, true),
+        ForwardOf(batched, "first", v + 2, false)}) {
     kv::ReplicateBatchBuilder builder(4096);
     ASSERT_TRUE(builder.Add(m));
     ASSERT_TRUE(Call(1, builder.Encode(1, 0)).status.ok());
@@ -424,7 +427,7 @@ TEST_F(ReplicationTest, AStaleForwardAfterADeleteDoesNotBringTheKeyBack) {
   EXPECT_EQ(on1.count(batched), 0u) << "a stale batched REPLICATE brought a deleted key back";
   EXPECT_EQ(servers_[1]->stats().stale_forwards_refused, 2u);
   // A write after the delete applies.
-  ASSERT_TRUE(Call(1, kv::EncodeReplicate(entry(single, "again", v + 4, false))).status.ok());
+  ASSERT_TRUE(Call(1, kv::EncodeReplicate(ForwardOf(single, "again", v + 4, false))).status.ok());
   EXPECT_EQ(ScanOf(1, 0)[single], (Item{"again", v + 4}));
   // Promoted, the backup serves what it holds: the key written again, the other key absent.
   auto client = NewClient(0);
@@ -445,14 +448,9 @@ TEST_F(ReplicationTest, ARetryAfterAPromotionGetsTheVersionTheWriteTook) {
   const std::string key = KeyIn(0, 6, "retry-version");
   const uint64_t v = cluster::EpochVersionFloor(1) + 900;
   for (uint64_t version : {v, v + 5}) {
-    kv::ReplicateRequest m;
-    m.key = key;
-    m.value = "once";
-    m.version = version;
+    kv::ReplicateRequest m = ForwardOf(key, "once", version);
     m.client_id = 777;
     m.request_seq = 1;
-    m.map_epoch = 1;
-    m.sender_id = 0;
     ASSERT_TRUE(Call(1, kv::EncodeReplicate(m)).status.ok()) << version;
   }
   auto client = NewClient(0);
@@ -475,12 +473,7 @@ TEST_F(ReplicationTest, AReaddedReplicaCopiesKeysBelowADeleteItRemembers) {
   const std::string key = KeyIn(0, 3, "readd");
   auto put = client->Put(key, "kept");
   ASSERT_TRUE(put.ok()) << put.status().ToString();
-  kv::ReplicateRequest del;
-  del.key = key;
-  del.version = *put + 1000;
-  del.is_delete = true;
-  del.map_epoch = 1;
-  del.sender_id = 0;
+  const kv::ReplicateRequest del = ForwardOf(key, "", *put + 1000, /*is_delete=*/true);
   ASSERT_TRUE(Call(1, kv::EncodeReplicate(del)).status.ok());
   ASSERT_EQ(ScanOf(1, 0).count(key), 0u);
   Admin admin(*client);
@@ -504,12 +497,7 @@ TEST_F(ReplicationTest, APromotedPrimaryRepairsABackupThatRefusedItsResend) {
   const std::string key = KeyIn(0, 4, "resend");
   auto put = client->Put(key, "served");
   ASSERT_TRUE(put.ok()) << put.status().ToString();
-  kv::ReplicateRequest del;
-  del.key = key;
-  del.version = *put + 1000;
-  del.is_delete = true;
-  del.map_epoch = 1;
-  del.sender_id = 0;
+  const kv::ReplicateRequest del = ForwardOf(key, "", *put + 1000, /*is_delete=*/true);
   ASSERT_TRUE(Call(2, kv::EncodeReplicate(del)).status.ok());
   Admin admin(*client);
   auto promoted = admin.Promote(0, 1, nullptr);
