@@ -979,13 +979,16 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     uint64_t newer = 0;
     Status s = replicator_->Forward(next, shard, m, &newer);
     ++sent;
-    if (!s.ok()) {
-      // It serves this state from now on: the repair brings it to the backups that missed it,
-      // above the newer version a backup answered with (a write that failed here, or a
-      // delete it applied: design.md, a stale REPLICATE after a delete), in this epoch.
+    if (!s.ok() && newer == 0) {
+      // It serves this state from now on: the repair brings it to the backups that missed it.
       ++failed;
       NoteFailedWrite(m, shard);
     }
+    // A backup that answers with a newer version (a write or a delete that failed here and
+    // was never published) keeps it: writing this state again above it would be a write no
+    // client made. Its state is that pending write taken effect, which a failover to it may
+    // serve (design.md, "Manual promotion"); the key's next write brings every replica to one
+    // state.
   }
   if (!keys.empty()) {
     LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << sent
