@@ -182,7 +182,8 @@ class Service {
   // A promoted backup's resync (ClusterState's resync hook): forwards the current state of
   // every key of `shards` it applied as a backup in the last kResyncWindow to the backups of
   // `next`, so that they hold whatever it may serve (a write it applied whose forward failed
-  // elsewhere). Failures are logged; the shard is served anyway.
+  // elsewhere); a backup that holds a newer version keeps it. Failures are logged and kept for
+  // repair (served); the shard is served anyway.
   void ResyncPromoted(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards)
       EXCLUDES(recent_mu_);
   static constexpr std::chrono::seconds kResyncWindow{60};
@@ -339,13 +340,19 @@ class Service {
     uint64_t version = 0;
     bool is_delete = false;
     uint64_t client_id = 0, request_seq = 0;
+    // This primary serves it already (a promotion's resend that failed): a backup that holds
+    // a newer version keeps it, and the entry is dropped (writing the served value again
+    // above it would be a write no client made).
+    bool served = false;
   };
   // Keeps `m` (of `shard`) for repair, replacing an older entry of its key.
-  void NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) EXCLUDES(repair_mu_);
+  void NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served = false)
+      EXCLUDES(repair_mu_);
   // Brings `key`'s pending write (if any) to every replica of `shard` in `map`: forwards it
   // again with its version (or, when a backup holds a newer version under the same epoch,
   // above it), then applies it here, records its request id and forgets it. A write
-  // superseded by another primary's newer version (the epoch changed) is dropped. Errors:
+  // superseded by another primary's newer version (the epoch changed) is dropped, and so is a
+  // served one that meets any newer version. Errors:
   // kUnavailable while a backup still fails (the entry stays). The caller holds the key's
   // stripe and an OwnerGuard, and this server is the shard's primary.
   Status RepairKey(std::string_view key, const cluster::ClusterMap& map, uint32_t shard)

@@ -632,7 +632,7 @@ uint64_t Service::StaleAfterDelete(const kv::ReplicateRequest& m) const {
   // Only an absent key: a present one refuses an older PUT by its version (and a key written
   // again after the delete has a version above it).
   uint64_t current = 0;
-  return store_->Lookup(m.key, &current).ok() ? 0 : deleted;
+  return store_->Lookup(m.key, &current).Is(StatusCode::kNotFound) ? deleted : 0;
 }
 
 void Service::RecordReplicaApplied(const kv::ReplicateRequest& m) {
@@ -980,9 +980,10 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     Status s = replicator_->Forward(next, shard, m, &newer);
     ++sent;
     if (!s.ok() && newer == 0) {
-      // It serves this state from now on: the repair brings it to the backups that missed it.
+      // It serves this state from now on: the repair brings it to the backups that missed it
+      // (and leaves one that holds a newer version alone, as below).
       ++failed;
-      NoteFailedWrite(m, shard);
+      NoteFailedWrite(m, shard, /*served=*/true);
     }
     // A backup that answers with a newer version (a write or a delete that failed here and
     // was never published) keeps it: writing this state again above it would be a write no
@@ -997,7 +998,7 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
   }
 }
 
-void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) {
+void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served) {
   counters_.repairs_noted.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&repair_mu_);
   auto [it, inserted] = repairs_.try_emplace(std::string(m.key));
@@ -1013,6 +1014,7 @@ void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard) {
   p.is_delete = m.is_delete;
   p.client_id = m.client_id;
   p.request_seq = m.request_seq;
+  p.served = served;
   repair_bytes_pending_.fetch_add(it->first.size() + p.value.size(), std::memory_order_relaxed);
   repairs_pending_.store(repairs_.size(), std::memory_order_relaxed);
   repair_cv_.Signal();
@@ -1056,9 +1058,11 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
                                  "repaired yet (" +
                                  forwarded.message() + ")");
     }
-    if (map.epoch != p.map_epoch) {
+    if (map.epoch != p.map_epoch || p.served) {
       // Another primary wrote the key since (a promotion came between): its write supersedes
-      // this one, which no client could read (it was never applied here).
+      // this one, which no client could read (it was never applied here). Or this primary
+      // serves it already (a promotion's resend): the backup keeps its newer version, a
+      // pending write taken effect, as when it answers the resend itself.
       counters_.repairs_dropped.fetch_add(1, std::memory_order_relaxed);
       ForgetRepair(key);
       return Status::Ok();

@@ -507,6 +507,12 @@ TEST_F(ReplicationTest, APromotedPrimaryLeavesABackupItsNewerPendingDelete) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->value, "served");
   EXPECT_EQ(got->version, *put) << "the served value was written again";
+  // The resend is refused (or, when it timed out under a slow build, its repair is).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (servers_[2]->stats().stale_forwards_refused == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   EXPECT_GE(servers_[2]->stats().stale_forwards_refused, 1u) << "the resend was not refused";
   EXPECT_EQ(ScanOf(2, 0).count(key), 0u) << "the resend brought back a key deleted there";
   auto next = client->Put(key, "next");
