@@ -326,6 +326,9 @@ class Service {
   // For a forwarded PUT on an in-sync replica: the version of a delete of its key applied here
   // at or above its version while the key is absent (a stale forward: refused), else 0.
   uint64_t StaleAfterDelete(const kv::ReplicateRequest& m) const;
+  // Hands an applied forward that changed the store to the persister (`done` as for
+  // EnqueuePut), then records its request id.
+  void PersistReplica(const kv::ReplicateRequest& m, persistence::Persister::Completion done);
   // Records an applied forward's request id (a retry after a promotion gets its answer); called
   // after the write was handed to the persister.
   void RecordReplicaApplied(const kv::ReplicateRequest& m);

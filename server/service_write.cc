@@ -635,6 +635,16 @@ uint64_t Service::StaleAfterDelete(const kv::ReplicateRequest& m) const {
   return store_->Lookup(m.key, &current).Is(StatusCode::kNotFound) ? deleted : 0;
 }
 
+void Service::PersistReplica(const kv::ReplicateRequest& m,
+                             persistence::Persister::Completion done) {
+  if (m.is_delete) {
+    persister_->EnqueueDelete(m.key, std::move(done));
+  } else {
+    persister_->EnqueuePut(m.key, m.version, m.value, std::move(done));
+  }
+  RecordReplicaApplied(m);
+}
+
 void Service::RecordReplicaApplied(const kv::ReplicateRequest& m) {
   // After the persister has the write (when it takes one): a retry that finds the id here after
   // a promotion waits for a marker enqueued behind it (AnswerRetry), so it is not acknowledged
@@ -674,12 +684,7 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   if (deferred) {
     done = [answer = AnswerLater(ex), v = m->version](const Status& st) { answer(st, v, {}); };
   }
-  if (m->is_delete) {
-    persister_->EnqueueDelete(m->key, std::move(done));
-  } else {
-    persister_->EnqueuePut(m->key, m->version, m->value, std::move(done));
-  }
-  RecordReplicaApplied(*m);
+  PersistReplica(*m, std::move(done));
   if (deferred) return false;
   return AnswerNow(ex, Status::Ok(), m->version);
 }
@@ -789,12 +794,7 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
         pending->answer(Status::Ok(), out.size(), encode(out));
       };
     }
-    if (m.is_delete) {
-      persister_->EnqueueDelete(m.key, std::move(done));
-    } else {
-      persister_->EnqueuePut(m.key, m.version, m.value, std::move(done));
-    }
-    RecordReplicaApplied(m);
+    PersistReplica(m, std::move(done));
   }
   if (pending == nullptr) return AnswerNow(ex, Status::Ok(), n, encode(results));
   std::vector<kv::ReplicateBatchResult> out;
