@@ -38,13 +38,36 @@ inline bool PortBindable(uint16_t port) {
   return ok;
 }
 
-// A port on 127.0.0.1 that nothing holds right now, below the kernel's ephemeral range. The
-// kernel's own choice for port 0 lies inside that range, where the outgoing connections of
-// tests running in parallel take their local ports: a port picked there and released can be
-// taken by another test's connection before this test's server binds it, and stays taken as
-// long as that connection lives (a server that then failed to start for 5 s was seen in CI).
-// Below the range only another test's explicit pick can collide, which a random pick makes rare
-// and StartServerRetrying's retries absorb.
+// Holds 127.0.0.1:`port` with a bound, never-listening SO_REUSEADDR socket until the process
+// exits; false when it cannot be bound. While it is held, another process's PortBindable
+// check (and so its FreePort) fails on the port, but a listener that sets SO_REUSEADDR (every
+// rdkv server, etcd) still binds and listens on it: Linux lets SO_REUSEADDR sockets share a
+// port while none of them listens, and a connect to the held socket alone is refused. Each
+// test runs in its own process, so a port is held for one test.
+inline bool ReservePortForThisProcess(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return false;
+  }
+  return true;  // the descriptor stays open until exit, on purpose
+}
+
+// A port on 127.0.0.1 that nothing holds, below the kernel's ephemeral range, reserved for
+// this process (ReservePortForThisProcess). The kernel's own choice for port 0 lies inside
+// that range, where the outgoing connections of tests running in parallel take their local
+// ports: a port picked there and released can be taken by another test's connection before
+// this test's server binds it, and stays taken as long as that connection lives (a server that
+// then failed to start for 5 s was seen in CI). Below the range only another test's pick could
+// collide, and a released pick could be taken between the check and the server's bind (also
+// seen, under load); the reservation closes that window, since another test's check then fails.
 inline uint16_t FreePort() {
   const unsigned low = 10000;
   unsigned high = EphemeralPortLow();
@@ -53,7 +76,7 @@ inline uint16_t FreePort() {
   std::uniform_int_distribution<unsigned> pick(low, high - 1);
   for (int attempt = 0; attempt < 200; ++attempt) {
     const auto port = static_cast<uint16_t>(pick(rng));
-    if (PortBindable(port)) return port;
+    if (PortBindable(port) && ReservePortForThisProcess(port)) return port;
   }
   ADD_FAILURE() << "no bindable port in [" << low << ", " << high << ")";
   return 0;
