@@ -174,15 +174,18 @@ if [[ -x deploy/local-cluster.sh ]]; then
     { cat "$work/cluster.log" >&2; die "the rdkv cluster did not start"; }
 else
   say "rdkv: $KVSERVER (port $rdkv_port, $TRANSPORT, ${mem_mib}MiB)"
-  "$KVSERVER" --host=127.0.0.1 --port="$rdkv_port" --transport="$TRANSPORT" --memory="${mem_mib}MiB" \
+  setsid "$KVSERVER" --host=127.0.0.1 --port="$rdkv_port" --transport="$TRANSPORT" --memory="${mem_mib}MiB" \
     --worker_threads="$SERVER_THREADS" >"$work/kvserver.log" 2>&1 &
   kvserver_pid=$!
   wait_tcp "$rdkv_port" kvserver "$work/kvserver.log"
 fi
 
+# Every server runs in a session of its own (setsid), as deploy/local-cluster.sh starts rdkv's
+# and as a daemon runs: Linux's autogroup scheduling then shares the CPUs between the server
+# and kvbench as it would between a service and its clients, the same for all three.
 redis_port=$(free_port)
 say "redis: redis-server on port $redis_port (no RDB snapshots, no AOF)"
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
+setsid redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --daemonize no \
   --dir "$work" --loglevel warning >"$work/redis.log" 2>&1 &
 redis_pid=$!
 wait_tcp "$redis_port" redis-server "$work/redis.log"
@@ -191,7 +194,7 @@ memcached_port=$(free_port)
 mc_user=()
 [[ $(id -u) -eq 0 ]] && mc_user=(-u nobody)  # memcached refuses to run as root without -u
 say "memcached: port $memcached_port, -t $SERVER_THREADS, -m $mem_mib (memory only by nature)"
-memcached "${mc_user[@]}" -l 127.0.0.1 -p "$memcached_port" -U 0 -t "$SERVER_THREADS" -m "$mem_mib" \
+setsid memcached "${mc_user[@]}" -l 127.0.0.1 -p "$memcached_port" -U 0 -t "$SERVER_THREADS" -m "$mem_mib" \
   -c 1024 >"$work/memcached.log" 2>&1 &
 memcached_pid=$!
 wait_tcp "$memcached_port" memcached "$work/memcached.log"

@@ -74,7 +74,11 @@ DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply
 DEFINE_int32(busy_poll_us, 50,
              "tcp: after activity, the NIC threads poll their sockets this many microseconds "
              "before sleeping in the kernel (docs/transport-tcp.md); 0 sleeps at once. An idle "
-             "server uses no CPU either way.");
+             "server uses no CPU either way. They poll only while the machine's CPUs are not "
+             "oversubscribed (Linux PSI, /proc/pressure/cpu), unless --busy_poll_always.");
+DEFINE_bool(busy_poll_always, false,
+            "tcp: poll (--busy_poll_us) even while runnable threads wait for a CPU; for a "
+            "server whose NIC threads have cores of their own.");
 DEFINE_int32(grace_ms, 90,
              "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");
@@ -459,6 +463,7 @@ int main(int argc, char** argv) {
   o.index_fraction = FLAGS_index_fraction;
   o.worker_threads = FLAGS_worker_threads;
   o.busy_poll = std::chrono::microseconds(FLAGS_busy_poll_us);
+  o.busy_poll_always = FLAGS_busy_poll_always;
   if (rdkv::Status bp = rdkv::transport::CheckBusyPoll(o.busy_poll); !bp.ok()) {
     return fail("--busy_poll_us: " + bp.message());
   }

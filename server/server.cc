@@ -136,6 +136,7 @@ class ServerImpl final : public Server {
     lo.regions = {region_->Describe(kv::kLayoutVersion)};
     lo.worker_threads = options_.worker_threads;
     lo.busy_poll = options_.busy_poll;
+    lo.busy_poll_always = options_.busy_poll_always;
     lo.max_message_size = MessageLimit(options_);
     lo.handler = [this](std::span<const uint8_t> payload, transport::ReplyHandle reply) {
       thread_local std::vector<uint8_t> response;

@@ -337,8 +337,12 @@ struct ListenOptions {
   // read its answers). The server's memory per client stays bounded either way.
   std::chrono::milliseconds output_stall_timeout{std::chrono::seconds(10)};
   // tcp: after activity, NIC threads poll their sockets this long before they sleep in the
-  // kernel (see ConnectOptions::busy_poll). An idle server sleeps. 0: sleep at once.
+  // kernel (see ConnectOptions::busy_poll). An idle server sleeps. 0: sleep at once. They poll
+  // only while the machine's CPUs are not oversubscribed (CpuPressure: runnable threads waiting
+  // for a CPU), since a poller then takes CPU time from the threads that would send it work;
+  // busy_poll_always polls regardless (servers on cores of their own).
   std::chrono::microseconds busy_poll{50};
+  bool busy_poll_always = false;
 };
 
 struct ListenerStats {
