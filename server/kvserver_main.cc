@@ -74,11 +74,12 @@ DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply
 DEFINE_int32(busy_poll_us, 50,
              "tcp: after activity, the NIC threads poll their sockets this many microseconds "
              "before sleeping in the kernel (docs/transport-tcp.md); 0 sleeps at once. An idle "
-             "server uses no CPU either way. They poll only while the machine's CPUs are not "
-             "oversubscribed (Linux PSI, /proc/pressure/cpu), unless --busy_poll_always.");
+             "server uses no CPU either way. A NIC thread polls only while it does not wait for "
+             "its CPU (from 20% of 50 ms spent waiting it stops, below 5% it polls again), "
+             "unless --busy_poll_always.");
 DEFINE_bool(busy_poll_always, false,
-            "tcp: poll (--busy_poll_us) even while runnable threads wait for a CPU; for a "
-            "server whose NIC threads have cores of their own.");
+            "tcp: the NIC threads poll (--busy_poll_us) even while they wait for their CPU; for "
+            "NIC threads on cores of their own. No effect with --busy_poll_us=0.");
 DEFINE_int32(grace_ms, 90,
              "Freed item memory is reused no earlier than this many ms later; "
              "must exceed twice the clients' read deadline (40 ms by default).");

@@ -337,10 +337,10 @@ struct ListenOptions {
   // read its answers). The server's memory per client stays bounded either way.
   std::chrono::milliseconds output_stall_timeout{std::chrono::seconds(10)};
   // tcp: after activity, NIC threads poll their sockets this long before they sleep in the
-  // kernel (see ConnectOptions::busy_poll). An idle server sleeps. 0: sleep at once. They poll
-  // only while the machine's CPUs are not oversubscribed (CpuPressure: runnable threads waiting
-  // for a CPU), since a poller then takes CPU time from the threads that would send it work;
-  // busy_poll_always polls regardless (servers on cores of their own).
+  // kernel (see ConnectOptions::busy_poll). An idle server sleeps. 0: sleep at once. A NIC
+  // thread polls only while it does not wait for its CPU (CpuContention: its run delay), since
+  // its polling then takes CPU time from the threads it competes with, which may be the clients
+  // that send it work; busy_poll_always polls regardless (NIC threads on cores of their own).
   std::chrono::microseconds busy_poll{50};
   bool busy_poll_always = false;
 };

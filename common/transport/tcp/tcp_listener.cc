@@ -23,7 +23,7 @@
 #include "common/transport/tcp/frame.h"
 #include "common/transport/tcp/socket_util.h"
 #include "common/transport/tcp/tls.h"
-#include "common/util/cpu_pressure.h"
+#include "common/util/cpu_contention.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_annotations.h"
 #include "common/util/units.h"
@@ -463,15 +463,15 @@ class NicThread {
     epoll_event events[kMaxEvents];
     const Clock::duration busy_poll = core_->options.busy_poll;
     const bool poll_always = core_->options.busy_poll_always;
+    CpuContention contention;              // this thread's own wait for a CPU (made on this thread)
     Clock::time_point now = Clock::now();  // one reading per round, after its events
     Clock::time_point next_sweep = now + std::chrono::milliseconds(kEpollTimeoutMs);
     Clock::time_point last_event{};
     while (!stop_.load(std::memory_order_acquire)) {
-      // Polls (timeout 0) while the last events were handled less than busy_poll ago and the
-      // CPUs are not oversubscribed (ListenOptions::busy_poll_always aside); sleeps in the kernel
-      // otherwise (always with busy_poll 0).
-      const bool poll = now - last_event < busy_poll &&
-                        (poll_always || !CpuPressure::Machine().Oversubscribed(now));
+      // Polls (timeout 0) while the last events were handled less than busy_poll ago and this
+      // thread does not wait for its CPU (CpuContention; ListenOptions::busy_poll_always aside);
+      // sleeps in the kernel otherwise (always with busy_poll 0).
+      const bool poll = now - last_event < busy_poll && (poll_always || !contention.Contended(now));
       int n = epoll_wait(epfd_, events, kMaxEvents, poll ? 0 : kEpollTimeoutMs);
       if (n == 0 && poll) sched_yield();  // other runnable threads first (see the connection)
       if (n < 0 && errno != EINTR) {
