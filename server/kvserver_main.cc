@@ -75,7 +75,7 @@ DEFINE_int32(busy_poll_us, 50,
              "tcp: after activity, the NIC threads poll their sockets this many microseconds "
              "before sleeping in the kernel (docs/transport-tcp.md); 0 sleeps at once. An idle "
              "server uses no CPU either way. A NIC thread polls only while it does not wait for "
-             "its CPU (from 20% of 50 ms spent waiting it stops, below 5% it polls again), "
+             "its CPU (from 20% of 50 ms spent waiting it stops for 0.5-8 s), "
              "unless --busy_poll_always.");
 DEFINE_bool(busy_poll_always, false,
             "tcp: the NIC threads poll (--busy_poll_us) even while they wait for their CPU; for "

@@ -42,7 +42,8 @@ struct ServerOptions {
   int worker_threads = 2;
   // tcp: how long the NIC threads poll after activity (transport::ListenOptions::busy_poll).
   std::chrono::microseconds busy_poll{50};
-  // tcp: poll even while the CPUs are oversubscribed (transport::ListenOptions::busy_poll_always).
+  // tcp: the NIC threads poll even while they wait for their CPU
+  // (transport::ListenOptions::busy_poll_always).
   bool busy_poll_always = false;
   std::chrono::milliseconds grace{90};  // freed memory is reused no earlier than this
   bool huge_pages = true;

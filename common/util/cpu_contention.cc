@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 
@@ -35,14 +36,33 @@ std::optional<uint64_t> CpuContention::ParseRunDelay(std::string_view text) {
     p = q;
   }
   while (p < end && std::isspace(static_cast<unsigned char>(*p))) ++p;
-  if (p != end) return std::nullopt;
+  if (p != end || fields[0] == 0) return std::nullopt;
   return fields[1];
 }
 
-bool CpuContention::NextState(bool contended, uint64_t waited_ns, uint64_t wall_ns) {
-  if (wall_ns == 0) return contended;
+CpuContention::State CpuContention::Next(State s, uint64_t waited_ns, uint64_t wall_ns,
+                                         int64_t now_ns) {
+  if (s.contended) {
+    // Holding: what a sleeping thread waits says little. At the hold's end, probe.
+    if (now_ns >= s.hold_until_ns) {
+      s.contended = false;
+      s.probing = true;
+    }
+    return s;
+  }
+  if (wall_ns == 0) return s;
   const double share = static_cast<double>(waited_ns) / static_cast<double>(wall_ns);
-  return contended ? share >= kLowShare : share >= kHighShare;
+  if (share >= kHighShare) {
+    const int64_t base = std::chrono::nanoseconds(kBaseHold).count();
+    const int64_t max = std::chrono::nanoseconds(kMaxHold).count();
+    s.hold_ns = s.probing ? std::min(2 * s.hold_ns, max) : base;
+    s.hold_until_ns = now_ns + s.hold_ns;
+    s.contended = true;
+  } else {
+    s.hold_ns = std::chrono::nanoseconds(kBaseHold).count();
+  }
+  s.probing = false;
+  return s;
 }
 
 std::optional<uint64_t> CpuContention::Read() const {
@@ -56,18 +76,18 @@ bool CpuContention::Contended(Clock::time_point now) {
   if (fd_ < 0) return false;
   const int64_t now_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  if (now_ns < next_sample_ns_) return contended_;
+  if (now_ns < next_sample_ns_) return state_.contended;
   next_sample_ns_ = now_ns + std::chrono::nanoseconds(kInterval).count();
   const std::optional<uint64_t> delay = Read();
-  if (!delay.has_value()) return contended_;  // keep the verdict; measure across the gap next
+  if (!delay.has_value()) return state_.contended;  // keep it; measure across the gap next
   if (have_last_ && now_ns > last_ns_ && *delay >= last_delay_ns_) {
-    contended_ =
-        NextState(contended_, *delay - last_delay_ns_, static_cast<uint64_t>(now_ns - last_ns_));
+    state_ =
+        Next(state_, *delay - last_delay_ns_, static_cast<uint64_t>(now_ns - last_ns_), now_ns);
   }
   last_ns_ = now_ns;
   last_delay_ns_ = *delay;
   have_last_ = true;
-  return contended_;
+  return state_.contended;
 }
 
 }  // namespace rdkv

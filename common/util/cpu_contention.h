@@ -10,10 +10,14 @@
 //
 // The signal is the thread's own run delay: the time it spent runnable but waiting for a CPU
 // (Linux schedstat, /proc/thread-self/schedstat, second field, nanoseconds). It is local: it
-// rises only when something competes for the CPUs this thread runs on, whatever group that
-// is, and not for contention elsewhere on the machine. It is re-read at most every kInterval;
-// the verdict has hysteresis (contended from kHighShare of the interval spent waiting, free
-// again below kLowShare). Without schedstat the thread counts as never contended.
+// rises only when something competes for the CPUs this thread runs on (of any group, the
+// server's own threads included), not for contention on other CPUs. It is re-read at most
+// every kInterval, and judged only over intervals in which the thread was free to poll: from
+// kHighShare of such an interval spent waiting the thread is contended and stops polling for
+// a hold (kBaseHold, doubling up to kMaxHold while each probe after a hold finds it contended
+// again, back to kBaseHold after a probe that does not). A thread that sleeps waits little even
+// on a busy CPU, so judging its sleeping intervals would turn polling back on at once and
+// flap. Without schedstat (or with a kernel that keeps no run delay) it is never contended.
 //
 // Thread-safety: none; each polling thread owns one, made on that thread (the default
 // constructor opens the calling thread's file).
@@ -31,8 +35,17 @@ class CpuContention {
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kInterval{50};
   static constexpr double kHighShare = 0.20;  // contended from this share of the time waiting
-  static constexpr double kLowShare = 0.05;   // free again below this share
-  static_assert(kLowShare < kHighShare, "hysteresis needs a gap");
+  static constexpr std::chrono::milliseconds kBaseHold{500};
+  static constexpr std::chrono::milliseconds kMaxHold{8000};
+  static_assert(kInterval < kBaseHold && kBaseHold <= kMaxHold, "a hold spans intervals");
+
+  // The verdict and its hold, in nanoseconds of the steady clock.
+  struct State {
+    bool contended = false;
+    bool probing = false;  // free for one interval after a hold, to look again
+    int64_t hold_until_ns = 0;
+    int64_t hold_ns = std::chrono::nanoseconds(kBaseHold).count();
+  };
 
   // The calling thread's schedstat.
   CpuContention();
@@ -49,18 +62,19 @@ class CpuContention {
   bool available() const { return fd_ >= 0; }
 
   // The run delay (second number) of a schedstat line "<on-cpu ns> <waited ns> <slices>";
-  // nullopt when the text is not one. Pure.
+  // nullopt when the text is not one, or when its on-CPU time is 0 (a kernel that keeps no
+  // schedstat prints "0 0 0"). Pure.
   static std::optional<uint64_t> ParseRunDelay(std::string_view text);
 
-  // The state after an interval of `wall_ns` in which the thread waited `waited_ns`, from
-  // `contended` (the hysteresis rule). Pure.
-  static bool NextState(bool contended, uint64_t waited_ns, uint64_t wall_ns);
+  // The state at `now_ns`, after an interval of `wall_ns` in which the thread waited
+  // `waited_ns`, from `s` (the rule above). Pure.
+  static State Next(State s, uint64_t waited_ns, uint64_t wall_ns, int64_t now_ns);
 
  private:
   std::optional<uint64_t> Read() const;
 
   int fd_ = -1;
-  bool contended_ = false;
+  State state_;
   int64_t next_sample_ns_ = 0;
   int64_t last_ns_ = 0;
   uint64_t last_delay_ns_ = 0;

@@ -23,30 +23,66 @@ using std::chrono::milliseconds;
 
 TEST(CpuContentionParse, ReadsTheRunDelay) {
   EXPECT_EQ(CpuContention::ParseRunDelay("136597441 2385506 78\n"), 2385506u);
-  EXPECT_EQ(CpuContention::ParseRunDelay("0 0 0"), 0u);
+  EXPECT_EQ(CpuContention::ParseRunDelay("1 0 0"), 0u);
   EXPECT_EQ(CpuContention::ParseRunDelay("5 18446744073709551615 1\n"), 18446744073709551615u);
 }
 
 TEST(CpuContentionParse, RefusesWhatIsNotSchedstat) {
   for (const char* bad : {"", "\n", "1 2\n", "1 2 3 4\n", "1 x 3\n", "-1 2 3\n", "1 2 3x\n",
-                          "some avg10=0.00 total=5\n", "1 99999999999999999999 3\n"}) {
+                          "some avg10=0.00 total=5\n", "1 99999999999999999999 3\n",
+                          "0 0 0\n" /* a kernel that keeps no schedstat */}) {
     EXPECT_FALSE(CpuContention::ParseRunDelay(bad).has_value()) << "'" << bad << "'";
   }
 }
 
-TEST(CpuContentionRule, TurnsOnAtTheHighShareAndOffBelowTheLowShare) {
+constexpr int64_t Ns(std::chrono::nanoseconds d) { return d.count(); }
+constexpr int64_t kBase = Ns(CpuContention::kBaseHold);
+constexpr int64_t kMax = Ns(CpuContention::kMaxHold);
+
+TEST(CpuContentionRule, AFreeThreadTurnsContendedAtTheHighShareForTheBaseHold) {
   const uint64_t wall = 50'000'000;
-  const auto at = [&](double share) { return static_cast<uint64_t>(share * wall); };
-  EXPECT_FALSE(CpuContention::NextState(false, 0, wall));
-  EXPECT_FALSE(CpuContention::NextState(false, at(CpuContention::kHighShare) - 1, wall));
-  EXPECT_TRUE(CpuContention::NextState(false, at(CpuContention::kHighShare), wall));
-  EXPECT_TRUE(CpuContention::NextState(false, wall, wall));
-  // Contended: stays so down to the low share (the hysteresis), free below it.
-  EXPECT_TRUE(CpuContention::NextState(true, at(CpuContention::kHighShare) - 1, wall));
-  EXPECT_TRUE(CpuContention::NextState(true, at(CpuContention::kLowShare), wall));
-  EXPECT_FALSE(CpuContention::NextState(true, at(CpuContention::kLowShare) - 1, wall));
-  EXPECT_TRUE(CpuContention::NextState(true, 0, 0));  // no time passed: no change
-  EXPECT_FALSE(CpuContention::NextState(false, 5, 0));
+  const auto waited = [&](double share) { return static_cast<uint64_t>(share * wall); };
+  CpuContention::State free;
+  auto s = CpuContention::Next(free, waited(CpuContention::kHighShare) - 1, wall, 1000);
+  EXPECT_FALSE(s.contended);
+  s = CpuContention::Next(free, waited(CpuContention::kHighShare), wall, 1000);
+  EXPECT_TRUE(s.contended);
+  EXPECT_FALSE(s.probing);
+  EXPECT_EQ(s.hold_ns, kBase);
+  EXPECT_EQ(s.hold_until_ns, 1000 + kBase);
+  EXPECT_FALSE(CpuContention::Next(free, 5, 0, 1000).contended);  // no time passed
+}
+
+TEST(CpuContentionRule, AContendedThreadHoldsWhateverItWaitsThenProbes) {
+  CpuContention::State s;
+  s = CpuContention::Next(s, 50, 50, 0);  // all waiting: contended until kBase
+  ASSERT_TRUE(s.contended);
+  // While holding, a sleeping thread's small waits do not end the hold.
+  EXPECT_TRUE(CpuContention::Next(s, 0, 50'000'000, kBase - 1).contended);
+  // At the hold's end it is free for one interval, probing.
+  const auto probe = CpuContention::Next(s, 0, 50'000'000, kBase);
+  EXPECT_FALSE(probe.contended);
+  EXPECT_TRUE(probe.probing);
+  // A probe that finds it contended again doubles the hold, up to kMax.
+  auto again = CpuContention::Next(probe, 50, 50, kBase + 10);
+  EXPECT_TRUE(again.contended);
+  EXPECT_EQ(again.hold_ns, 2 * kBase);
+  EXPECT_EQ(again.hold_until_ns, kBase + 10 + 2 * kBase);
+  CpuContention::State p = again;
+  for (int i = 0; i < 10; ++i) {
+    p = CpuContention::Next(p, 0, 1, p.hold_until_ns);  // the hold ends: probe
+    ASSERT_TRUE(p.probing);
+    p = CpuContention::Next(p, 1, 1, p.hold_until_ns + 1);  // contended again
+  }
+  EXPECT_EQ(p.hold_ns, kMax);
+  // A probe that finds it free resets the hold; the next contention holds for kBase.
+  auto freed = CpuContention::Next(probe, 0, 50, kBase + 10);
+  EXPECT_FALSE(freed.contended);
+  EXPECT_FALSE(freed.probing);
+  EXPECT_EQ(freed.hold_ns, kBase);
+  freed.hold_ns = 4 * kBase;  // as if it had doubled before
+  EXPECT_EQ(CpuContention::Next(freed, 0, 50, 1).hold_ns, kBase);
+  EXPECT_EQ(CpuContention::Next(freed, 50, 50, 1).hold_ns, kBase);  // not probing: base
 }
 
 class CpuContentionFile : public ::testing::Test {
@@ -71,23 +107,30 @@ class CpuContentionFile : public ::testing::Test {
   std::string path_;
 };
 
-TEST_F(CpuContentionFile, FollowsTheWaitingShareOfEachInterval) {
+TEST_F(CpuContentionFile, StopsForAHoldThenProbesAndDoublesTheHoldWhileStillContended) {
   CpuContention c(path_.c_str());
   ASSERT_TRUE(c.available());
   const Clock::time_point t0 = Clock::now();
   const auto t = [&](int interval) { return t0 + interval * CpuContention::kInterval; };
-  EXPECT_FALSE(c.Contended(t(0)));                    // the first sample: nothing to compare with
-  Write(40);                                          // 40 of 50 ms waiting
-  EXPECT_FALSE(c.Contended(t(1) - milliseconds(1)));  // not due: the file is not read
-  EXPECT_TRUE(c.Contended(t(1)));
-  Write(40 + 5);  // 5 of 50 ms: between the shares, still contended
-  EXPECT_TRUE(c.Contended(t(2)));
-  Write(45 + 1);  // 1 of 50 ms: below the low share
-  EXPECT_FALSE(c.Contended(t(3)));
-  Write(46 + 5);  // between the shares: stays free
-  EXPECT_FALSE(c.Contended(t(4)));
-  Write(51 + 25);  // half the interval waiting
-  EXPECT_TRUE(c.Contended(t(5)));
+  constexpr int kHold = CpuContention::kBaseHold / CpuContention::kInterval;  // intervals
+  EXPECT_FALSE(c.Contended(t(0)));  // the first sample: nothing to compare with
+  Write(5);                         // 5 of 50 ms waiting: free
+  EXPECT_FALSE(c.Contended(t(1)));
+  Write(5 + 40);                                      // 40 of 50 ms
+  EXPECT_FALSE(c.Contended(t(2) - milliseconds(1)));  // not due: the file is not read
+  EXPECT_TRUE(c.Contended(t(2)));                     // held until t(2 + kHold)
+  EXPECT_TRUE(c.Contended(t(3)));                     // no waiting now: still held
+  EXPECT_TRUE(c.Contended(t(1 + kHold)));             // (samples fall on whole intervals from here)
+  EXPECT_FALSE(c.Contended(t(2 + kHold)));            // the probe
+  Write(45 + 30);                                     // the probe interval: 30 of 50 ms
+  EXPECT_TRUE(c.Contended(t(3 + kHold)));             // contended again: held twice as long
+  EXPECT_TRUE(c.Contended(t(2 + 3 * kHold)));
+  EXPECT_FALSE(c.Contended(t(3 + 3 * kHold)));  // the next probe
+  Write(75 + 1);                                // free this time
+  EXPECT_FALSE(c.Contended(t(4 + 3 * kHold)));
+  Write(76 + 50);  // contended again: the hold is back to the base
+  EXPECT_TRUE(c.Contended(t(5 + 3 * kHold)));
+  EXPECT_FALSE(c.Contended(t(5 + 4 * kHold)));
 }
 
 TEST_F(CpuContentionFile, AnUnreadableSampleKeepsTheVerdictAndTheNextMeasuresAcrossTheGap) {
@@ -95,15 +138,18 @@ TEST_F(CpuContentionFile, AnUnreadableSampleKeepsTheVerdictAndTheNextMeasuresAcr
   const Clock::time_point t0 = Clock::now();
   const auto t = [&](int interval) { return t0 + interval * CpuContention::kInterval; };
   EXPECT_FALSE(c.Contended(t(0)));
-  Write(50);  // all of the interval waiting
-  EXPECT_TRUE(c.Contended(t(1)));
+  Write(5);
+  EXPECT_FALSE(c.Contended(t(1)));
   WriteText("garbage\n");
-  EXPECT_TRUE(c.Contended(t(2)));  // kept, not reset
-  // The next good sample measures from the last good one, two intervals back: 4 ms of 100 is
-  // 4 %, below the low share. (Measured over the last interval alone, 4 ms of 50 would be 8 %:
-  // still contended.)
-  Write(50 + 4);
+  EXPECT_FALSE(c.Contended(t(2)));  // kept
+  // The next good sample measures from the last good one, two intervals back: 15 ms of 100 is
+  // 15 %, below the high share (over the last interval alone, 15 of 50 would be 30 %).
+  Write(5 + 15);
   EXPECT_FALSE(c.Contended(t(3)));
+  Write(20 + 50);
+  EXPECT_TRUE(c.Contended(t(4)));
+  WriteText("garbage\n");
+  EXPECT_TRUE(c.Contended(t(5)));  // kept
 }
 
 TEST(CpuContentionMissing, WithoutTheFileTheThreadIsNeverContended) {
@@ -117,38 +163,42 @@ TEST(CpuContentionMissing, WithoutTheFileTheThreadIsNeverContended) {
   EXPECT_FALSE(dir.Contended(Clock::now() + std::chrono::seconds(1)));
 }
 
-// The real signal. A thread alone on an idle CPU stays free; sharing one CPU with a spinning
-// thread, it waits about half the time and turns contended.
+// The real signal. A thread sharing one CPU with a spinning thread waits about half the time
+// and turns contended.
 TEST(CpuContentionLive, AThreadSharingItsCpuWithASpinnerTurnsContended) {
-  if (!std::filesystem::exists("/proc/thread-self/schedstat")) {
-    GTEST_SKIP() << "SKIPPED: this kernel has no /proc/thread-self/schedstat (CONFIG_SCHED_INFO)";
+  if (!CpuContention().available()) {
+    GTEST_SKIP() << "SKIPPED: no readable run delay in /proc/thread-self/schedstat on this kernel";
   }
-  cpu_set_t one;
-  CPU_ZERO(&one);
   cpu_set_t allowed;
   ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
   int cpu = 0;
   while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
   ASSERT_LT(cpu, CPU_SETSIZE);
+  cpu_set_t one;
+  CPU_ZERO(&one);
   CPU_SET(cpu, &one);
   std::atomic<bool> stop{false};
   bool contended = false;
+  int pinned = -1;  // pthread_setaffinity_np's result in the measured thread
   std::thread measured([&] {
-    ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof one, &one), 0);
+    pinned = pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    if (pinned != 0) return;
     CpuContention c;
-    ASSERT_TRUE(c.available());
-    std::thread spinner([&] {
-      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    std::thread spinner([&] {  // inherits the one-CPU mask
       while (!stop.load(std::memory_order_relaxed)) {
       }
     });
-    // Spin too, asking each round, for up to 2 s (the verdict needs two samples, 50 ms apart).
+    // Spin too, asking each round, for up to 2 s (the verdict needs two samples 50 ms apart).
     const Clock::time_point end = Clock::now() + std::chrono::seconds(2);
     while (!contended && Clock::now() < end) contended = c.Contended(Clock::now());
     stop.store(true);
     spinner.join();
   });
   measured.join();
+  if (pinned != 0) {
+    GTEST_SKIP() << "SKIPPED: cannot pin a thread to CPU " << cpu << " here (error " << pinned
+                 << ")";
+  }
   EXPECT_TRUE(contended) << "two spinning threads on CPU " << cpu
                          << " and the measured one never waited 20 % of an interval";
 }
