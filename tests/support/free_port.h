@@ -25,17 +25,30 @@ inline uint16_t EphemeralPortLow() {
   return static_cast<uint16_t>(low);
 }
 
-// True when 127.0.0.1:`port` can be bound now (no SO_REUSEADDR: a port in TIME_WAIT is busy).
-inline bool PortBindable(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
+// A TCP socket bound to 127.0.0.1:`port` (with SO_REUSEADDR when `reuse`), or -1 when the
+// port cannot be bound.
+inline int BindLoopback(uint16_t port, bool reuse) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  if (reuse) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(port);
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// True when 127.0.0.1:`port` can be bound now (no SO_REUSEADDR: a port in TIME_WAIT is busy).
+inline bool PortBindable(uint16_t port) {
+  const int fd = BindLoopback(port, /*reuse=*/false);
+  if (fd < 0) return false;
   close(fd);
-  return ok;
+  return true;
 }
 
 // Holds 127.0.0.1:`port` with a bound, never-listening SO_REUSEADDR socket until the process
@@ -45,19 +58,7 @@ inline bool PortBindable(uint16_t port) {
 // port while none of them listens, and a connect to the held socket alone is refused. Each
 // test runs in its own process, so a port is held for one test.
 inline bool ReservePortForThisProcess(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return false;
-  }
-  return true;  // the descriptor stays open until exit, on purpose
+  return BindLoopback(port, /*reuse=*/true) >= 0;  // the descriptor stays open until exit
 }
 
 // A port on 127.0.0.1 that nothing holds, below the kernel's ephemeral range, reserved for
