@@ -30,6 +30,11 @@ DEFINE_int32(connects, 0,
              "Also time this many sequential Connect + close round trips (handshake cost) and "
              "print connects_per_s and the median connect time");
 
+DEFINE_bool(index_pattern, false,
+            "Also time the READs of a GET's index path alone, as the transport serves them: two "
+            "512-byte READs in one batch (the key's two buckets), then one 128-byte READ (the "
+            "item); prints index_pattern p50_us");
+
 using namespace rdkv;
 using Clock = std::chrono::steady_clock;
 
@@ -104,6 +109,47 @@ int main(int argc, char** argv) {
   auto pct = [&](double q) { return lat[std::min(lat.size() - 1, size_t(q * lat.size()))]; };
   double avg = std::accumulate(lat.begin(), lat.end(), 0.0) / lat.size();
 
+  // The index path's READs, without the KV code: what the fabric charges for those bytes.
+  std::vector<double> index_lat;
+  if (FLAGS_index_pattern) {
+    constexpr uint32_t kBucket = 512, kItem = 128;
+    auto pattern_buf = (*fabric)->AllocateRegion(4096, transport::RegionAccess::kLocal);
+    if (!pattern_buf.ok()) die(pattern_buf.status(), "index pattern buffer");
+    transport::ReadOp pops[3];
+    auto setup = [&](transport::ReadOp& op, size_t local_off, uint32_t len, uint64_t remote_off) {
+      op.Reset();
+      op.local = (*pattern_buf)->data() + local_off;
+      op.lkey = (*pattern_buf)->lkey();
+      op.rkey = rd.rkey;
+      op.length = len;
+      op.remote_addr = rd.addr + remote_off % (region_bytes - 4096);
+    };
+    index_lat.reserve(FLAGS_iters);
+    for (int i = 0; i < FLAGS_iters + 100; ++i) {
+      const uint64_t n = static_cast<uint64_t>(i) * 7919;
+      setup(pops[0], 0, kBucket, n * 4096);
+      setup(pops[1], kBucket, kBucket, (n + 3) * 4096 + 1024);
+      transport::ReadOp* buckets[2] = {&pops[0], &pops[1]};
+      transport::ReadOp* item = &pops[2];
+      auto t0 = Clock::now();
+      Status s = (*conn)->ReadAndWait(buckets, t0 + std::chrono::seconds(5));
+      if (s.ok()) {
+        setup(pops[2], 2 * kBucket, kItem, (n + 5) * 4096 + 2048);
+        s = (*conn)->ReadAndWait({&item, 1}, t0 + std::chrono::seconds(5));
+      }
+      auto t1 = Clock::now();
+      for (const transport::ReadOp& op : pops) {
+        if (s.ok() && op.status.load() != transport::ReadStatus::kOk) {
+          s = Status::RemoteAccessError("READ failed");
+        }
+      }
+      if (!s.ok()) die(s, "index pattern READ");
+      if (i >= 100) index_lat.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    std::sort(index_lat.begin(), index_lat.end());
+  }
+  const double index_p50 = index_lat.empty() ? 0 : index_lat[index_lat.size() / 2];
+
   // Rate: keep qd READs outstanding.
   uint64_t done = 0, posted = 0;
   auto end = Clock::now() + std::chrono::duration<double>(FLAGS_seconds);
@@ -164,13 +210,20 @@ int main(int argc, char** argv) {
       FLAGS_transport.c_str(), FLAGS_size, pct(0.50), pct(0.99), avg, lat.size());
   std::printf("rdkv transport_bench transport=%s size=%d read_rate qd=%d reads_per_s=%.0f\n",
               FLAGS_transport.c_str(), FLAGS_size, qd, rate);
+  if (FLAGS_index_pattern) {
+    std::printf(
+        "rdkv transport_bench transport=%s index_pattern (2 x 512 B, then 128 B) p50_us=%.2f "
+        "n=%zu\n",
+        FLAGS_transport.c_str(), index_p50, index_lat.size());
+  }
   if (!FLAGS_json.empty()) {
     std::ofstream(FLAGS_json) << "{\"transport\":\"" << FLAGS_transport
                               << "\",\"size\":" << FLAGS_size << ",\"p50_us\":" << pct(0.5)
                               << ",\"p99_us\":" << pct(0.99) << ",\"avg_us\":" << avg
                               << ",\"qd\":" << qd << ",\"reads_per_s\":" << rate
                               << ",\"connects_per_s\":" << connects_per_s
-                              << ",\"connect_p50_ms\":" << connect_p50_ms << "}\n";
+                              << ",\"connect_p50_ms\":" << connect_p50_ms
+                              << ",\"index_pattern_p50_us\":" << index_p50 << "}\n";
   }
   return 0;
 }

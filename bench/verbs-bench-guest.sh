@@ -43,6 +43,11 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
     --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
     --location_cache=false --json="$OUT/kv-index-$r.json" 2>"$OUT/kv-index-$r.log"
+  # The same READs through the transport alone (a 128-byte READ; the index path's 2 x 512 B then
+  # 128 B): what the fabric charges for a GET's bytes, so the KV code's own share shows.
+  taskset -c "$CLIENT_CPU" "$B/bench/transport_bench" --transport=verbs --host="$RDKV_RXE_ADDR" \
+    --size=128 --iters=2000 --qd=16 --seconds=0.3 --index_pattern \
+    --json="$OUT/transport-128-$r.json" 2>"$OUT/transport-128-$r.log"
   echo "round $r of $ROUNDS done"
 done
 

@@ -350,7 +350,7 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
   }
   const Clock::time_point start = Clock::now();  // op_timeout runs from here, on either path
   bool stale = false;
-  std::optional<Result<GetResult>> out = TryCachedGet(key, &stale);
+  std::optional<Result<GetResult>> out = TryCachedGet(key, start, &stale);
   if (out.has_value()) {
     if (!out->ok()) Add(counters_->errors);  // the fast path ends with a value or an error
     return std::move(*out);
@@ -381,7 +381,8 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
 // cache_checks_slot, no scratch, a failure the engine re-routes (no session or a failed READ
 // in a coordinated cluster), or a lease that does not allow the item. A stale item (not LIVE,
 // torn, another key's) is a cache miss: the entry is forgotten and *stale set.
-std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key, bool* stale) {
+std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
+                                                         Clock::time_point start, bool* stale) {
   if (options_.cache_checks_slot) return std::nullopt;
   const uint64_t hash = kv::KeyHash(key);
   const bool cluster = router_->cluster();
@@ -415,14 +416,18 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key, b
   x->batch.clear();
   x->tags.clear();
   AddRead(session, *x, x->items, *off, len, 0);
-  const Clock::time_point t0 = Clock::now();
+  // Get's start stands for the posting time: earlier than the post, so a lease measured from it
+  // ends no later than one measured from the post (and one clock read fewer: where the clock is
+  // a device, as an emulated HPET, each read is a system call of a microsecond).
+  const Clock::time_point t0 = start;
   const bool probe = cluster && session.ClaimLeaseRefresh(t0, lease_ / 2);
   uint8_t* own = x->items + OwnershipOffset(*x);
   if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
   Add(counters_->get_round_trips);
   Add(counters_->get_reads, x->batch.size());
   Status waited = session.conn().ReadAndWait(x->batch, t0 + options_.op_timeout);
-  const Clock::time_point completed = Clock::now();
+  // Only a cluster's lease check needs the completion time.
+  const Clock::time_point completed = cluster ? Clock::now() : Clock::time_point{};
   Status s = CheckReads(session, x, std::move(waited));
   if (!s.ok()) {
     if (cluster && Unreachable(*rt, s)) return std::nullopt;  // RunJobs re-routes it

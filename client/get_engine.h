@@ -139,7 +139,10 @@ class GetEngine {
   // than failed (a coordinator manages the cluster, and the failure is about reaching it).
   static bool Unreachable(const Routing& rt, const Status& s);
   // Get's fast path for a key with a cached location (get_engine.cc says what it decides).
-  std::optional<Result<GetResult>> TryCachedGet(std::string_view key, bool* stale);
+  // `start`: when Get began (its op_timeout and the lease's posting time run from there).
+  std::optional<Result<GetResult>> TryCachedGet(std::string_view key,
+                                                std::chrono::steady_clock::time_point start,
+                                                bool* stale);
   // The resolution of one run's jobs, and its steps; each suspends at every batch of READs.
   GetTask Resolve(OwnerRun& run);
   GetTask CachePass(OwnerRun& run);

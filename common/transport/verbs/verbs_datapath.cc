@@ -6,6 +6,7 @@
 // vector, and Call's response vector grows to the largest response seen. Errors carry short
 // messages (error paths only).
 #include <poll.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstring>
@@ -302,14 +303,19 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops) {
 }
 
 namespace {
-int64_t SteadyNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
+// The keep-alive's clock: monotonic at the kernel tick's resolution (milliseconds, against a
+// keep-alive period of seconds), read from the vDSO without touching the clock device. Every
+// PostReads reads it; CLOCK_MONOTONIC costs a system call and a device read where the clock
+// source is an HPET (an emulated machine's, about 1 us) and CLOCK_MONOTONIC_COARSE does not.
+int64_t CoarseNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
 }
 }  // namespace
 
 void ClientConnection::MaybeKeepAlive() {
-  const int64_t now = SteadyNanos();
+  const int64_t now = CoarseNanos();
   int64_t last = last_sent_ns_.load(std::memory_order_relaxed);
   if (now - last < keepalive_ns_) return;
   // One thread sends it; the others see the new time.
@@ -349,6 +355,7 @@ Status ClientConnection::ReadAndWait(std::span<ReadOp* const> ops, Clock::time_p
   const size_t batch = options_.max_outstanding_reads;
   size_t next = 0;           // first op not posted yet
   size_t first_pending = 0;  // first op not known done
+  bool progressed = false;
   while (true) {
     while (next < ops.size()) {
       const size_t n = std::min(batch, ops.size() - next);
@@ -366,7 +373,9 @@ Status ClientConnection::ReadAndWait(std::span<ReadOp* const> ops, Clock::time_p
     }
     while (first_pending < next && ops[first_pending]->done()) ++first_pending;
     if (first_pending == ops.size()) return Status::Ok();
-    if (Clock::now() >= deadline) {
+    // The deadline is read after a Progress, not before the first: the caller has just made it
+    // from the clock, and Progress bounds its own wait by it.
+    if (progressed && Clock::now() >= deadline) {
       // Never posted (the queue stayed full): end them so that callers waiting on done() stop.
       for (size_t i = next; i < ops.size(); ++i) {
         ops[i]->status.store(ReadStatus::kLocalError, std::memory_order_release);
@@ -374,6 +383,7 @@ Status ClientConnection::ReadAndWait(std::span<ReadOp* const> ops, Clock::time_p
       return Status::TimedOut("READs not done by the deadline");
     }
     Progress(deadline);
+    progressed = true;
   }
 }
 
@@ -543,7 +553,7 @@ void ClientConnection::HandleHandshakeMessage(const FragmentHeader& h, const uin
       regions_ = std::move(w.regions);
       windows_ = (w.flags & kAcceptFlagMemoryWindows) != 0;
       keepalive_ns_ = int64_t{w.keepalive_s} * 1'000'000'000;
-      last_sent_ns_.store(SteadyNanos(), std::memory_order_relaxed);
+      last_sent_ns_.store(CoarseNanos(), std::memory_order_relaxed);
       hs_state_.store(kHsWelcome, std::memory_order_release);
       return;
     }
@@ -669,7 +679,7 @@ Status ClientConnection::StartCall(std::span<const uint8_t> request, std::vector
     AbandonSlot(index, seq);
     return LostStatus();
   }
-  if (keepalive_ns_ > 0) last_sent_ns_.store(SteadyNanos(), std::memory_order_relaxed);
+  if (keepalive_ns_ > 0) last_sent_ns_.store(CoarseNanos(), std::memory_order_relaxed);
   call->MarkStarted(response, deadline, timeout, index, seq, nullptr);
   return Status::Ok();
 }
