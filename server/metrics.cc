@@ -108,6 +108,10 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
             static_cast<double>(s.transport.idle_closed));
   f.Counter("rdkv_slow_readers_cut_total", "Sessions cut off for not reading their responses",
             static_cast<double>(s.transport.slow_readers_cut));
+  f.Counter("rdkv_nic_busy_poll_holds_total",
+            "Times a tcp NIC thread stopped busy-polling because it waited for its CPU "
+            "(--busy_poll_always: never)",
+            static_cast<double>(s.transport.busy_poll_holds));
   f.Counter("rdkv_nic_reads_served_total",
             "One-sided READs served by the tcp software NIC (0 on verbs: the NIC serves them)",
             static_cast<double>(s.transport.reads_served));

@@ -359,6 +359,9 @@ struct ListenerStats {
   uint64_t handshakes_timed_out = 0;
   uint64_t idle_closed = 0;       // sessions closed by idle_timeout
   uint64_t slow_readers_cut = 0;  // sessions cut off for not reading their output
+  // tcp: times a NIC thread stopped busy-polling because it waited for its CPU (CpuContention;
+  // each hold counts once, a doubled hold again); 0 with busy_poll_always or busy_poll 0.
+  uint64_t busy_poll_holds = 0;
 };
 
 class Listener {

@@ -9,34 +9,60 @@
 
 namespace rdkv {
 
-CpuContention::CpuContention() : CpuContention("/proc/thread-self/schedstat") {}
+CpuContention::CpuContention() {
+  Open("/proc/thread-self/schedstat");  // resolves to the calling thread when opened
+  if (fd_ < 0) Open(TaskSchedstatPath(static_cast<int64_t>(gettid())).c_str());
+}
 
-CpuContention::CpuContention(const char* path) {
+CpuContention::CpuContention(const char* path) { Open(path); }
+
+void CpuContention::Open(const char* path) {
   if (path == nullptr || *path == '\0') return;
-  fd_ = open(path, O_RDONLY | O_CLOEXEC);  // /proc/thread-self resolves to this thread now
-  if (fd_ >= 0 && !Read().has_value()) {
-    close(fd_);  // not a schedstat file (or the kernel keeps no run delay)
+  fd_ = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  // Only the shape is judged here: a thread made a moment ago reads "0 0 0" until the kernel
+  // first charges it its CPU time (at a tick or a switch), as a kernel without schedstat always
+  // does. Either way such a sample is no sample (Read), not a reason to give up the file: the
+  // NIC threads open theirs first thing, and once took that for "unavailable" for good.
+  char buf[128];
+  const ssize_t n = pread(fd_, buf, sizeof buf, 0);
+  if (n <= 0 || static_cast<size_t>(n) == sizeof buf ||
+      !IsSchedstat(std::string_view(buf, static_cast<size_t>(n)))) {
+    close(fd_);  // not a schedstat file
     fd_ = -1;
   }
+}
+
+std::string CpuContention::TaskSchedstatPath(int64_t tid) {
+  return "/proc/self/task/" + std::to_string(tid) + "/schedstat";
 }
 
 CpuContention::~CpuContention() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::optional<uint64_t> CpuContention::ParseRunDelay(std::string_view text) {
+bool CpuContention::ParseFields(std::string_view text, uint64_t fields[3]) {
   // "<ns on cpu> <ns waiting on a runqueue> <timeslices>\n"
-  uint64_t fields[3];
   const char* p = text.data();
   const char* const end = text.data() + text.size();
-  for (uint64_t& f : fields) {
+  for (int i = 0; i < 3; ++i) {
     while (p < end && *p == ' ') ++p;
-    auto [q, ec] = std::from_chars(p, end, f);
-    if (ec != std::errc() || q == p) return std::nullopt;
+    auto [q, ec] = std::from_chars(p, end, fields[i]);
+    if (ec != std::errc() || q == p) return false;
     p = q;
   }
   while (p < end && std::isspace(static_cast<unsigned char>(*p))) ++p;
-  if (p != end || fields[0] == 0) return std::nullopt;
+  return p == end;
+}
+
+bool CpuContention::IsSchedstat(std::string_view text) {
+  uint64_t fields[3];
+  return ParseFields(text, fields);
+}
+
+std::optional<uint64_t> CpuContention::ParseRunDelay(std::string_view text) {
+  uint64_t fields[3];
+  if (!ParseFields(text, fields) || fields[0] == 0) return std::nullopt;
   return fields[1];
 }
 
@@ -53,13 +79,11 @@ CpuContention::State CpuContention::Next(State s, uint64_t waited_ns, uint64_t w
   if (wall_ns == 0) return s;
   const double share = static_cast<double>(waited_ns) / static_cast<double>(wall_ns);
   if (share >= kHighShare) {
-    const int64_t base = std::chrono::nanoseconds(kBaseHold).count();
-    const int64_t max = std::chrono::nanoseconds(kMaxHold).count();
-    s.hold_ns = s.probing ? std::min(2 * s.hold_ns, max) : base;
+    s.hold_ns = s.probing ? std::min(2 * s.hold_ns, kMaxHoldNs) : kBaseHoldNs;
     s.hold_until_ns = now_ns + s.hold_ns;
     s.contended = true;
   } else {
-    s.hold_ns = std::chrono::nanoseconds(kBaseHold).count();
+    s.hold_ns = kBaseHoldNs;
   }
   s.probing = false;
   return s;
@@ -81,8 +105,10 @@ bool CpuContention::Contended(Clock::time_point now) {
   const std::optional<uint64_t> delay = Read();
   if (!delay.has_value()) return state_.contended;  // keep it; measure across the gap next
   if (have_last_ && now_ns > last_ns_ && *delay >= last_delay_ns_) {
+    const bool was = state_.contended;
     state_ =
         Next(state_, *delay - last_delay_ns_, static_cast<uint64_t>(now_ns - last_ns_), now_ns);
+    if (state_.contended && !was) ++holds_;
   }
   last_ns_ = now_ns;
   last_delay_ns_ = *delay;

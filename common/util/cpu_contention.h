@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace rdkv {
@@ -38,16 +39,19 @@ class CpuContention {
   static constexpr std::chrono::milliseconds kBaseHold{500};
   static constexpr std::chrono::milliseconds kMaxHold{8000};
   static_assert(kInterval < kBaseHold && kBaseHold <= kMaxHold, "a hold spans intervals");
+  static constexpr int64_t kBaseHoldNs = std::chrono::nanoseconds(kBaseHold).count();
+  static constexpr int64_t kMaxHoldNs = std::chrono::nanoseconds(kMaxHold).count();
 
   // The verdict and its hold, in nanoseconds of the steady clock.
   struct State {
     bool contended = false;
     bool probing = false;  // free for one interval after a hold, to look again
     int64_t hold_until_ns = 0;
-    int64_t hold_ns = std::chrono::nanoseconds(kBaseHold).count();
+    int64_t hold_ns = kBaseHoldNs;
   };
 
-  // The calling thread's schedstat.
+  // The calling thread's schedstat: /proc/thread-self/schedstat, or on kernels before 3.17
+  // (no /proc/thread-self) TaskSchedstatPath of the thread's id.
   CpuContention();
   // `path`: a file in schedstat's format ("" or unreadable: never contended). For tests.
   explicit CpuContention(const char* path);
@@ -58,22 +62,36 @@ class CpuContention {
   // True while the last interval's waiting share put the thread in the contended state.
   bool Contended(Clock::time_point now);
 
-  // Whether the file could be read when this object was made.
+  // Whether the file could be read, and looked like schedstat, when this object was made (its
+  // samples may still all be "0 0 0": a kernel that keeps no run delay; never contended then).
   bool available() const { return fd_ >= 0; }
+
+  // How many holds Contended has begun (each stop of polling; a probe that doubles a hold
+  // begins another). For the listener's busy_poll_holds counter.
+  uint64_t holds() const { return holds_; }
+
+  // "/proc/self/task/<tid>/schedstat": thread `tid`'s schedstat where /proc/thread-self is
+  // missing. Pure.
+  static std::string TaskSchedstatPath(int64_t tid);
 
   // The run delay (second number) of a schedstat line "<on-cpu ns> <waited ns> <slices>";
   // nullopt when the text is not one, or when its on-CPU time is 0 (a kernel that keeps no
   // schedstat prints "0 0 0"). Pure.
   static std::optional<uint64_t> ParseRunDelay(std::string_view text);
+  // Whether `text` has schedstat's shape (three numbers), whatever their values. Pure.
+  static bool IsSchedstat(std::string_view text);
 
   // The state at `now_ns`, after an interval of `wall_ns` in which the thread waited
   // `waited_ns`, from `s` (the rule above). Pure.
   static State Next(State s, uint64_t waited_ns, uint64_t wall_ns, int64_t now_ns);
 
  private:
+  static bool ParseFields(std::string_view text, uint64_t fields[3]);
+  void Open(const char* path);
   std::optional<uint64_t> Read() const;
 
   int fd_ = -1;
+  uint64_t holds_ = 0;
   State state_;
   int64_t next_sample_ns_ = 0;
   int64_t last_ns_ = 0;

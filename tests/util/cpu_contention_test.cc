@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -20,6 +21,18 @@ namespace {
 
 using Clock = CpuContention::Clock;
 using std::chrono::milliseconds;
+
+// Whether this kernel shows a run delay in /proc/thread-self/schedstat (after this thread has
+// certainly been charged some CPU time).
+bool KernelKeepsRunDelay() {
+  const Clock::time_point end = Clock::now() + std::chrono::milliseconds(5);
+  while (Clock::now() < end) {
+  }
+  sched_yield();
+  std::ifstream f("/proc/thread-self/schedstat");
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return CpuContention::ParseRunDelay(text).has_value();
+}
 
 TEST(CpuContentionParse, ReadsTheRunDelay) {
   EXPECT_EQ(CpuContention::ParseRunDelay("136597441 2385506 78\n"), 2385506u);
@@ -32,6 +45,14 @@ TEST(CpuContentionParse, RefusesWhatIsNotSchedstat) {
                           "some avg10=0.00 total=5\n", "1 99999999999999999999 3\n",
                           "0 0 0\n" /* a kernel that keeps no schedstat */}) {
     EXPECT_FALSE(CpuContention::ParseRunDelay(bad).has_value()) << "'" << bad << "'";
+  }
+}
+
+TEST(CpuContentionParse, JudgesTheShapeApartFromTheValues) {
+  EXPECT_TRUE(CpuContention::IsSchedstat("0 0 0\n"));  // a new thread's, or no schedstat
+  EXPECT_TRUE(CpuContention::IsSchedstat("136597441 2385506 78\n"));
+  for (const char* bad : {"", "1 2\n", "1 2 3 4\n", "1 x 3\n", "some avg10=0.00 total=5\n"}) {
+    EXPECT_FALSE(CpuContention::IsSchedstat(bad)) << "'" << bad << "'";
   }
 }
 
@@ -118,12 +139,15 @@ TEST_F(CpuContentionFile, StopsForAHoldThenProbesAndDoublesTheHoldWhileStillCont
   EXPECT_FALSE(c.Contended(t(1)));
   Write(5 + 40);                                      // 40 of 50 ms
   EXPECT_FALSE(c.Contended(t(2) - milliseconds(1)));  // not due: the file is not read
-  EXPECT_TRUE(c.Contended(t(2)));                     // held until t(2 + kHold)
-  EXPECT_TRUE(c.Contended(t(3)));                     // no waiting now: still held
-  EXPECT_TRUE(c.Contended(t(1 + kHold)));             // (samples fall on whole intervals from here)
-  EXPECT_FALSE(c.Contended(t(2 + kHold)));            // the probe
-  Write(45 + 30);                                     // the probe interval: 30 of 50 ms
-  EXPECT_TRUE(c.Contended(t(3 + kHold)));             // contended again: held twice as long
+  EXPECT_EQ(c.holds(), 0u);
+  EXPECT_TRUE(c.Contended(t(2)));  // held until t(2 + kHold)
+  EXPECT_EQ(c.holds(), 1u);
+  EXPECT_TRUE(c.Contended(t(3)));           // no waiting now: still held
+  EXPECT_TRUE(c.Contended(t(1 + kHold)));   // (samples fall on whole intervals from here)
+  EXPECT_FALSE(c.Contended(t(2 + kHold)));  // the probe
+  Write(45 + 30);                           // the probe interval: 30 of 50 ms
+  EXPECT_TRUE(c.Contended(t(3 + kHold)));   // contended again: held twice as long
+  EXPECT_EQ(c.holds(), 2u);
   EXPECT_TRUE(c.Contended(t(2 + 3 * kHold)));
   EXPECT_FALSE(c.Contended(t(3 + 3 * kHold)));  // the next probe
   Write(75 + 1);                                // free this time
@@ -131,6 +155,23 @@ TEST_F(CpuContentionFile, StopsForAHoldThenProbesAndDoublesTheHoldWhileStillCont
   Write(76 + 50);  // contended again: the hold is back to the base
   EXPECT_TRUE(c.Contended(t(5 + 3 * kHold)));
   EXPECT_FALSE(c.Contended(t(5 + 4 * kHold)));
+  EXPECT_EQ(c.holds(), 3u);  // a hold per stop of polling, however long each was
+}
+
+// A thread reads "0 0 0" until the kernel first charges it its CPU time (a tick or a switch
+// later). The NIC threads open their file first thing: that read must not cost them the gate.
+TEST_F(CpuContentionFile, AFirstReadingOfZerosIsNoSampleAndTheFileStays) {
+  WriteText("0 0 0\n");
+  CpuContention c(path_.c_str());
+  ASSERT_TRUE(c.available());
+  const Clock::time_point t0 = Clock::now();
+  const auto t = [&](int interval) { return t0 + interval * CpuContention::kInterval; };
+  EXPECT_FALSE(c.Contended(t(0)));  // zeros: no sample
+  Write(0);
+  EXPECT_FALSE(c.Contended(t(1)));  // the first sample
+  Write(45);
+  EXPECT_TRUE(c.Contended(t(2)));  // 45 of 50 ms waiting
+  EXPECT_EQ(c.holds(), 1u);
 }
 
 TEST_F(CpuContentionFile, AnUnreadableSampleKeepsTheVerdictAndTheNextMeasuresAcrossTheGap) {
@@ -163,10 +204,23 @@ TEST(CpuContentionMissing, WithoutTheFileTheThreadIsNeverContended) {
   EXPECT_FALSE(dir.Contended(Clock::now() + std::chrono::seconds(1)));
 }
 
+// Kernels before 3.17 have no /proc/thread-self; the default constructor falls back to the
+// thread's entry under /proc/self/task, which this kernel has as well.
+TEST(CpuContentionMissing, TheTaskPathReadsTheSameThreadsRunDelay) {
+  EXPECT_EQ(CpuContention::TaskSchedstatPath(42), "/proc/self/task/42/schedstat");
+  if (!KernelKeepsRunDelay()) {
+    GTEST_SKIP() << "SKIPPED: no readable run delay in /proc/thread-self/schedstat on this kernel";
+  }
+  CpuContention task(CpuContention::TaskSchedstatPath(static_cast<int64_t>(gettid())).c_str());
+  EXPECT_TRUE(task.available());
+  CpuContention nobody(CpuContention::TaskSchedstatPath(0).c_str());
+  EXPECT_FALSE(nobody.available());
+}
+
 // The real signal. A thread sharing one CPU with a spinning thread waits about half the time
 // and turns contended.
 TEST(CpuContentionLive, AThreadSharingItsCpuWithASpinnerTurnsContended) {
-  if (!CpuContention().available()) {
+  if (!KernelKeepsRunDelay()) {
     GTEST_SKIP() << "SKIPPED: no readable run delay in /proc/thread-self/schedstat on this kernel";
   }
   cpu_set_t allowed;

@@ -361,6 +361,7 @@ struct ListenerCore {
   std::atomic<uint64_t> handshakes_timed_out{0};
   std::atomic<uint64_t> idle_closed{0};
   std::atomic<uint64_t> slow_readers_cut{0};
+  std::atomic<uint64_t> busy_poll_holds{0};
   LogThrottle log_refused, log_timeout, log_evicted, log_protocol, log_session, log_cut;
 
   std::atomic<uint64_t> connections_accepted{0};
@@ -464,6 +465,7 @@ class NicThread {
     const Clock::duration busy_poll = core_->options.busy_poll;
     const bool poll_always = core_->options.busy_poll_always;
     CpuContention contention;              // this thread's own wait for a CPU (made on this thread)
+    uint64_t holds_counted = 0;            // contention.holds() already in core_->busy_poll_holds
     Clock::time_point now = Clock::now();  // one reading per round, after its events
     Clock::time_point next_sweep = now + std::chrono::milliseconds(kEpollTimeoutMs);
     Clock::time_point last_event{};
@@ -472,6 +474,11 @@ class NicThread {
       // thread does not wait for its CPU (CpuContention; ListenOptions::busy_poll_always aside);
       // sleeps in the kernel otherwise (always with busy_poll 0).
       const bool poll = now - last_event < busy_poll && (poll_always || !contention.Contended(now));
+      if (contention.holds() != holds_counted) {
+        core_->busy_poll_holds.fetch_add(contention.holds() - holds_counted,
+                                         std::memory_order_relaxed);
+        holds_counted = contention.holds();
+      }
       int n = epoll_wait(epfd_, events, kMaxEvents, poll ? 0 : kEpollTimeoutMs);
       if (n == 0 && poll) sched_yield();  // other runnable threads first (see the connection)
       if (n < 0 && errno != EINTR) {
@@ -1290,6 +1297,7 @@ class TcpListener final : public Listener {
     s.handshakes_timed_out = core_->handshakes_timed_out.load(std::memory_order_relaxed);
     s.idle_closed = core_->idle_closed.load(std::memory_order_relaxed);
     s.slow_readers_cut = core_->slow_readers_cut.load(std::memory_order_relaxed);
+    s.busy_poll_holds = core_->busy_poll_holds.load(std::memory_order_relaxed);
     return s;
   }
 
