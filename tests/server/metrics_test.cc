@@ -236,6 +236,60 @@ TEST_F(MetricsTest, DashboardQueriesNameExportedMetrics) {
   }
 }
 
+// docs/operations.md's metric tables and what kvserver and kvcoord export name the same
+// families, each with the same type: a metric added without its line, or a line left behind by
+// a rename, fails here.
+TEST_F(MetricsTest, OperationsDocListsEveryExportedFamilyWithItsType) {
+  server::ServerStats clustered;  // every family a clustered, replicated server can export
+  clustered.clustered = true;
+  clustered.persist = server::persistence::PersisterStats{};
+  clustered.backups.push_back({1, true, 0, 0});
+  clustered.scan_progress.emplace_back(0, 1.0);
+  const auto kTypeName = [](prometheus::MetricType t) -> std::string {
+    return t == prometheus::MetricType::Counter     ? "counter"
+           : t == prometheus::MetricType::Gauge     ? "gauge"
+           : t == prometheus::MetricType::Histogram ? "histogram"
+                                                    : "other";
+  };
+  std::map<std::string, std::string> exported;
+  for (const prometheus::MetricFamily& f : server::ServerMetricFamilies(clustered)) {
+    exported[f.name] = kTypeName(f.type);
+  }
+  for (const prometheus::MetricFamily& f :
+       coordinator::CoordinatorMetricFamilies(coordinator::CoordinatorStats{})) {
+    exported[f.name] = kTypeName(f.type);
+  }
+  std::ifstream file(RDKV_OPERATIONS_DOC_PATH);
+  ASSERT_TRUE(file) << "cannot read " << RDKV_OPERATIONS_DOC_PATH;
+  // "| `rdkv_a`[, `rdkv_b` ...] | type | ..." (the server's table also has a labels column).
+  static const std::regex kRow(R"(^\| ((?:`rdkv_[a-z0-9_]+`(?:, )?)+) \| ([a-z]+) \|)");
+  static const std::regex kName(R"(`(rdkv_[a-z0-9_]+)`)");
+  std::map<std::string, std::string> documented;
+  std::string line;
+  while (std::getline(file, line)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, kRow)) continue;
+    const std::string names = m[1];
+    for (std::sregex_iterator it(names.begin(), names.end(), kName), end; it != end; ++it) {
+      const std::string name = (*it)[1];
+      EXPECT_EQ(documented.count(name), 0u) << name << " has two lines";
+      documented[name] = m[2];
+    }
+  }
+  ASSERT_GE(documented.size(), 40u) << "the tables were not found";
+  for (const auto& [name, type] : exported) {
+    auto it = documented.find(name);
+    if (it == documented.end()) {
+      ADD_FAILURE() << name << " (" << type << ") is exported but has no line in operations.md";
+    } else {
+      EXPECT_EQ(it->second, type) << name;
+    }
+  }
+  for (const auto& [name, type] : documented) {
+    EXPECT_EQ(exported.count(name), 1u) << "operations.md lists " << name << ", not exported";
+  }
+}
+
 // A replicated cluster (3 servers, every shard on 2, shard 0: primary 0, backup 1): the
 // replication families of /metrics follow forwards, a backup that does not answer (lag,
 // pending forwards, repair), a catch-up copy to server 2 and a promotion.
