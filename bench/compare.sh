@@ -28,6 +28,7 @@
 #               the default preset and the two targets built when missing or stale)
 #   RDKV_TRANSPORT  tcp (default), verbs or auto       SERVER_THREADS  server threads (default 2)
 #   RDKV_PROPS  more kvbench properties for rdkv only (e.g. "-p rdkv.busy_poll_us=0")
+#   RDKV_SERVER_FLAGS  more kvserver flags (e.g. "--busy_poll_always")
 #   COMPARE_OUT     keep every kvbench output (text, plus status lines) in this directory
 #   COMPARE_CHART   where the chart goes (default build/compare/throughput.svg): throughput
 #                   against client threads per workload and backend (bench/throughput_chart.py),
@@ -169,13 +170,13 @@ if [[ -x deploy/local-cluster.sh ]]; then
   cluster_dir=$work/rdkv-cluster
   say "rdkv: deploy/local-cluster.sh start 1 (port $rdkv_port, $TRANSPORT, ${mem_mib}MiB, no persistence)"
   RDKV_BIN=$BUILD RDKV_BASE_PORT=$rdkv_port RDKV_TRANSPORT=$TRANSPORT RDKV_MEMORY=${mem_mib}MiB \
-    RDKV_DURABILITY=none RDKV_EXTRA_FLAGS="--worker_threads=$SERVER_THREADS" \
+    RDKV_DURABILITY=none RDKV_EXTRA_FLAGS="--worker_threads=$SERVER_THREADS ${RDKV_SERVER_FLAGS:-}" \
     deploy/local-cluster.sh start 1 "$cluster_dir" >"$work/cluster.log" 2>&1 ||
     { cat "$work/cluster.log" >&2; die "the rdkv cluster did not start"; }
 else
   say "rdkv: $KVSERVER (port $rdkv_port, $TRANSPORT, ${mem_mib}MiB)"
   setsid "$KVSERVER" --host=127.0.0.1 --port="$rdkv_port" --transport="$TRANSPORT" --memory="${mem_mib}MiB" \
-    --worker_threads="$SERVER_THREADS" >"$work/kvserver.log" 2>&1 &
+    --worker_threads="$SERVER_THREADS" ${RDKV_SERVER_FLAGS:-} >"$work/kvserver.log" 2>&1 &
   kvserver_pid=$!
   wait_tcp "$rdkv_port" kvserver "$work/kvserver.log"
 fi
