@@ -1,6 +1,7 @@
 #include "common/util/cpu_contention.h"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,7 +12,7 @@ namespace rdkv {
 
 CpuContention::CpuContention() {
   Open("/proc/thread-self/schedstat");  // resolves to the calling thread when opened
-  if (fd_ < 0) Open(TaskSchedstatPath(static_cast<int64_t>(gettid())).c_str());
+  if (fd_ < 0) Open(TaskSchedstatPath(static_cast<int64_t>(syscall(SYS_gettid))).c_str());
 }
 
 CpuContention::CpuContention(const char* path) { Open(path); }

@@ -116,6 +116,15 @@ Outcome RunPinnedListener(bool busy_poll_always, Clock::duration run_for, bool s
     });
   });
   maker.join();
+  // Whatever happens below (an exception included), the spinner stops and is joined.
+  struct StopSpinner {
+    std::atomic<bool>& stop;
+    std::thread& spinner;
+    ~StopSpinner() {
+      stop.store(true);
+      if (spinner.joinable()) spinner.join();
+    }
+  } stop_spinner{stop, spinner};
   if (!out.skip.empty()) return out;
   EXPECT_EQ(setup_error, "");
   if (listener == nullptr) return out;
@@ -150,8 +159,6 @@ Outcome RunPinnedListener(bool busy_poll_always, Clock::duration run_for, bool s
     }
   }
   out.holds = listener->stats().busy_poll_holds;
-  stop.store(true);
-  spinner.join();
   return out;
 }
 

@@ -217,7 +217,7 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   std::vector<RegionDescriptor> regions_;
   bool windows_ = false;
   int64_t keepalive_ns_ = 0;              // from the WELCOME; 0: none needed
-  std::atomic<int64_t> last_sent_ns_{0};  // steady clock, ns: the last message we sent
+  std::atomic<int64_t> last_sent_ns_{0};  // CoarseNanos: the last message we sent
   // Handshake on the QP: 0 waiting, 1 WELCOME received, 2 AUTH_REFUSED received or malformed.
   enum HandshakeState : int { kHsWaiting = 0, kHsWelcome = 1, kHsRefused = 2 };
   std::atomic<int> hs_state_{kHsWaiting};
