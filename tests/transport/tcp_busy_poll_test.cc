@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -25,6 +27,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr size_t kRegionSize = 1 << 16;
+
+// As in conformance_test.cc: with TZ unset, glog's time stamps make glibc free and re-copy its
+// zone on every line, which TSan reports as a race between two logging threads. With TZ set
+// glibc keeps its copy. Runs before main(), before any thread exists.
+[[maybe_unused]] const bool kTzPinned = [] {
+  setenv("TZ", ":/etc/localtime", /*overwrite=*/0);
+  tzset();
+  return true;
+}();
 
 // Whether this kernel shows a run delay in /proc/thread-self/schedstat (after this thread has
 // certainly been charged some CPU time).
