@@ -167,6 +167,32 @@ TEST_F(MetricsTest, OffUnlessAPortIsGiven) {
   EXPECT_EQ((*s)->metrics_port(), 0);
 }
 
+// Every family kvserver and kvcoord can export, name -> "counter" / "gauge" / "histogram": a
+// clustered, replicated, persisting server's (ServerMetricFamilies of such stats, what its
+// collector returns) and kvcoord's (CoordinatorMetricFamilies).
+std::map<std::string, std::string> ExportedFamilyTypes() {
+  server::ServerStats clustered;
+  clustered.clustered = true;
+  clustered.persist = server::persistence::PersisterStats{};
+  clustered.backups.push_back({1, true, 0, 0});
+  clustered.scan_progress.emplace_back(0, 1.0);
+  const auto type_name = [](prometheus::MetricType t) -> std::string {
+    return t == prometheus::MetricType::Counter     ? "counter"
+           : t == prometheus::MetricType::Gauge     ? "gauge"
+           : t == prometheus::MetricType::Histogram ? "histogram"
+                                                    : "other";
+  };
+  std::map<std::string, std::string> types;
+  for (const prometheus::MetricFamily& f : server::ServerMetricFamilies(clustered)) {
+    types[f.name] = type_name(f.type);
+  }
+  for (const prometheus::MetricFamily& f :
+       coordinator::CoordinatorMetricFamilies(coordinator::CoordinatorStats{})) {
+    types[f.name] = type_name(f.type);
+  }
+  return types;
+}
+
 // Every metric a query of deploy/grafana/rdkv-dashboard.json names is one that kvserver or
 // kvcoord exports (a histogram's _bucket/_sum/_count series by its family): this standalone
 // server's scrape, the families a replicated server adds (ServerMetricFamilies of a clustered
@@ -175,24 +201,7 @@ TEST_F(MetricsTest, OffUnlessAPortIsGiven) {
 TEST_F(MetricsTest, DashboardQueriesNameExportedMetrics) {
   ASSERT_TRUE(client_->Put("k", "v").ok());  // every family has a sample
   Scrape scrape = ScrapeServer();
-  server::ServerStats clustered;
-  clustered.clustered = true;
-  clustered.persist = server::persistence::PersisterStats{};
-  clustered.backups.push_back({1, true, 0, 0});
-  clustered.scan_progress.emplace_back(0, 1.0);
-  const auto kTypeName = [](prometheus::MetricType t) -> std::string {
-    return t == prometheus::MetricType::Counter     ? "counter"
-           : t == prometheus::MetricType::Gauge     ? "gauge"
-           : t == prometheus::MetricType::Histogram ? "histogram"
-                                                    : "other";
-  };
-  for (const prometheus::MetricFamily& f : server::ServerMetricFamilies(clustered)) {
-    scrape.types[f.name] = kTypeName(f.type);
-  }
-  for (const prometheus::MetricFamily& f :
-       coordinator::CoordinatorMetricFamilies(coordinator::CoordinatorStats{})) {
-    scrape.types[f.name] = kTypeName(f.type);
-  }
+  for (const auto& [name, type] : ExportedFamilyTypes()) scrape.types[name] = type;
   std::ifstream file(RDKV_DASHBOARD_PATH);
   ASSERT_TRUE(file) << "cannot read " << RDKV_DASHBOARD_PATH;
   nlohmann::json dashboard = nlohmann::json::parse(file);
@@ -240,25 +249,7 @@ TEST_F(MetricsTest, DashboardQueriesNameExportedMetrics) {
 // families, each with the same type: a metric added without its line, or a line left behind by
 // a rename, fails here.
 TEST_F(MetricsTest, OperationsDocListsEveryExportedFamilyWithItsType) {
-  server::ServerStats clustered;  // every family a clustered, replicated server can export
-  clustered.clustered = true;
-  clustered.persist = server::persistence::PersisterStats{};
-  clustered.backups.push_back({1, true, 0, 0});
-  clustered.scan_progress.emplace_back(0, 1.0);
-  const auto kTypeName = [](prometheus::MetricType t) -> std::string {
-    return t == prometheus::MetricType::Counter     ? "counter"
-           : t == prometheus::MetricType::Gauge     ? "gauge"
-           : t == prometheus::MetricType::Histogram ? "histogram"
-                                                    : "other";
-  };
-  std::map<std::string, std::string> exported;
-  for (const prometheus::MetricFamily& f : server::ServerMetricFamilies(clustered)) {
-    exported[f.name] = kTypeName(f.type);
-  }
-  for (const prometheus::MetricFamily& f :
-       coordinator::CoordinatorMetricFamilies(coordinator::CoordinatorStats{})) {
-    exported[f.name] = kTypeName(f.type);
-  }
+  const std::map<std::string, std::string> exported = ExportedFamilyTypes();
   std::ifstream file(RDKV_OPERATIONS_DOC_PATH);
   ASSERT_TRUE(file) << "cannot read " << RDKV_OPERATIONS_DOC_PATH;
   // "| `rdkv_a`[, `rdkv_b` ...] | type | ..." (the server's table also has a labels column).

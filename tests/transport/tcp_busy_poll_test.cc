@@ -21,6 +21,7 @@
 
 #include "common/transport/transport.h"
 #include "common/util/cpu_contention.h"
+#include "tests/support/run_delay.h"
 
 namespace rdkv::transport {
 namespace {
@@ -37,17 +38,7 @@ constexpr size_t kRegionSize = 1 << 16;
   return true;
 }();
 
-// Whether this kernel shows a run delay in /proc/thread-self/schedstat (after this thread has
-// certainly been charged some CPU time).
-bool KernelKeepsRunDelay() {
-  const Clock::time_point end = Clock::now() + std::chrono::milliseconds(5);
-  while (Clock::now() < end) {
-  }
-  sched_yield();
-  std::ifstream f("/proc/thread-self/schedstat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return CpuContention::ParseRunDelay(text).has_value();
-}
+using testing::KernelKeepsRunDelay;
 
 struct Outcome {
   std::string skip;  // why the run could not happen; empty when it did

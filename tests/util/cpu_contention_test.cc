@@ -1,6 +1,7 @@
 // CpuContention: the schedstat parser, the hysteresis rule, sampling a file the test writes,
 // and the real signal: a thread sharing one CPU with a spinning thread turns contended.
 #include "common/util/cpu_contention.h"
+#include "tests/support/run_delay.h"
 
 #include <gtest/gtest.h>
 #include <pthread.h>
@@ -22,17 +23,7 @@ namespace {
 using Clock = CpuContention::Clock;
 using std::chrono::milliseconds;
 
-// Whether this kernel shows a run delay in /proc/thread-self/schedstat (after this thread has
-// certainly been charged some CPU time).
-bool KernelKeepsRunDelay() {
-  const Clock::time_point end = Clock::now() + std::chrono::milliseconds(5);
-  while (Clock::now() < end) {
-  }
-  sched_yield();
-  std::ifstream f("/proc/thread-self/schedstat");
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  return CpuContention::ParseRunDelay(text).has_value();
-}
+using testing::KernelKeepsRunDelay;
 
 TEST(CpuContentionParse, ReadsTheRunDelay) {
   EXPECT_EQ(CpuContention::ParseRunDelay("136597441 2385506 78\n"), 2385506u);
