@@ -25,10 +25,9 @@ void CpuContention::Open(const char* path) {
   // first charges it its CPU time (at a tick or a switch), as a kernel without schedstat always
   // does. Either way such a sample is no sample (Read), not a reason to give up the file: the
   // NIC threads open theirs first thing, and once took that for "unavailable" for good.
-  char buf[128];
-  const ssize_t n = pread(fd_, buf, sizeof buf, 0);
-  if (n <= 0 || static_cast<size_t>(n) == sizeof buf ||
-      !IsSchedstat(std::string_view(buf, static_cast<size_t>(n)))) {
+  char buf[kReadBytes];
+  const std::optional<std::string_view> text = ReadText(buf);
+  if (!text.has_value() || !IsSchedstat(*text)) {
     close(fd_);  // not a schedstat file
     fd_ = -1;
   }
@@ -90,11 +89,17 @@ CpuContention::State CpuContention::Next(State s, uint64_t waited_ns, uint64_t w
   return s;
 }
 
-std::optional<uint64_t> CpuContention::Read() const {
-  char buf[128];
+std::optional<std::string_view> CpuContention::ReadText(char (&buf)[kReadBytes]) const {
   const ssize_t n = pread(fd_, buf, sizeof buf, 0);
   if (n <= 0 || static_cast<size_t>(n) == sizeof buf) return std::nullopt;  // none, or cut off
-  return ParseRunDelay(std::string_view(buf, static_cast<size_t>(n)));
+  return std::string_view(buf, static_cast<size_t>(n));
+}
+
+std::optional<uint64_t> CpuContention::Read() const {
+  char buf[kReadBytes];
+  const std::optional<std::string_view> text = ReadText(buf);
+  if (!text.has_value()) return std::nullopt;
+  return ParseRunDelay(*text);
 }
 
 bool CpuContention::Contended(Clock::time_point now) {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -86,8 +87,13 @@ class CpuContention {
   static State Next(State s, uint64_t waited_ns, uint64_t wall_ns, int64_t now_ns);
 
  private:
+  static constexpr size_t kReadBytes = 128;  // a schedstat line is under 64
+
   static bool ParseFields(std::string_view text, uint64_t fields[3]);
   void Open(const char* path);
+  // The file's whole text in `buf`; nullopt when unreadable, empty or longer than the buffer.
+  std::optional<std::string_view> ReadText(char (&buf)[kReadBytes]) const;
+  // The run delay of a sample; nullopt when there is none (ReadText, ParseRunDelay).
   std::optional<uint64_t> Read() const;
 
   int fd_ = -1;
