@@ -24,13 +24,13 @@ Links::Links(const ClientOptions& options, ServerAddress seed, transport::Fabric
                                    options.connections_per_server)) {}
 
 Links::~Links() {
+  auto close = [](Link& link) {
+    MutexLock l(&link.mu);
+    for (size_t i = 0; i < link.slot_count; ++i) link.SetSession(i, nullptr);
+  };
   MutexLock l(&mu_);
-  for (auto& [name, link] : links_) {
-    MutexLock ll(&link->mu);
-    for (Link::Slot& slot : link->slots) slot.session.reset();
-  }
-  MutexLock ls(&seed_->mu);
-  for (Link::Slot& slot : seed_->slots) slot.session.reset();
+  for (auto& [name, link] : links_) close(*link);
+  close(*seed_);
 }
 
 namespace {
@@ -73,8 +73,13 @@ std::shared_ptr<Session> UsableSlot(const std::vector<Link::Slot>& slots) {
 }  // namespace
 
 Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
+  const size_t index = ThreadSlot() % link.slot_count;
+  {  // The fast path (every operation's): the thread's own slot, open and usable.
+    Link::Published& p = link.published[index];
+    SpinLockHold h(&p.mu);
+    if (p.session != nullptr && p.session->usable()) return p.session;
+  }
   MutexLock l(&link.mu);
-  const size_t index = ThreadSlot() % link.slots.size();
   Clock::time_point now;
   for (;;) {
     Link::Slot& slot = link.slots[index];
@@ -99,7 +104,7 @@ Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   link.last_try = now;
   slot.connecting = true;
   const bool reconnect = slot.connected_once;
-  std::shared_ptr<Session> old = std::move(slot.session);
+  std::shared_ptr<Session> old = link.SetSession(index, nullptr);
   l.Unlock();
   old.reset();  // the old connection closes once its last user is done
   auto opened = OpenSession(fabric_, link.address, options_, pool_);
@@ -147,7 +152,7 @@ Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   } else {
     pool_->SetShape(shape);
   }
-  slot.session = session;
+  link.SetSession(index, session);  // the slot had none (set to null above)
   return session;
 }
 

@@ -8,6 +8,7 @@
 // Thread-safety: every method is safe from any thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -35,15 +36,39 @@ struct Link {
     bool connecting = false;  // a thread is opening it, outside the lock (others wait on opened)
     std::chrono::steady_clock::time_point failed_at{};  // its last failed open, if any
   };
+  // What SessionOf's fast path reads without mu: a slot's session, copied under a spin lock
+  // of its own (a reference count's increment), in its own cache line.
+  struct alignas(64) Published {
+    SpinLock mu;
+    std::shared_ptr<Session> session GUARDED_BY(mu);
+  };
   Link(uint32_t server_id, ServerAddress a, size_t cache_entries, size_t connections)
-      : id(server_id), address(std::move(a)), cache(cache_entries), slots(connections) {}
+      : id(server_id),
+        address(std::move(a)),
+        cache(cache_entries),
+        slot_count(std::max<size_t>(connections, 1)),
+        published(new Published[slot_count]),
+        slots(slot_count) {}
   const uint32_t id;
   const ServerAddress address;
   LocationCache cache;  // offsets in this server's region (lock-free)
+  const size_t slot_count;
+  // published[i] is slots[i].session, set with mu held whenever that changes.
+  const std::unique_ptr<Published[]> published;
   Mutex mu;
   // A thread uses slot ThreadSlot() % slots.size(): its own connection when there are as many
   // connections as threads, so threads do not queue behind each other on one socket or QP.
   std::vector<Slot> slots GUARDED_BY(mu);
+  // Sets slots[index].session and its published copy. The old session is returned, to be let
+  // go of outside mu (its last holder closes its connection).
+  std::shared_ptr<Session> SetSession(size_t index, std::shared_ptr<Session> s) REQUIRES(mu) {
+    {
+      SpinLockHold h(&published[index].mu);
+      published[index].session = s;
+    }
+    std::swap(slots[index].session, s);
+    return s;
+  }
   CondVar opened;  // a slot's open finished (with mu)
   uint64_t incarnation GUARDED_BY(mu) = 0;
   bool down GUARDED_BY(mu) = false;  // the last connection attempt failed

@@ -69,7 +69,22 @@ size_t ScratchPool::MyShard() const {
   return shard % kShards;
 }
 
+ScratchPool::~ScratchPool() {
+  for (ThreadPlace& p : places_) delete p.scratch.exchange(nullptr, std::memory_order_acquire);
+}
+
+size_t ScratchPool::MyPlace() {
+  static std::atomic<size_t> next{0};
+  thread_local const size_t place = next.fetch_add(1, std::memory_order_relaxed) % kThreadPlaces;
+  return place;
+}
+
 Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
+  if (ReadScratch* mine = places_[MyPlace()].scratch.exchange(nullptr, std::memory_order_acquire)) {
+    std::unique_ptr<ReadScratch> s(mine);
+    if (Fits(*s)) return s;
+    // An old shape: dropped (deregisters its memory); the shards may hold one that fits.
+  }
   size_t first = MyShard();
   for (size_t i = 0; i < kShards; ++i) {
     Shard& sh = shards_[(first + i) % kShards];
@@ -86,6 +101,12 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
 
 void ScratchPool::Release(std::unique_ptr<ReadScratch> s) {
   if (!Fits(*s)) return;  // stale shape
+  ReadScratch* empty = nullptr;
+  if (places_[MyPlace()].scratch.compare_exchange_strong(empty, s.get(), std::memory_order_release,
+                                                         std::memory_order_relaxed)) {
+    s.release();  // owned by the place now
+    return;
+  }
   Shard& sh = shards_[MyShard()];
   MutexLock l(&sh.mu);
   sh.free.push_back(std::move(s));

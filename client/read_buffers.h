@@ -69,6 +69,9 @@ ScratchShape ScratchShapeFor(size_t batch_limit, uint64_t max_value_bytes);
 class ScratchPool {
  public:
   explicit ScratchPool(transport::Fabric* fabric) : fabric_(fabric) {}
+  ~ScratchPool();
+  ScratchPool(const ScratchPool&) = delete;
+  ScratchPool& operator=(const ScratchPool&) = delete;
 
   // The shape new scratches get. Scratches of another shape are dropped when given back
   // (a reconnect to a server with larger items).
@@ -80,8 +83,10 @@ class ScratchPool {
 
   // A free scratch of the current shape, or a newly registered one (control path: the first
   // call of each concurrently calling thread). kIoError / fabric errors when registration fails.
+  // The calling thread's last released scratch comes back without a lock (one atomic exchange).
   Result<std::unique_ptr<ReadScratch>> Acquire();
-  // Gives a scratch back. Precondition: scratch->Idle().
+  // Gives a scratch back: to the calling thread's own place when that is empty, else to a
+  // shard. Precondition: scratch->Idle().
   void Release(std::unique_ptr<ReadScratch> scratch);
 
   // Registers a one-off scratch of an explicit shape (slow path for unusually large items).
@@ -94,6 +99,15 @@ class ScratchPool {
     std::vector<std::unique_ptr<ReadScratch>> free GUARDED_BY(mu);
   };
   size_t MyShard() const;
+  // One scratch per thread place, taken and given back by atomic exchange: the GET fast path
+  // of a thread that calls again takes the scratch it gave back last, with no lock. Threads
+  // beyond kThreadPlaces share places (an exchange that finds its place taken goes to a
+  // shard). Owns what it points to.
+  static constexpr size_t kThreadPlaces = 64;
+  struct alignas(64) ThreadPlace {
+    std::atomic<ReadScratch*> scratch{nullptr};
+  };
+  static size_t MyPlace();
 
   // True when `s` is at least the current shape.
   bool Fits(const ReadScratch& s) const;
@@ -106,6 +120,7 @@ class ScratchPool {
   std::atomic<size_t> item_capacity_{ScratchShape{}.item_capacity};
   std::atomic<size_t> op_capacity_{ScratchShape{}.op_capacity};
   Shard shards_[kShards];
+  ThreadPlace places_[kThreadPlaces];
 };
 
 // Returns a scratch to its pool when it goes out of scope.

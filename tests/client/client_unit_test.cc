@@ -3,6 +3,7 @@
 // errors, reconnects and header validation, without a real transport or server.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -231,6 +232,53 @@ TEST(ScratchPoolTest, GrowShapeNeverLowersACapacity) {
   // Standalone, SetShape follows the one server, down as well.
   pool.SetShape(small);
   EXPECT_EQ(pool.shape().item_capacity, small.item_capacity);
+}
+
+// A thread's released scratch is the one its next Acquire gets (the GET fast path: no lock, no
+// registration); one of an old shape is never handed out; and under many threads acquiring and
+// releasing at once no scratch is held by two of them.
+TEST(ScratchPoolTest, ThreadPlaceGivesBackTheThreadsOwnScratch) {
+  FakeServer server;
+  FakeFabric fabric(&server);
+  client::ScratchPool pool(&fabric);
+  pool.SetShape(client::ScratchShapeFor(8, 1 << 10));
+  auto first = pool.Acquire();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  client::ReadScratch* const raw = first->get();
+  pool.Release(std::move(*first));
+  auto again = pool.Acquire();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), raw) << "the thread's own scratch should come back";
+  // A larger shape: the old scratch is dropped on release, and a new one fits.
+  pool.SetShape(client::ScratchShapeFor(8, 1 << 16));
+  pool.Release(std::move(*again));
+  auto grown = pool.Acquire();
+  ASSERT_TRUE(grown.ok());
+  EXPECT_GE((*grown)->item_capacity, pool.shape().item_capacity);
+  pool.Release(std::move(*grown));
+
+  std::atomic<int> owners_clash{0};
+  // More threads than the pool has thread places (64), so that some share one.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 80; ++t) {
+    threads.emplace_back([&] {
+      for (int n = 0; n < 300; ++n) {
+        auto s = pool.Acquire();
+        if (!s.ok()) {
+          owners_clash.fetch_add(1000);
+          return;
+        }
+        // Mark it as ours; a second holder would find the mark set.
+        if ((*s)->tags.size() != 0) owners_clash.fetch_add(1);
+        (*s)->tags.push_back(1);
+        std::this_thread::yield();
+        (*s)->tags.clear();
+        pool.Release(std::move(*s));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(owners_clash.load(), 0);
 }
 
 // The ownership lease's refresh: only one batch per connection carries the ownership READ
