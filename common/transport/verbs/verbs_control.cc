@@ -539,16 +539,10 @@ Status ClientConnection::Establish() {
 
   poll_lock.Unlock();
 
-  // READ work requests, preset; PostReads fills in the per-op fields.
+  // The chain for READ batches too large for the stack (PostReadBatch fills it).
   MutexLock post_lock(&post_mu_);
   wrs_.assign(options_.max_outstanding_reads, ibv_send_wr{});
   sges_.assign(options_.max_outstanding_reads, ibv_sge{});
-  for (size_t i = 0; i < wrs_.size(); ++i) {
-    wrs_[i].sg_list = &sges_[i];
-    wrs_[i].num_sge = 1;
-    wrs_[i].opcode = IBV_WR_RDMA_READ;
-    wrs_[i].send_flags = IBV_SEND_SIGNALED;
-  }
   post_lock.Unlock();
   // "Oversize" READ: longer than max_message_size (the contract) or than the port allows.
   max_read_length_ = static_cast<uint32_t>(

@@ -201,7 +201,13 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   void DeliverResponse(const FragmentHeader& h, const uint8_t* payload);
   void ProtocolError(const char* why) { Kill(why); }
   bool InRegions(const ReadOp& op) const;
-  Status PostReadBatch(std::span<ReadOp* const> ops) EXCLUDES(post_mu_);
+  // Posts the ops of a reserved batch in one chain; `filter`: skip those outside every region.
+  Status PostReadBatch(std::span<ReadOp* const> ops, bool filter) EXCLUDES(post_mu_);
+  // After a failed ibv_post_send of the n WRs at `wrs`: gives back the unposted ones'
+  // reservations (and ends them, when some were posted) and kills the connection.
+  void FailPost(ibv_send_wr* wrs, size_t n, ibv_send_wr* bad);
+  // Batches of at most this many READs are posted from the stack, without post_mu_.
+  static constexpr size_t kStackReads = 8;
   // A keep-alive when nothing was sent for keepalive_ (the server's idle timeout does not see
   // READs); called after READs are posted.
   void MaybeKeepAlive();
