@@ -96,6 +96,15 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
       // An old shape: drop it (deregisters its memory).
     }
   }
+  // Another thread's place: a client whose calls move between threads (a thread pool) keeps
+  // as many scratches as calls run at once, not one per thread that ever called.
+  for (ThreadPlace& p : places_) {
+    if (p.scratch.load(std::memory_order_relaxed) == nullptr) continue;
+    if (ReadScratch* other = p.scratch.exchange(nullptr, std::memory_order_acquire)) {
+      std::unique_ptr<ReadScratch> s(other);
+      if (Fits(*s)) return s;
+    }
+  }
   return AllocateUnpooled(shape());
 }
 

@@ -83,7 +83,8 @@ class ScratchPool {
 
   // A free scratch of the current shape, or a newly registered one (control path: the first
   // call of each concurrently calling thread). kIoError / fabric errors when registration fails.
-  // The calling thread's last released scratch comes back without a lock (one atomic exchange).
+  // The calling thread's last released scratch comes back without a lock (one atomic exchange);
+  // failing that, one from the shards or another thread's place; only then a new one.
   Result<std::unique_ptr<ReadScratch>> Acquire();
   // Gives a scratch back: to the calling thread's own place when that is empty, else to a
   // shard. Precondition: scratch->Idle().

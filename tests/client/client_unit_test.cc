@@ -249,6 +249,20 @@ TEST(ScratchPoolTest, ThreadPlaceGivesBackTheThreadsOwnScratch) {
   auto again = pool.Acquire();
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->get(), raw) << "the thread's own scratch should come back";
+  // Another thread finds it too (in this thread's place) rather than registering a new one:
+  // calls that move between threads keep as many scratches as run at once.
+  pool.Release(std::move(*again));
+  client::ReadScratch* other_got = nullptr;
+  std::thread([&] {
+    auto s = pool.Acquire();
+    ASSERT_TRUE(s.ok());
+    other_got = s->get();
+    pool.Release(std::move(*s));
+  }).join();
+  EXPECT_EQ(other_got, raw) << "another thread registered a new scratch while one was free";
+  again = pool.Acquire();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->get(), raw);
   // A larger shape: the old scratch is dropped on release, and a new one fits.
   pool.SetShape(client::ScratchShapeFor(8, 1 << 16));
   pool.Release(std::move(*again));
