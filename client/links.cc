@@ -74,10 +74,17 @@ std::shared_ptr<Session> UsableSlot(const std::vector<Link::Slot>& slots) {
 
 Result<std::shared_ptr<Session>> Links::SessionOf(Link& link) {
   const size_t index = ThreadSlot() % link.slot_count;
-  {  // The fast path (every operation's): the thread's own slot, open and usable.
-    Link::Published& p = link.published[index];
-    SpinLockHold h(&p.mu);
-    if (p.session != nullptr && p.session->usable()) return p.session;
+  {  // The fast path (every operation's): the thread's own slot, open and usable. The copy is
+     // all that happens under the spin lock: usable() may read the socket (tcp's liveness
+     // check), and an unusable copy let go of here is never the last reference (the slot
+     // still holds it).
+    std::shared_ptr<Session> mine;
+    {
+      Link::Published& p = link.published[index];
+      SpinLockHold h(&p.mu);
+      mine = p.session;
+    }
+    if (mine != nullptr && mine->usable()) return mine;
   }
   MutexLock l(&link.mu);
   Clock::time_point now;

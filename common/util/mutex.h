@@ -113,8 +113,9 @@ class SCOPED_CAPABILITY ReaderMutexLock {
 // A lock of one atomic word for critical sections of a few instructions on paths where a
 // Mutex's cost shows (a shared_ptr copy on every GET): taking it is one atomic exchange and
 // giving it back one store, where std::mutex is two calls into libc with an atomic each.
-// Waiters spin, yielding the CPU after a few rounds (the holder may have been preempted).
-// Never hold it across anything that blocks. Not usable with CondVar.
+// Waiters spin, then yield the CPU (the holder may have been preempted), then sleep 50 us at a
+// time (a waiter of a higher real-time priority than the holder on the same CPU would otherwise
+// never let it run). Never hold it across anything that blocks. Not usable with CondVar.
 class CAPABILITY("mutex") SpinLock {
  public:
   SpinLock() = default;
@@ -124,7 +125,9 @@ class CAPABILITY("mutex") SpinLock {
   void Lock() ACQUIRE() {
     for (int spins = 0; held_.exchange(true, std::memory_order_acquire);) {
       while (held_.load(std::memory_order_relaxed)) {
-        if (++spins > 64) {
+        if (++spins > 256) {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        } else if (spins > 64) {
           std::this_thread::yield();
         } else {
 #if defined(__x86_64__) || defined(__i386__)
