@@ -271,6 +271,7 @@ namespace {
 // The one definition of a READ work request: the op's own buffer, lkey, remote address and
 // rkey, its pointer as the wr_id (PollCq finds it from there), always signalled.
 void FillReadWr(const ReadOp& op, ibv_send_wr* wr, ibv_sge* sge) {
+  *wr = ibv_send_wr{};  // every field a provider may read (imm_data, the unions) is zero
   sge->addr = reinterpret_cast<uintptr_t>(op.local);
   sge->length = op.length;
   sge->lkey = op.lkey;
@@ -303,6 +304,7 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops, bool filter
     const int rc = ibv_post_send(qp_.get(), wrs, &bad);  // one doorbell for the whole chain
     if (rc == 0) return Status::Ok();
     FailPost(wrs, n, bad);
+    Kill("ibv_post_send of READs failed");
     return LostStatus();
   }
   {
@@ -320,6 +322,7 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops, bool filter
     if (rc == 0) return Status::Ok();
     FailPost(wrs_.data(), n, bad);
   }
+  Kill("ibv_post_send of READs failed");  // with no lock held (the lock order in the header)
   return LostStatus();
 }
 
@@ -333,7 +336,6 @@ void ClientConnection::FailPost(ibv_send_wr* wrs, size_t n, ibv_send_wr* bad) {
           ->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
     }
   }
-  Kill("ibv_post_send of READs failed");
 }
 
 namespace {

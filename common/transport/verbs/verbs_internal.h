@@ -204,7 +204,8 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   // Posts the ops of a reserved batch in one chain; `filter`: skip those outside every region.
   Status PostReadBatch(std::span<ReadOp* const> ops, bool filter) EXCLUDES(post_mu_);
   // After a failed ibv_post_send of the n WRs at `wrs`: gives back the unposted ones'
-  // reservations (and ends them, when some were posted) and kills the connection.
+  // reservations (and ends them, when some were posted). The caller then kills the
+  // connection, with no lock held.
   void FailPost(ibv_send_wr* wrs, size_t n, ibv_send_wr* bad);
   // Batches of at most this many READs are posted from the stack, without post_mu_.
   static constexpr size_t kStackReads = 8;
