@@ -79,12 +79,15 @@ size_t ScratchPool::MyPlace() {
   return place;
 }
 
+std::unique_ptr<ReadScratch> ScratchPool::TakeFitting(ThreadPlace& place) {
+  std::unique_ptr<ReadScratch> s(place.scratch.exchange(nullptr, std::memory_order_acquire));
+  if (s != nullptr && !Fits(*s)) s.reset();
+  return s;
+}
+
 Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
-  if (ReadScratch* mine = places_[MyPlace()].scratch.exchange(nullptr, std::memory_order_acquire)) {
-    std::unique_ptr<ReadScratch> s(mine);
-    if (Fits(*s)) return s;
-    // An old shape: dropped (deregisters its memory); the shards may hold one that fits.
-  }
+  // An old shape found anywhere is dropped (deregisters its memory) and the search goes on.
+  if (std::unique_ptr<ReadScratch> s = TakeFitting(places_[MyPlace()])) return s;
   size_t first = MyShard();
   for (size_t i = 0; i < kShards; ++i) {
     Shard& sh = shards_[(first + i) % kShards];
@@ -100,10 +103,7 @@ Result<std::unique_ptr<ReadScratch>> ScratchPool::Acquire() {
   // as many scratches as calls run at once, not one per thread that ever called.
   for (ThreadPlace& p : places_) {
     if (p.scratch.load(std::memory_order_relaxed) == nullptr) continue;
-    if (ReadScratch* other = p.scratch.exchange(nullptr, std::memory_order_acquire)) {
-      std::unique_ptr<ReadScratch> s(other);
-      if (Fits(*s)) return s;
-    }
+    if (std::unique_ptr<ReadScratch> s = TakeFitting(p)) return s;
   }
   return AllocateUnpooled(shape());
 }

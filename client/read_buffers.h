@@ -109,6 +109,8 @@ class ScratchPool {
     std::atomic<ReadScratch*> scratch{nullptr};
   };
   static size_t MyPlace();
+  // What `place` held, taken out; null when it was empty or held an old shape (dropped).
+  std::unique_ptr<ReadScratch> TakeFitting(ThreadPlace& place);
 
   // True when `s` is at least the current shape.
   bool Fits(const ReadScratch& s) const;

@@ -289,41 +289,33 @@ Status ClientConnection::PostReadBatch(std::span<ReadOp* const> ops, bool filter
   // A small batch (every GET's) is built on the stack and posted without a lock: ibv_post_send
   // is thread-safe (the provider serializes its send queue), so threads sharing this QP do not
   // queue behind each other here. Larger batches use the connection's preallocated chain.
+  bool posted;
   if (ops.size() <= kStackReads) {
     ibv_send_wr wrs[kStackReads];
     ibv_sge sges[kStackReads];
-    size_t n = 0;
-    for (ReadOp* op : ops) {
-      if (filter && !InRegions(*op)) continue;
-      FillReadWr(*op, &wrs[n], &sges[n]);
-      wrs[n].next = &wrs[n + 1];
-      ++n;
-    }
-    wrs[n - 1].next = nullptr;
-    ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_.get(), wrs, &bad);  // one doorbell for the whole chain
-    if (rc == 0) return Status::Ok();
-    FailPost(wrs, n, bad);
-    Kill("ibv_post_send of READs failed");
-    return LostStatus();
-  }
-  {
+    posted = PostChain(ops, filter, wrs, sges);
+  } else {
     MutexLock lk(&post_mu_);
-    size_t n = 0;
-    for (ReadOp* op : ops) {
-      if (filter && !InRegions(*op)) continue;
-      FillReadWr(*op, &wrs_[n], &sges_[n]);
-      wrs_[n].next = n + 1 < wrs_.size() ? &wrs_[n + 1] : nullptr;
-      ++n;
-    }
-    wrs_[n - 1].next = nullptr;
-    ibv_send_wr* bad = nullptr;
-    const int rc = ibv_post_send(qp_.get(), wrs_.data(), &bad);  // one doorbell for the chain
-    if (rc == 0) return Status::Ok();
-    FailPost(wrs_.data(), n, bad);
+    posted = PostChain(ops, filter, wrs_.data(), sges_.data());
   }
+  if (posted) return Status::Ok();
   Kill("ibv_post_send of READs failed");  // with no lock held (the lock order in the header)
   return LostStatus();
+}
+
+bool ClientConnection::PostChain(std::span<ReadOp* const> ops, bool filter, ibv_send_wr* wrs,
+                                 ibv_sge* sges) {
+  size_t n = 0;
+  for (ReadOp* op : ops) {
+    if (filter && !InRegions(*op)) continue;
+    FillReadWr(*op, &wrs[n], &sges[n]);
+    if (n > 0) wrs[n - 1].next = &wrs[n];
+    ++n;
+  }
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(qp_.get(), wrs, &bad) == 0) return true;  // one doorbell for the chain
+  FailPost(wrs, n, bad);
+  return false;
 }
 
 void ClientConnection::FailPost(ibv_send_wr* wrs, size_t n, ibv_send_wr* bad) {

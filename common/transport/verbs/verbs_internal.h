@@ -203,6 +203,9 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   bool InRegions(const ReadOp& op) const;
   // Posts the ops of a reserved batch in one chain; `filter`: skip those outside every region.
   Status PostReadBatch(std::span<ReadOp* const> ops, bool filter) EXCLUDES(post_mu_);
+  // Fills `wrs`/`sges` (room for ops.size()) with the batch's READs, chained, and posts them
+  // with one ibv_post_send. False after a failed post (FailPost done; the caller kills).
+  bool PostChain(std::span<ReadOp* const> ops, bool filter, ibv_send_wr* wrs, ibv_sge* sges);
   // After a failed ibv_post_send of the n WRs at `wrs`: gives back the unposted ones'
   // reservations (and ends them, when some were posted). The caller then kills the
   // connection, with no lock held.
