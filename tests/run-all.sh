@@ -20,11 +20,15 @@
 #   vm     the verbs tests for real, inside a qemu VM with Soft-RoCE (tests/rxe/)
 #
 # Opt-outs (each prints SKIPPED and why): RDKV_SKIP_VM=1, RDKV_SKIP_SANITIZERS=1.
+# RDKV_PRUNE_BUILDS=1 (the default under CI=true): a sanitizer or fuzz build tree is removed
+# once its stage has passed, so the disk holds at most the ci tree and one other (CI machines
+# have had little disk to spare). Each stage starts by printing the free disk.
 # Exit status: 0 only when every stage that ran passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${RDKV_JOBS:-$(nproc)}
+PRUNE=${RDKV_PRUNE_BUILDS:-$([[ ${CI:-} == true ]] && echo 1 || echo 0)}
 export CTEST_PARALLEL_LEVEL=${CTEST_PARALLEL_LEVEL:-2}
 
 stages=("$@")
@@ -34,17 +38,38 @@ declare -a summary=()
 run_stage() {
   local name=$1
   shift
-  local start=$SECONDS
-  echo "=== rdkv: stage $name ==="
-  if "$@"; then
+  local start=$SECONDS rc=0
+  echo "=== rdkv: stage $name ($(df -h --output=avail . | tail -1 | tr -d ' ') free on $(df --output=target . | tail -1)) ==="
+  # The stage runs in a subshell with errexit of its own, outside any `if` or `||`: there bash
+  # ignores errexit inside functions, and a failed step (a build) would be hidden by the next
+  # one (its tests) succeeding or failing for another reason.
+  set +e
+  (
+    set -e
+    "$@"
+  )
+  rc=$?
+  set -e
+  if ((rc == 0)); then
     summary+=("$name: passed in $((SECONDS - start)) s")
+    prune_after "$name"
   else
-    local rc=$?
     summary+=("$name: FAILED (exit $rc) after $((SECONDS - start)) s")
     printf '%s\n' "${summary[@]}"
     echo "=== rdkv: stage $name FAILED ==="
     exit 1
   fi
+}
+
+# The trees no later stage reads: asan, tsan and fuzz (vm runs build/ci's binaries).
+prune_after() {
+  [[ $PRUNE == 1 ]] || return 0
+  case $1 in
+    asan | tsan | fuzz)
+      echo "rdkv: removing build/$1 (RDKV_PRUNE_BUILDS=1): $(du -sh "build/$1" | cut -f1)"
+      rm -rf "build/$1"
+      ;;
+  esac
 }
 
 stage_deps() { deploy/install-deps.sh; }
