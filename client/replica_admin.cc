@@ -775,4 +775,19 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
   return report;
 }
 
+Result<ReplicaReport> AgainWhileTheMapMoves(const std::function<Result<ReplicaReport>()>& attempt,
+                                            const MoveProgressFn& progress) {
+  for (int tries = 1;; ++tries) {
+    Result<ReplicaReport> r = attempt();
+    if (r.ok() || !r.status().Is(StatusCode::kBusy) || tries == kMapRaceAttempts) return r;
+    const std::chrono::milliseconds pause(100 * tries);
+    if (progress) {
+      progress("  " + r.status().ToString() + "; starting again from the newest map in " +
+               std::to_string(pause.count()) + " ms (attempt " + std::to_string(tries + 1) +
+               " of " + std::to_string(kMapRaceAttempts) + ")");
+    }
+    std::this_thread::sleep_for(pause);
+  }
+}
+
 }  // namespace rdkv::client

@@ -201,15 +201,18 @@ Status ControlPlane::CommitMap(const cluster::ClusterMap& next_in) {
                   "map epoch " + std::to_string(next.epoch) +
                       " not installed: map changes wait for etcd: " + cur.status().message());
   }
+  // Another writer (the coordinator, another admin command) got there first: kBusy, like a lost
+  // transaction below, so that the change is made again from the newest map
+  // (client::AgainWhileTheMapMoves).
   if (cur->map.epoch > next.epoch) {
-    return Status::InvalidArgument("etcd already holds map epoch " +
-                                   std::to_string(cur->map.epoch) + ", newer than " +
-                                   std::to_string(next.epoch));
+    return Status::Busy("etcd already holds map epoch " + std::to_string(cur->map.epoch) +
+                        ", newer than " + std::to_string(next.epoch) +
+                        " (another writer changed the map); start again from the newest map");
   }
   if (cur->map.epoch == next.epoch) {
     if (cur->map.ToJson() == next.ToJson()) return Status::Ok();  // committed by another server
-    return Status::InvalidArgument("etcd holds a different map of epoch " +
-                                   std::to_string(next.epoch));
+    return Status::Busy("etcd holds a different map of epoch " + std::to_string(next.epoch) +
+                        " (another writer changed the map); start again from the newest map");
   }
   Result<etcd::PutIfResult> put =
       client_->PutIf(MapKey(options_.cluster_name), next.ToJson(), cur->mod_revision);

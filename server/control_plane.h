@@ -82,8 +82,8 @@ class ControlPlane {
   ControlPlane& operator=(const ControlPlane&) = delete;
 
   // INSTALL_MAP of an etcd cluster: makes `next` the map in etcd unless it is there already.
-  // kInvalidArgument when etcd holds a newer or a different map of that epoch; kBusy when
-  // another writer changed the map meanwhile (retry with the newest map); kUnavailable /
+  // kBusy when another writer changed the map first (etcd holds a newer epoch, a different
+  // map of this epoch, or the transaction lost): start again from the newest map; kUnavailable /
   // kTimedOut while etcd cannot be reached ("map changes wait for etcd").
   Status CommitMap(const cluster::ClusterMap& next) EXCLUDES(commit_mu_);
 

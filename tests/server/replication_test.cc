@@ -816,6 +816,55 @@ TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
   for (const auto& [k, item] : acked) EXPECT_EQ(all[k], item) << k;
 }
 
+// Another writer changes the map between a promotion's read of it and its commit (in an etcd
+// cluster the old primary's CommitMap then answers kBusy): the promotion starts again from the
+// newest map instead of failing, and gives up with kBusy after kMapRaceAttempts attempts.
+TEST_F(ReplicationTest, APromotionStartsAgainWhenAnotherWriterChangesTheMapFirst) {
+  StartReplicated(2);  // shard 0 on servers 0 (primary) and 1
+  auto c = NewClient(0);
+  ASSERT_TRUE(c->Put(KeyIn(0, 1, "race"), "v").ok());
+  std::atomic<int> installs{0};
+  std::atomic<int> refuse{1};  // installs answered kBusy before one goes through
+  HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                        [&](const cluster::ServerEntry&, const kv::Request& r) {
+                          if (r.op != kv::Op::kInstallMap) return Status::Ok();
+                          ++installs;
+                          if (refuse.fetch_sub(1) > 0) {
+                            return Status::Busy("injected: another writer changed the map");
+                          }
+                          return Status::Ok();
+                        });
+  std::vector<std::string> lines;
+  auto progress = [&lines](std::string_view l) { lines.emplace_back(l); };
+  auto promoted = client::AgainWhileTheMapMoves(
+      [&] { return client::RunPromote(channel, map_, 0, 1, progress); }, progress);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  EXPECT_EQ(promoted->to_epoch, map_.epoch + 1);
+  bool said = false;
+  for (const std::string& l : lines) said |= l.find("starting again") != std::string::npos;
+  EXPECT_TRUE(said) << "the second attempt was not said on progress";
+  Result<cluster::ClusterMap> now = MapOf(0);
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_EQ(now->OwnerOf(0), 1u);
+  EXPECT_EQ(now->epoch, map_.epoch + 1);
+
+  // A map that keeps moving: kBusy after the last attempt, one install asked per attempt.
+  installs = 0;
+  refuse = 1000;
+  auto gave_up = client::AgainWhileTheMapMoves(
+      [&] { return client::RunPromote(channel, *now, 0, 0, nullptr); }, nullptr);
+  ASSERT_FALSE(gave_up.ok());
+  EXPECT_EQ(gave_up.status().code(), StatusCode::kBusy) << gave_up.status().ToString();
+  EXPECT_EQ(installs.load(), client::kMapRaceAttempts);
+  // Any other failure is not tried again.
+  installs = 0;
+  auto refused = client::AgainWhileTheMapMoves(
+      [&] { return client::RunPromote(channel, *now, 0, 2, nullptr); }, nullptr);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument)
+      << refused.status().ToString();  // server 2 is no replica of shard 0
+  EXPECT_EQ(installs.load(), 0);
+}
+
 // Two primaries in one in-sync change: the second one's new replica missed a forward after
 // its copy. Every primary is asked before the map changes, so only that pair stays joining,
 // although the first primary's install alone would have let the change through.

@@ -145,7 +145,10 @@ class Admin {
                                 const MoveProgressFn& progress);
 
   // --- replicated clusters (docs/design.md "Replication") ---
-  // Each asks every server for its map (all must answer) and works from the newest one.
+  // Each asks every server for its map (all must answer) and works from the newest one. When
+  // another writer (the coordinator, another admin command) changes the map between that read
+  // and this change's commit, the change starts again from the newest map, up to 5 attempts in
+  // all (said on `progress`); kBusy after the last.
   //
   // Makes `server`, an in-sync backup of `shard`, its primary (the old primary becomes its
   // first backup): installs the new map (epoch + 1) on the old primary (it stops serving the
