@@ -713,7 +713,9 @@ void GetEngine::DriveRuns(std::span<OwnerRun> runs) {
       } else if (run.post_status.Is(StatusCode::kBusy)) {
         s = conn.ReadAndWait(x.batch, deadline);  // other threads hold the slots: post when free
       } else {
-        s = std::move(run.post_status);  // nothing of it is in flight
+        // Not posted, or (verbs) posted part-way before the connection died: CheckReads
+        // quarantines the scratch while any of its READs is still in flight.
+        s = std::move(run.post_status);
       }
       const Clock::time_point now = Clock::now();
       run.completed = now;

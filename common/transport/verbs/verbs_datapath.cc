@@ -233,9 +233,11 @@ Status ClientConnection::LostStatus() const {
   return Status::ConnectionLost(peer_ + ": " + (why != nullptr ? why : "connection lost"));
 }
 
+// A kConnectionLost answer leaves every op of the batch either done (kConnectionLost) or posted
+// (it completes through the CQ, as a flush): the caller waits for done() on each before it
+// reuses their buffers (ReadAndWait does).
 Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
   if (ops.empty()) return Status::Ok();
-  if (!alive()) return LostStatus();
   if (ops.size() > options_.max_outstanding_reads) {
     return Status::InvalidArgument("batch exceeds max_outstanding_reads");
   }
@@ -246,6 +248,10 @@ Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
     if (op->length > max_read_length_) return Status::InvalidArgument("READ too long");
     if (!check || InRegions(*op)) ++to_post;
   }
+  if (!alive()) {
+    EndUnposted(ops);
+    return LostStatus();
+  }
   // Reserve send-queue slots for the whole batch, or none (kBusy).
   uint32_t cur = reads_in_flight_.load(std::memory_order_relaxed);
   do {
@@ -254,7 +260,18 @@ Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
                                                    std::memory_order_relaxed));
   // Every op inside a region (the usual case): none is looked at again.
   const bool filter = to_post < ops.size();
-  if (to_post > 0) RDKV_RETURN_IF_ERROR(PostReadBatch(ops, filter));
+  if (to_post > 0) {
+    Status posted = PostReadBatch(ops, filter);
+    if (!posted.ok()) {
+      if (filter) {  // the chain's unposted READs are ended; those left out of it, here
+        for (ReadOp* op : ops) {
+          if (!InRegions(*op))
+            op->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
+        }
+      }
+      return posted;
+    }
+  }
   if (keepalive_ns_ > 0) MaybeKeepAlive();
   if (filter) {
     // Outside every advertised region: what the NIC would refuse, refused here without
@@ -322,12 +339,14 @@ void ClientConnection::FailPost(ibv_send_wr* wrs, size_t n, ibv_send_wr* bad) {
   // Positive errno. WRs before `bad` were posted (they will flush); the rest were not.
   const size_t posted = bad != nullptr ? static_cast<size_t>(bad - wrs) : 0;
   reads_in_flight_.fetch_sub(static_cast<uint32_t>(n - posted), std::memory_order_acq_rel);
-  if (posted > 0) {
-    for (size_t i = posted; i < n; ++i) {
-      reinterpret_cast<ReadOp*>(wrs[i].wr_id)
-          ->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
-    }
+  for (size_t i = posted; i < n; ++i) {
+    reinterpret_cast<ReadOp*>(wrs[i].wr_id)
+        ->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
   }
+}
+
+void ClientConnection::EndUnposted(std::span<ReadOp* const> ops) {
+  for (ReadOp* op : ops) op->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
 }
 
 namespace {
@@ -386,17 +405,18 @@ Status ClientConnection::ReadAndWait(std::span<ReadOp* const> ops, Clock::time_p
   bool progressed = false;
   while (true) {
     while (next < ops.size()) {
-      const size_t n = std::min(batch, ops.size() - next);
+      size_t n = std::min(batch, ops.size() - next);
       Status s = PostReads(ops.subspan(next, n));
       if (s.ok()) {
         next += n;
         continue;
       }
       if (s.code() == StatusCode::kBusy) break;
-      // Broken connection: what was not posted ends now; what was posted flushes.
-      for (size_t i = next; i < ops.size(); ++i) {
-        ops[i]->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
-      }
+      // Broken connection. PostReads ended this batch's unposted READs; its posted ones
+      // flush and are waited for below (their buffers are the NIC's until then). The batches
+      // never offered end now.
+      if (s.code() != StatusCode::kConnectionLost) n = 0;
+      EndUnposted(ops.subspan(next + n));
       next = ops.size();
     }
     while (first_pending < next && ops[first_pending]->done()) ++first_pending;

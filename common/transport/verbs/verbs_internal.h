@@ -207,9 +207,11 @@ class ClientConnection final : public VerbsConnection, public CmEventSink, publi
   // with one ibv_post_send. False after a failed post (FailPost done; the caller kills).
   bool PostChain(std::span<ReadOp* const> ops, bool filter, ibv_send_wr* wrs, ibv_sge* sges);
   // After a failed ibv_post_send of the n WRs at `wrs`: gives back the unposted ones'
-  // reservations (and ends them, when some were posted). The caller then kills the
-  // connection, with no lock held.
+  // reservations and ends them (kConnectionLost); the posted ones flush. The caller then kills
+  // the connection, with no lock held.
   void FailPost(ibv_send_wr* wrs, size_t n, ibv_send_wr* bad);
+  // Ends READs that were never posted: done, kConnectionLost.
+  static void EndUnposted(std::span<ReadOp* const> ops);
   // Batches of at most this many READs are posted from the stack, without post_mu_.
   static constexpr size_t kStackReads = 8;
   // A keep-alive when nothing was sent for keepalive_ (the server's idle timeout does not see
