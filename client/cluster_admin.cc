@@ -207,21 +207,18 @@ Result<ReplicaReport> ClusterAdmin::AddReplicas(std::span<const ReplicaAddition>
   return ChangeReplicaSets(
       [&](AdminChannel& channel, const cluster::ClusterMap& map) -> Result<ReplicaReport> {
         return RunAddReplicas(channel, map, additions, progress);
-      },
-      progress);
+      });
 }
 
 Result<ReplicaReport> ClusterAdmin::ChangeReplicaSets(
-    const std::function<Result<ReplicaReport>(AdminChannel&, const cluster::ClusterMap&)>& run,
-    const MoveProgressFn& progress) {
+    const std::function<Result<ReplicaReport>(AdminChannel&, const cluster::ClusterMap&)>& run) {
   std::shared_ptr<const cluster::ClusterMap> map = router_->cluster() ? router_->map() : nullptr;
   if (map == nullptr) {
     return Status::NotSupported("the seed " + links_->seed().address.ToString() +
                                 " is a standalone server: it has no replicas");
   }
   LinkChannel channel(options_, links_, caller_);
-  Result<ReplicaReport> report =
-      AgainWhileTheMapMoves([&] { return run(channel, *map); }, progress);
+  Result<ReplicaReport> report = run(channel, *map);
   Status refreshed = router_->Refresh(nullptr);
   if (!refreshed.ok()) {
     LOG(WARNING) << "rdkv client: refreshing the cluster map after a replica change: "
@@ -244,8 +241,7 @@ Result<ReplicaReport> ClusterAdmin::ChangeReplicas(ReplicaChange change, uint32_
             return RunRemoveReplica(channel, map, shard, server, progress);
         }
         return Status::Internal("unknown replica change");
-      },
-      progress);
+      });
 }
 
 }  // namespace rdkv::client

@@ -43,12 +43,10 @@ class ClusterAdmin {
 
  private:
   // A replica-set change of the cluster map this client routes by: `run` with a channel to the
-  // servers (again while another writer changes the map first: AgainWhileTheMapMoves), then
-  // the route refreshed (also after a failure: some servers may have the new map).
-  // kNotSupported for a standalone seed.
+  // servers, then the route refreshed (also after a failure: some servers may have the new
+  // map). kNotSupported for a standalone seed.
   Result<ReplicaReport> ChangeReplicaSets(
-      const std::function<Result<ReplicaReport>(AdminChannel&, const cluster::ClusterMap&)>& run,
-      const MoveProgressFn& progress);
+      const std::function<Result<ReplicaReport>(AdminChannel&, const cluster::ClusterMap&)>& run);
 
   const ClientOptions& options_;
   Links* const links_;

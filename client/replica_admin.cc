@@ -119,43 +119,59 @@ void Erase(std::vector<uint32_t>* v, uint32_t id) { std::erase(*v, id); }
 Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMap& known,
                                  uint32_t shard, uint32_t server, const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
-  RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
-  RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
   ReplicaReport report;
-  report.from_epoch = cur.epoch;
-  const uint32_t old_primary = cur.OwnerOf(shard);
-  if (old_primary == server) {
-    report.to_epoch = cur.epoch;
-    if (progress)
-      progress("shard " + std::to_string(shard) + ": already primary on " + Name(cur, server));
-    return report;
+  cluster::ClusterMap next;
+  uint32_t old_primary = 0;
+  for (int attempt = 1;; ++attempt) {
+    RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
+    RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
+    if (attempt == 1) report.from_epoch = cur.epoch;
+    old_primary = cur.OwnerOf(shard);
+    if (old_primary == server) {
+      report.to_epoch = cur.epoch;
+      if (progress)
+        progress("shard " + std::to_string(shard) + ": already primary on " + Name(cur, server));
+      return report;
+    }
+    if (!cur.IsBackup(shard, server)) {
+      return Status::InvalidArgument("cannot promote " + Name(cur, server) + " for shard " +
+                                     std::to_string(shard) +
+                                     ": it is not an in-sync backup of it (replicas: " +
+                                     [&] {
+                                       std::string r;
+                                       for (uint32_t id : cur.ReplicasOf(shard))
+                                         r += (r.empty() ? "" : ",") + std::to_string(id);
+                                       return r;
+                                     }() +
+                                     ")");
+    }
+    next = cur;
+    next.epoch = cur.epoch + 1;
+    next.owners[shard] = server;
+    Erase(&next.backups[shard], server);
+    next.backups[shard].insert(next.backups[shard].begin(), old_primary);
+    if (progress) {
+      progress("promote shard " + std::to_string(shard) + ": " + Name(cur, old_primary) + " -> " +
+               Name(cur, server) + ", map epoch " + std::to_string(next.epoch));
+    }
+    // The old primary first (it clears its bit, waits one lease, then refuses the shard's
+    // writes); in an etcd cluster it commits the map there first. kBusy from it: another
+    // writer (the coordinator, another command) changed the map since `cur` was read, and
+    // nothing of this attempt was installed: start again from the newest map.
+    Status first = InstallOn(channel, next, {old_primary}, progress);
+    if (first.ok()) break;
+    if (!first.Is(StatusCode::kBusy) || attempt == kMapRaceAttempts) return first;
+    const std::chrono::milliseconds pause(100 * attempt);
+    if (progress) {
+      progress("  " + first.ToString() + "; starting again from the newest map in " +
+               std::to_string(pause.count()) + " ms (attempt " + std::to_string(attempt + 1) +
+               " of " + std::to_string(kMapRaceAttempts) + ")");
+    }
+    std::this_thread::sleep_for(pause);
   }
-  if (!cur.IsBackup(shard, server)) {
-    return Status::InvalidArgument("cannot promote " + Name(cur, server) + " for shard " +
-                                   std::to_string(shard) +
-                                   ": it is not an in-sync backup of it (replicas: " +
-                                   [&] {
-                                     std::string r;
-                                     for (uint32_t id : cur.ReplicasOf(shard))
-                                       r += (r.empty() ? "" : ",") + std::to_string(id);
-                                     return r;
-                                   }() +
-                                   ")");
-  }
-  cluster::ClusterMap next = cur;
-  next.epoch = cur.epoch + 1;
-  next.owners[shard] = server;
-  Erase(&next.backups[shard], server);
-  next.backups[shard].insert(next.backups[shard].begin(), old_primary);
-  if (progress) {
-    progress("promote shard " + std::to_string(shard) + ": " + Name(cur, old_primary) + " -> " +
-             Name(cur, server) + ", map epoch " + std::to_string(next.epoch));
-  }
-  // The old primary first (it clears its bit, waits one lease, then refuses the shard's
-  // writes), then the other replicas (they accept forwards from the new primary from then on),
-  // and the new primary last: before it sets its bit it resends its recently replicated writes
-  // to its backups (docs/design.md "Replication").
-  RDKV_RETURN_IF_ERROR(InstallOn(channel, next, {old_primary}, progress));
+  // Then the other replicas (they accept forwards from the new primary from then on), and the
+  // new primary last: before it sets its bit it resends its recently replicated writes to its
+  // backups (docs/design.md "Replication").
   RDKV_RETURN_IF_ERROR(InstallOn(channel, next, Others(next, {old_primary, server}), progress,
                                  /*required=*/false));
   RDKV_RETURN_IF_ERROR(InstallOn(channel, next, {server}, progress));
@@ -773,21 +789,6 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
   if (report.to_epoch == 0) report.to_epoch = cur.epoch;
   report.total_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return report;
-}
-
-Result<ReplicaReport> AgainWhileTheMapMoves(const std::function<Result<ReplicaReport>()>& attempt,
-                                            const MoveProgressFn& progress) {
-  for (int tries = 1;; ++tries) {
-    Result<ReplicaReport> r = attempt();
-    if (r.ok() || !r.status().Is(StatusCode::kBusy) || tries == kMapRaceAttempts) return r;
-    const std::chrono::milliseconds pause(100 * tries);
-    if (progress) {
-      progress("  " + r.status().ToString() + "; starting again from the newest map in " +
-               std::to_string(pause.count()) + " ms (attempt " + std::to_string(tries + 1) +
-               " of " + std::to_string(kMapRaceAttempts) + ")");
-    }
-    std::this_thread::sleep_for(pause);
-  }
 }
 
 }  // namespace rdkv::client

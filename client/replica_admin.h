@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 
 #include "client/shard_move.h"
@@ -35,16 +34,9 @@ Result<ReplicaReport> RunRemoveReplica(AdminChannel& channel, const cluster::Clu
                                        uint32_t shard, uint32_t server,
                                        const MoveProgressFn& progress);
 
-// Attempts a replica-set change made with `attempt` at most this many times in all.
+// A promotion whose map loses to another writer's (the old primary's commit answers kBusy:
+// the coordinator or another command changed the map since it was read; nothing of that
+// attempt was installed) starts again from the newest map, at most this many attempts in all.
 inline constexpr int kMapRaceAttempts = 5;
-
-// Runs `attempt` (one of the changes above) and runs it again, up to kMapRaceAttempts times in
-// all with a growing pause between, while it fails with kBusy: another writer (the coordinator,
-// another admin command) changed the cluster map between this change's read of it and its
-// commit, or a server was still busy with an earlier change. Each change starts from the
-// newest map the servers report and finishes what an interrupted run began, so running it
-// again is safe. Each new attempt is said on `progress`. The last attempt's result otherwise.
-Result<ReplicaReport> AgainWhileTheMapMoves(const std::function<Result<ReplicaReport>()>& attempt,
-                                            const MoveProgressFn& progress);
 
 }  // namespace rdkv::client

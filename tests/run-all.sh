@@ -21,7 +21,7 @@
 #
 # Opt-outs (each prints SKIPPED and why): RDKV_SKIP_VM=1, RDKV_SKIP_SANITIZERS=1.
 # RDKV_PRUNE_BUILDS=1 (the default under CI=true): a sanitizer or fuzz build tree is removed
-# once its stage has passed, so the disk holds at most the ci tree and one other (CI machines
+# once its stage has passed, so the disk holds at most the ci and tsa trees and one other (CI machines
 # have had little disk to spare). Each stage starts by printing the free disk.
 # Exit status: 0 only when every stage that ran passed.
 set -euo pipefail
@@ -66,6 +66,7 @@ prune_after() {
   [[ $PRUNE == 1 ]] || return 0
   case $1 in
     asan | tsan | fuzz)
+      [[ -d build/$1 ]] || return 0
       echo "rdkv: removing build/$1 (RDKV_PRUNE_BUILDS=1): $(du -sh "build/$1" | cut -f1)"
       rm -rf "build/$1"
       ;;

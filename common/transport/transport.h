@@ -181,8 +181,10 @@ class Connection {
 
   // Posts the READs, as one batch (one doorbell on verbs, one write on tcp). Either all are
   // posted or none: kBusy when fewer than ops.size() slots are free (poll and retry),
-  // kConnectionLost when the connection is broken, kInvalidArgument for a zero-length or
-  // oversize READ (longer than max_message_size) or a batch larger than max_outstanding_reads
+  // kConnectionLost when the connection is broken (then an op may be done with
+  // kConnectionLost, or, where the NIC failed the post part-way, still in flight until it
+  // flushes: wait for done() on each before reusing its buffer), kInvalidArgument for a zero-length
+  // or oversize READ (longer than max_message_size) or a batch larger than max_outstanding_reads
   // (it could never be posted whole; ReadAndWait takes any number). Completions arrive in any
   // order; see done(), PollReads and ReadAndWait.
   virtual Status PostReads(std::span<ReadOp* const> ops) = 0;

@@ -237,6 +237,36 @@ TEST_F(EtcdClusterTest, TwoConcurrentMapChangesOnlyOneWins) {
   EXPECT_EQ(EtcdEpoch(), 2u);
 }
 
+// A change computed from a map that another writer has replaced since (etcd holds a newer
+// epoch, or a different map of the same epoch) lost the race: kBusy, which a promotion answers
+// by starting again from the newest map (ReplicationTest.APromotionStartsAgain...).
+TEST_F(EtcdClusterTest, AChangeThatLostTheMapToAnotherWriterIsBusy) {
+  StartWithEtcd(2);
+  cluster::ClusterMap a = map_, b = map_;
+  a.NormalizeReplicas();
+  b.NormalizeReplicas();
+  a.epoch = b.epoch = 2;
+  std::swap(a.owners[0], a.backups[0][0]);  // promote shard 0's backup
+  std::swap(b.owners[1], b.backups[1][0]);  // promote shard 1's backup
+  kv::Response first = Call(2, kv::EncodeMapInstall({a.ToJson()}));
+  ASSERT_TRUE(first.status.ok()) << first.status.ToString();
+  kv::Response again = Call(2, kv::EncodeMapInstall({a.ToJson()}));
+  EXPECT_TRUE(again.status.ok()) << "the same map again: " << again.status.ToString();
+  kv::Response different = Call(2, kv::EncodeMapInstall({b.ToJson()}));
+  EXPECT_EQ(different.status.code(), StatusCode::kBusy) << different.status.ToString();
+  cluster::ClusterMap c = a;
+  c.epoch = 3;
+  kv::Response third = Call(1, kv::EncodeMapInstall({c.ToJson()}));
+  ASSERT_TRUE(third.status.ok()) << third.status.ToString();
+  cluster::ClusterMap stale = b;  // epoch 2, computed before epoch 3 was committed
+  kv::Response older = Call(0, kv::EncodeMapInstall({stale.ToJson()}));
+  EXPECT_EQ(older.status.code(), StatusCode::kBusy) << older.status.ToString();
+  EXPECT_NE(older.status.message().find("another writer"), std::string::npos)
+      << older.status.ToString();
+  EXPECT_EQ(EtcdEpoch(), 3u);
+  EXPECT_TRUE(AllAtEpoch(3));
+}
+
 TEST_F(EtcdClusterTest, EtcdDownFencesThenServesAgain) {
   StartWithEtcd(2);
   auto c = NewClient(0);

@@ -145,15 +145,16 @@ class Admin {
                                 const MoveProgressFn& progress);
 
   // --- replicated clusters (docs/design.md "Replication") ---
-  // Each asks every server for its map (all must answer) and works from the newest one. When
-  // another writer (the coordinator, another admin command) changes the map between that read
-  // and this change's commit, the change starts again from the newest map, up to 5 attempts in
-  // all (said on `progress`); kBusy after the last.
+  // Each asks every server for its map (all must answer) and works from the newest one. A
+  // change that loses the map to another writer (the coordinator, another admin command)
+  // between that read and its commit fails kBusy; run it again (Promote does so itself).
   //
   // Makes `server`, an in-sync backup of `shard`, its primary (the old primary becomes its
   // first backup): installs the new map (epoch + 1) on the old primary (it stops serving the
   // shard after one lease), then on the new one, then everywhere else. Writes to the shard
-  // pause for about one lease. kInvalidArgument when `server` is not an in-sync backup.
+  // pause for about one lease. kInvalidArgument when `server` is not an in-sync backup. When
+  // the old primary's commit loses to another writer's map (nothing installed), starts again
+  // from the newest map, up to 5 attempts (said on `progress`); kBusy after the last.
   Result<ReplicaReport> Promote(uint32_t shard, uint32_t server, const MoveProgressFn& progress);
   // Adds `server` as a replica of `shard`: joining (it receives every new write), a copy of
   // the shard's items from the primary (writes go on meanwhile), then in sync. Running it
