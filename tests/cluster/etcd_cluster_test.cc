@@ -70,6 +70,14 @@ class EtcdClusterTest : public ClusterTest {
     return o;
   }
 
+  // map_'s successor (epoch 2) that promotes `shard`'s first backup.
+  cluster::ClusterMap Promoting(uint32_t shard) const {
+    cluster::ClusterMap m = map_;
+    m.NormalizeReplicas();
+    m.epoch = 2;
+    std::swap(m.owners[shard], m.backups[shard][0]);
+    return m;
+  }
   uint64_t EtcdEpoch() {
     auto m = server::LoadMap(*client_, kCluster);
     return m.ok() ? m->map.epoch : 0;
@@ -219,12 +227,7 @@ TEST_F(EtcdClusterTest, MapWrittenToEtcdIsInstalledEverywhereAndLosesNoWrite) {
 
 TEST_F(EtcdClusterTest, TwoConcurrentMapChangesOnlyOneWins) {
   StartWithEtcd(2);
-  cluster::ClusterMap a = map_, b = map_;
-  a.NormalizeReplicas();
-  b.NormalizeReplicas();
-  a.epoch = b.epoch = 2;
-  std::swap(a.owners[0], a.backups[0][0]);  // promote shard 0's backup
-  std::swap(b.owners[1], b.backups[1][0]);  // promote shard 1's backup
+  const cluster::ClusterMap a = Promoting(0), b = Promoting(1);
   kv::Response ra, rb;
   std::thread ta(
       [&] { ra = testing::CallRaw(*Raw(2), kv::EncodeMapInstall({a.ToJson()}), &buf_a_); });
@@ -242,12 +245,7 @@ TEST_F(EtcdClusterTest, TwoConcurrentMapChangesOnlyOneWins) {
 // by starting again from the newest map (ReplicationTest.APromotionStartsAgain...).
 TEST_F(EtcdClusterTest, AChangeThatLostTheMapToAnotherWriterIsBusy) {
   StartWithEtcd(2);
-  cluster::ClusterMap a = map_, b = map_;
-  a.NormalizeReplicas();
-  b.NormalizeReplicas();
-  a.epoch = b.epoch = 2;
-  std::swap(a.owners[0], a.backups[0][0]);  // promote shard 0's backup
-  std::swap(b.owners[1], b.backups[1][0]);  // promote shard 1's backup
+  const cluster::ClusterMap a = Promoting(0), b = Promoting(1);
   kv::Response first = Call(2, kv::EncodeMapInstall({a.ToJson()}));
   ASSERT_TRUE(first.status.ok()) << first.status.ToString();
   kv::Response again = Call(2, kv::EncodeMapInstall({a.ToJson()}));
@@ -258,7 +256,7 @@ TEST_F(EtcdClusterTest, AChangeThatLostTheMapToAnotherWriterIsBusy) {
   c.epoch = 3;
   kv::Response third = Call(1, kv::EncodeMapInstall({c.ToJson()}));
   ASSERT_TRUE(third.status.ok()) << third.status.ToString();
-  cluster::ClusterMap stale = b;  // epoch 2, computed before epoch 3 was committed
+  const cluster::ClusterMap& stale = b;  // epoch 2, computed before epoch 3 was committed
   kv::Response older = Call(0, kv::EncodeMapInstall({stale.ToJson()}));
   EXPECT_EQ(older.status.code(), StatusCode::kBusy) << older.status.ToString();
   EXPECT_NE(older.status.message().find("another writer"), std::string::npos)
