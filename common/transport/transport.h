@@ -27,6 +27,7 @@
 
 // Header-only constants of the protocol limits (the transport does not link the kv library).
 #include "common/kv/limits.h"
+#include "common/util/reply_batch.h"
 #include "rdkv/status.h"
 
 namespace rdkv::transport {
@@ -270,7 +271,7 @@ struct ReplyHandle {
   uint64_t request_id = 0;
 };
 
-class ServerSession {
+class ServerSession : public HoldsReplies {
  public:
   virtual ~ServerSession() = default;
   // Sends the response for `request_id`. Thread-safe. kConnectionLost if the client is gone
@@ -282,7 +283,14 @@ class ServerSession {
   // refuses admin ops (kv::IsAdmin) to sessions that are not kAdmin. Sessions that do not
   // authenticate (test fakes) are kData: least privilege.
   virtual SessionRole role() const { return SessionRole::kData; }
+  // Sends what this session's Reply held for a ReplyBatch. Called by the batch's end, on the
+  // thread that held it. The default holds nothing.
+  void SendHeld() override {}
 };
+
+// ReplyBatch (common/util/reply_batch.h): replies given on a thread while one lives may be held
+// and sent together at its end (one write per session); ServerSession::SendHeld sends them.
+using ReplyBatch = ::rdkv::ReplyBatch;
 
 // Called on a worker thread for each complete request. Must not block for long; defer the
 // reply through the handle when the answer needs slow work.

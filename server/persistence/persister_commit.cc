@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "common/util/reply_batch.h"
 #include "server/persistence/persister_impl.h"
 
 namespace rdkv::server::persistence {
@@ -224,6 +225,7 @@ void Persister::Impl::Process(Group g) {
           "not durable: " + err.message() +
           "; the write was applied in memory and its persistence is retried, so it may or may "
           "not survive a restart; writes are refused until the data dir can be written");
+      ReplyBatch replies;
       for (Completion& c : g.done) c(not_durable);
       g.done.clear();
       retry_.push_back(std::move(g));
@@ -262,6 +264,7 @@ void Persister::Impl::Written(Group& g, bool with_done) {
     }
   }
   if (with_done) {
+    ReplyBatch replies;  // the group's answers: one write per client connection
     for (Completion& c : g.done) c(Status::Ok());
     g.done.clear();
   }

@@ -756,6 +756,57 @@ TEST_P(TransportConformance, OneThreadHasCallsOnTwoConnectionsInFlightTogether) 
   CallAndCheck(second->get(), 20, 14);
 }
 
+// ReplyBatch: replies given on a thread while one lives reach their clients, each with its own
+// answer, once the outermost batch ends. tcp holds them until then (one write per connection
+// for all of them), so no answer arrives earlier; verbs sends at once.
+TEST_P(TransportConformance, RepliesUnderAReplyBatchGoOutTogetherWhenItEnds) {
+  auto second = Connect();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  std::vector<uint8_t> r1 = MakeRequest('D', 30, 21), r2 = MakeRequest('D', 45, 22),
+                       r3 = MakeRequest('D', 60, 23);
+  std::vector<uint8_t> resp1, resp2, resp3;
+  PendingCall call1, call2, call3;
+  ASSERT_TRUE(conn_->StartCall(r1, &resp1, 20s, &call1).ok());
+  ASSERT_TRUE(conn_->StartCall(r2, &resp2, 20s, &call2).ok());
+  ASSERT_TRUE((*second)->StartCall(r3, &resp3, 20s, &call3).ok());
+  ASSERT_TRUE(WaitDeferred(3, 10s));
+  std::deque<Deferred> held;
+  {
+    std::lock_guard lock(mu_);
+    held.swap(deferred_);
+  }
+  {
+    ReplyBatch outer;
+    {
+      ReplyBatch inner;  // nested: its end sends nothing yet
+      for (Deferred& d : held) {
+        Status s = d.reply.session->Reply(d.reply.request_id, Transform(d.payload));
+        EXPECT_TRUE(s.ok()) << s.ToString();
+      }
+    }
+    if (kind_ == TransportKind::kTcp) {
+      const Clock::time_point until = Clock::now() + 300ms;
+      EXPECT_FALSE(conn_->WaitCall(&call1, until))
+          << "a held reply went out before the batch ended";
+      EXPECT_FALSE(conn_->WaitCall(&call2, until))
+          << "a held reply went out before the batch ended";
+      EXPECT_FALSE((*second)->WaitCall(&call3, until))
+          << "a held reply went out before the batch ended";
+    }
+  }
+  Status f1 = conn_->FinishCall(&call1);
+  Status f2 = conn_->FinishCall(&call2);
+  Status f3 = (*second)->FinishCall(&call3);
+  ASSERT_TRUE(f1.ok()) << f1.ToString();
+  ASSERT_TRUE(f2.ok()) << f2.ToString();
+  ASSERT_TRUE(f3.ok()) << f3.ToString();
+  EXPECT_EQ(resp1, Transform(r1));
+  EXPECT_EQ(resp2, Transform(r2));
+  EXPECT_EQ(resp3, Transform(r3));
+  // A reply outside any batch goes out at once again.
+  CallAndCheck(conn_.get(), 20, 24);
+}
+
 // tcp: ListenOptions::inline_handler answers requests on the receiving thread; what it leaves
 // goes to the workers as before, and it is not called while the workers are paused.
 TEST_P(TransportConformance, AnInlineHandlerAnswersWhatItTakesOnTheReceivingThread) {

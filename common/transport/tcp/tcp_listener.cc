@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <unordered_map>
 
 #include <arpa/inet.h>
@@ -138,12 +139,13 @@ void PeerSource(int fd, SourceKey* key, bool* loopback) {
 
 // ---------------------------------------------------------------------------------------------
 // One client connection on the server.
-class TcpSession final : public ServerSession {
+class TcpSession final : public ServerSession, public std::enable_shared_from_this<TcpSession> {
  public:
   TcpSession(uint64_t id, int fd, std::string peer, NicThread* nic)
       : fd(fd), id_(id), peer_(std::move(peer)), nic_(nic) {}
 
   Status Reply(uint64_t request_id, std::span<const uint8_t> response) override;
+  void SendHeld() override EXCLUDES(out_mu);
   std::string peer() const override { return peer_; }
   uint64_t id() const override { return id_; }
   NicThread* nic() const { return nic_; }
@@ -1172,8 +1174,17 @@ Status TcpSession::Reply(uint64_t request_id, std::span<const uint8_t> response)
   if (!response.empty()) std::memcpy(w.data() + kCallHeadSize, response.data(), response.size());
   out.Commit(kCallHeadSize + response.size());
   // An inline answer on the NIC thread is sent with the rest of its receive pass (one write for
-  // all of them); any other reply goes out now.
-  if (t_reply_in_pass != this || out.size() >= kOutHighWater) FlushLocked();
+  // all of them), a reply under a ReplyBatch with the batch's others; any other goes out now.
+  bool held = false;
+  if (out.size() < kOutHighWater) {
+    if (t_reply_in_pass == this) {
+      held = true;  // the pass's end flushes
+    } else if (ReplyBatch::Open()) {
+      ReplyBatch::Hold(shared_from_this());
+      held = true;
+    }
+  }
+  if (!held) FlushLocked();
   if (!broken && out.size() > out_limit) {
     // The client does not read its answers: cut it off rather than grow without bound. The
     // NIC thread sees the shutdown as a hang-up and closes the session.
@@ -1187,6 +1198,11 @@ Status TcpSession::Reply(uint64_t request_id, std::span<const uint8_t> response)
   }
   if (broken) return Status::ConnectionLost("client " + peer_ + " is gone");
   return Status::Ok();
+}
+
+void TcpSession::SendHeld() {
+  MutexLock lock(&out_mu);
+  FlushLocked();
 }
 
 void TcpSession::FlushLocked() {
