@@ -260,28 +260,19 @@ Status ClientConnection::PostReads(std::span<ReadOp* const> ops) {
                                                    std::memory_order_relaxed));
   // Every op inside a region (the usual case): none is looked at again.
   const bool filter = to_post < ops.size();
-  if (to_post > 0) {
-    Status posted = PostReadBatch(ops, filter);
-    if (!posted.ok()) {
-      if (filter) {  // the chain's unposted READs are ended; those left out of it, here
-        for (ReadOp* op : ops) {
-          if (!InRegions(*op))
-            op->status.store(ReadStatus::kConnectionLost, std::memory_order_release);
-        }
-      }
-      return posted;
-    }
-  }
-  if (keepalive_ns_ > 0) MaybeKeepAlive();
+  const Status posted = to_post > 0 ? PostReadBatch(ops, filter) : Status::Ok();
+  if (posted.ok() && keepalive_ns_ > 0) MaybeKeepAlive();
   if (filter) {
-    // Outside every advertised region: what the NIC would refuse, refused here without
-    // sending it (a NIC refusal would also kill the queue pair).
+    // Left out of the chain, outside every advertised region: what the NIC would refuse (and a
+    // NIC refusal would also kill the queue pair), refused here without sending it; after a
+    // failed post, lost like the chain's unposted READs (PostReadBatch ended those).
+    const ReadStatus left_out =
+        posted.ok() ? ReadStatus::kRemoteAccessError : ReadStatus::kConnectionLost;
     for (ReadOp* op : ops) {
-      if (!InRegions(*op))
-        op->status.store(ReadStatus::kRemoteAccessError, std::memory_order_release);
+      if (!InRegions(*op)) op->status.store(left_out, std::memory_order_release);
     }
   }
-  return Status::Ok();
+  return posted;
 }
 
 namespace {
