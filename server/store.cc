@@ -7,6 +7,8 @@
 #include <random>
 #include <thread>
 
+#include "common/util/reply_batch.h"
+
 namespace rdkv::server {
 
 using kv::ItemHeader;
@@ -187,6 +189,7 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   Result<Block> block = allocator_.Allocate(units, &retry_after);
   if (!block.ok() && !t_no_wait && retry_after > Allocator::Clock::duration::zero() &&
       retry_after <= options_.grace + std::chrono::milliseconds(10)) {
+    ReplyBatch::SendHeldNow();  // answers this thread holds must not wait for the sleep
     std::this_thread::sleep_for(retry_after);
     block = allocator_.Allocate(units);
   }

@@ -447,8 +447,9 @@ void Replicator::RunBatch(Peer* peer, Batch* batch) {
     }
   }
   if (more) peer->queue_cv.Signal();  // what queued meanwhile goes with the sender
-  // The writes' answers to their clients go out together: one write per client connection
-  // for the batch, not one per write (the completions do not wait).
+  // The writes' answers to their clients go out together: usually one write per client
+  // connection for the batch, not one per write. The completions do not wait for the network
+  // (a retry only queues); the store's wait for a full heap sends what is held first.
   transport::ReplyBatch replies;
   for (Forwarding* f : complete) Complete(std::unique_ptr<Forwarding>(f));
 }

@@ -758,7 +758,7 @@ TEST_P(TransportConformance, OneThreadHasCallsOnTwoConnectionsInFlightTogether) 
 
 // ReplyBatch: replies given on a thread while one lives reach their clients, each with its own
 // answer, once the outermost batch ends. tcp holds them until then (one write per connection
-// for all of them), so no answer arrives earlier; verbs sends at once.
+// for all of them), so no answer arrives earlier, or until SendHeldNow; verbs sends at once.
 TEST_P(TransportConformance, RepliesUnderAReplyBatchGoOutTogetherWhenItEnds) {
   auto second = Connect();
   ASSERT_TRUE(second.ok()) << second.status().ToString();
@@ -792,6 +792,12 @@ TEST_P(TransportConformance, RepliesUnderAReplyBatchGoOutTogetherWhenItEnds) {
           << "a held reply went out before the batch ended";
       EXPECT_FALSE((*second)->WaitCall(&call3, until))
           << "a held reply went out before the batch ended";
+      // SendHeldNow sends what is held while the batch stays open (code about to wait).
+      ReplyBatch::SendHeldNow();
+      const Clock::time_point soon = Clock::now() + 10s;
+      EXPECT_TRUE(conn_->WaitCall(&call1, soon)) << "SendHeldNow did not send";
+      EXPECT_TRUE(conn_->WaitCall(&call2, soon)) << "SendHeldNow did not send";
+      EXPECT_TRUE((*second)->WaitCall(&call3, soon)) << "SendHeldNow did not send";
     }
   }
   Status f1 = conn_->FinishCall(&call1);
