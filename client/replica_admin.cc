@@ -666,28 +666,52 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
   std::vector<ReplicaAddition> done;
   cluster::ClusterMap in_sync = joining;
   if (!copied.empty()) {
-    cluster::ClusterMap newest = joining;
-    if (Result<cluster::ClusterMap> m = NewestMap(channel, joining, progress); m.ok()) {
-      newest = std::move(m).value();
-    }
-    done = PairsReadyForInSync(channel, joining, newest, copied, &failures);
-    if (!done.empty()) {
-      std::vector<uint32_t> primaries;
+    std::vector<PairFailure> not_ready;  // the last attempt's pairs that may not be in sync
+    std::vector<uint32_t> primaries;
+    // Where the change failed: its map and the servers that hold it.
+    auto failed_at = [&](const Status& s, const std::vector<uint32_t>& installed) {
+      std::string where = installed.empty() ? "no server" : "server(s)";
+      for (uint32_t id : installed) where += " " + std::to_string(id);
+      return Status(s.code(), s.message() + "; map epoch " + std::to_string(in_sync.epoch) +
+                                  " (in sync: " + PairsText(done) + ") is installed on " + where +
+                                  " (with etcd it may be committed already)");
+    };
+    for (int attempt = 1;; ++attempt) {
+      cluster::ClusterMap newest = joining;
+      if (Result<cluster::ClusterMap> m = NewestMap(channel, joining, progress); m.ok()) {
+        newest = std::move(m).value();
+      }
+      not_ready.clear();
+      done = PairsReadyForInSync(channel, joining, newest, copied, &not_ready);
+      if (done.empty()) break;
+      primaries.clear();
       for (const ReplicaAddition& a : done) AddOnce(&primaries, newest.OwnerOf(a.shard));
       in_sync = WithInSync(newest, done);
-      std::vector<uint32_t> installed;
-      for (uint32_t p : primaries) {
-        Status s = InstallOn(channel, in_sync, {p}, progress);
-        if (!s.ok()) {
-          // The servers before it hold the new map already (with etcd it is committed, and
-          // every server gets it from its watch).
-          std::string where = installed.empty() ? "no server" : "server(s)";
-          for (uint32_t id : installed) where += " " + std::to_string(id);
-          return Status(s.code(), s.message() + "; map epoch " + std::to_string(in_sync.epoch) +
-                                      " (in sync: " + PairsText(done) + ") is installed on " +
-                                      where + " (with etcd it may be committed already)");
-        }
-        installed.push_back(p);
+      // The first primary's install commits the change (with etcd, there first). kBusy from
+      // it: another writer (the coordinator, another command) changed the map since `newest`
+      // was read, and nothing of this attempt was installed: start again from the newest map,
+      // where every pair is checked again as above (the copies stand: each primary's check says
+      // whether its new replica missed a write since its copy began).
+      Status first = InstallOn(channel, in_sync, {primaries[0]}, progress);
+      if (first.ok()) break;
+      if (!first.Is(StatusCode::kBusy) || attempt == kMapRaceAttempts) return failed_at(first, {});
+      const std::chrono::milliseconds pause(100 * attempt);
+      if (progress) {
+        progress("  " + first.ToString() + "; marking in sync again from the newest map in " +
+                 std::to_string(pause.count()) + " ms (attempt " + std::to_string(attempt + 1) +
+                 " of " + std::to_string(kMapRaceAttempts) + ")");
+      }
+      std::this_thread::sleep_for(pause);
+    }
+    failures.insert(failures.end(), not_ready.begin(), not_ready.end());
+    if (!done.empty()) {
+      // The other primaries (the servers before each hold the new map already: with etcd it
+      // is committed, and every server gets it from its watch), then the rest.
+      std::vector<uint32_t> installed = {primaries[0]};
+      for (size_t i = 1; i < primaries.size(); ++i) {
+        Status s = InstallOn(channel, in_sync, {primaries[i]}, progress);
+        if (!s.ok()) return failed_at(s, installed);
+        installed.push_back(primaries[i]);
       }
       RDKV_RETURN_IF_ERROR(InstallOn(channel, in_sync, Others(in_sync, primaries), progress,
                                      /*required=*/false));

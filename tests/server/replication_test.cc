@@ -864,6 +864,71 @@ TEST_F(ReplicationTest, APromotionStartsAgainWhenAnotherWriterChangesTheMapFirst
   EXPECT_EQ(installs.load(), 0);
 }
 
+// Another writer changes the map between an add-replica's last read of it and the commit of
+// its in-sync change (kBusy from the first primary's install): the copies stand, and the
+// change is checked and made again from the newest map. A map that keeps moving ends kBusy
+// with the pairs left joining (not in sync), after kMapRaceAttempts tries.
+TEST_F(ReplicationTest, AnInSyncChangeStartsAgainWhenAnotherWriterChangesTheMapFirst) {
+  StartReplicated(1);  // shard s on server s % 3 alone
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  for (int i = 0; i < 30; ++i) {
+    ASSERT_TRUE(c->Put(KeyIn(i % 2, i, "insync"), "v" + std::to_string(i)).ok());
+  }
+  // The pair watched: installs of a map where it is in sync are counted, and refused while
+  // `refuse` is above 0; SHARD_SCANs after the first of them would be a second copy.
+  std::atomic<uint32_t> shard{0}, server{1};
+  std::atomic<int> in_sync_installs{0}, scans_after{0};
+  std::atomic<int> refuse{1};
+  HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                        [&](const cluster::ServerEntry&, const kv::Request& r) {
+                          if (r.op == kv::Op::kShardScan && in_sync_installs > 0) ++scans_after;
+                          if (r.op != kv::Op::kInstallMap) return Status::Ok();
+                          Result<kv::MapInstallRequest> m = kv::DecodeMapInstall(r);
+                          if (!m.ok() || m->check_only) return Status::Ok();
+                          Result<cluster::ClusterMap> map = cluster::ParseClusterMap(m->map_json);
+                          if (!map.ok() || !map->IsBackup(shard, server)) return Status::Ok();
+                          ++in_sync_installs;
+                          if (refuse.fetch_sub(1) > 0) {
+                            return Status::Busy("injected: another writer changed the map");
+                          }
+                          return Status::Ok();
+                        });
+  std::vector<std::string> lines;
+  auto progress = [&lines](std::string_view l) { lines.emplace_back(l); };
+  const std::vector<ReplicaAddition> first_pair = {{0, 1}};
+  auto added = client::RunAddReplicas(channel, map_, first_pair, progress);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_EQ(added->to_epoch, map_.epoch + 2) << "joining, then in sync: one map change each";
+  EXPECT_EQ(in_sync_installs.load(), 4) << "the refused install, then servers 0, 1 and 2";
+  EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
+  bool said = false;
+  for (const std::string& l : lines) said |= l.find("marking in sync again") != std::string::npos;
+  EXPECT_TRUE(said) << "the second attempt was not said on progress";
+  Result<cluster::ClusterMap> now = MapOf(1);
+  ASSERT_TRUE(now.ok()) << now.status().ToString();
+  EXPECT_TRUE(now->IsBackup(0, 1));
+  EXPECT_EQ(ScanOf(1, 0), ScanOf(0, 0)) << "the new replica holds what its primary holds";
+
+  // A map that keeps moving: kBusy after the last attempt, one in-sync install asked per
+  // attempt, no second copy; the pair stays joining.
+  shard = 1;
+  server = 2;
+  in_sync_installs = 0;
+  scans_after = 0;
+  refuse = 1000;
+  const std::vector<ReplicaAddition> second_pair = {{1, 2}};
+  auto gave_up = client::RunAddReplicas(channel, *now, second_pair, nullptr);
+  ASSERT_FALSE(gave_up.ok());
+  EXPECT_EQ(gave_up.status().code(), StatusCode::kBusy) << gave_up.status().ToString();
+  EXPECT_EQ(in_sync_installs.load(), client::kMapRaceAttempts);
+  EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
+  Result<cluster::ClusterMap> after = MapOf(1);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_TRUE(after->IsJoining(1, 2));
+  EXPECT_FALSE(after->IsBackup(1, 2));
+}
+
 // Two primaries in one in-sync change: the second one's new replica missed a forward after
 // its copy. Every primary is asked before the map changes, so only that pair stays joining,
 // although the first primary's install alone would have let the change through.

@@ -147,7 +147,8 @@ class Admin {
   // --- replicated clusters (docs/design.md "Replication") ---
   // Each asks every server for its map (all must answer) and works from the newest one. A
   // change that loses the map to another writer (the coordinator, another admin command)
-  // between that read and its commit fails kBusy; run it again (Promote does so itself).
+  // between that read and its commit fails kBusy; run it again (Promote, and the in-sync step
+  // of AddReplica(s), do so themselves).
   //
   // Makes `server`, an in-sync backup of `shard`, its primary (the old primary becomes its
   // first backup): installs the new map (epoch + 1) on the old primary (it stops serving the
@@ -173,7 +174,10 @@ class Admin {
   // its shard to another primary meanwhile, or its primary refuses it (a forward it missed
   // while joining). Then the pairs that could are made in sync, the failed ones stay joining
   // (or never joined), and the first failure is returned naming both sets; running the same
-  // call again starts the failed ones over.
+  // call again starts the failed ones over. When the in-sync change loses the map to another
+  // writer (nothing installed), the copies stand and the change is checked and made again from
+  // the newest map, up to 5 attempts (said on `progress`); kBusy after the last, the pairs
+  // left joining.
   Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
                                     const MoveProgressFn& progress);
   // AddReplicas of `server` to each of `shards`.
