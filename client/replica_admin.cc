@@ -4,6 +4,7 @@
 #include <chrono>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -114,6 +115,20 @@ std::vector<uint32_t> Others(const cluster::ClusterMap& map, const std::vector<u
 
 void Erase(std::vector<uint32_t>* v, uint32_t id) { std::erase(*v, id); }
 
+// A map change's commit lost to another writer (`lost`, kBusy) in attempt `attempt`: says so on
+// `progress`, with what happens next (`again`, e.g. "starting again"), and waits before the
+// next attempt (100 ms times the attempt).
+void PauseAfterLostMap(int attempt, const Status& lost, std::string_view again,
+                       const MoveProgressFn& progress) {
+  const std::chrono::milliseconds pause(100 * attempt);
+  if (progress) {
+    progress("  " + lost.ToString() + "; " + std::string(again) + " from the newest map in " +
+             std::to_string(pause.count()) + " ms (attempt " + std::to_string(attempt + 1) +
+             " of " + std::to_string(kMapRaceAttempts) + ")");
+  }
+  std::this_thread::sleep_for(pause);
+}
+
 }  // namespace
 
 Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMap& known,
@@ -161,13 +176,7 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
     Status first = InstallOn(channel, next, {old_primary}, progress);
     if (first.ok()) break;
     if (!first.Is(StatusCode::kBusy) || attempt == kMapRaceAttempts) return first;
-    const std::chrono::milliseconds pause(100 * attempt);
-    if (progress) {
-      progress("  " + first.ToString() + "; starting again from the newest map in " +
-               std::to_string(pause.count()) + " ms (attempt " + std::to_string(attempt + 1) +
-               " of " + std::to_string(kMapRaceAttempts) + ")");
-    }
-    std::this_thread::sleep_for(pause);
+    PauseAfterLostMap(attempt, first, "starting again", progress);
   }
   // Then the other replicas (they accept forwards from the new primary from then on), and the
   // new primary last: before it sets its bit it resends its recently replicated writes to its
@@ -695,13 +704,7 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       Status first = InstallOn(channel, in_sync, {primaries[0]}, progress);
       if (first.ok()) break;
       if (!first.Is(StatusCode::kBusy) || attempt == kMapRaceAttempts) return failed_at(first, {});
-      const std::chrono::milliseconds pause(100 * attempt);
-      if (progress) {
-        progress("  " + first.ToString() + "; marking in sync again from the newest map in " +
-                 std::to_string(pause.count()) + " ms (attempt " + std::to_string(attempt + 1) +
-                 " of " + std::to_string(kMapRaceAttempts) + ")");
-      }
-      std::this_thread::sleep_for(pause);
+      PauseAfterLostMap(attempt, first, "marking in sync again", progress);
     }
     failures.insert(failures.end(), not_ready.begin(), not_ready.end());
     if (!done.empty()) {
