@@ -526,6 +526,45 @@ Status FailuresStatus(const std::vector<PairFailure>& failures,
   return Status(first.code(), text + ")");
 }
 
+// Whether `newer` is the one map change after `base` and leaves every pair's shard as it was:
+// its primary, its in-sync and joining replicas, and those servers' entries (address and
+// incarnation: a restarted server that the coordinator admitted again has a new one). Only
+// then may an in-sync change that lost its commit to `newer` be checked and made again: with
+// more changes, or one touching a pair's shard, the pair may have been removed and added anew
+// (emptied, its copy not done) or its primary replaced or restarted (its count of the pair's
+// missed forwards gone), and its primary's check could pass for a copy that is not complete.
+bool OneChangeElsewhere(const cluster::ClusterMap& base, const cluster::ClusterMap& newer,
+                        const std::vector<ReplicaAddition>& pairs) {
+  if (newer.epoch != base.epoch + 1 || newer.shards != base.shards) return false;
+  auto same_list = [](const std::vector<std::vector<uint32_t>>& a,
+                      const std::vector<std::vector<uint32_t>>& b, uint32_t shard) {
+    const bool in_a = shard < a.size(), in_b = shard < b.size();
+    if (!in_a || !in_b) return (in_a ? a[shard].empty() : true) && (in_b ? b[shard].empty() : true);
+    return a[shard] == b[shard];
+  };
+  auto same_server = [&](uint32_t id) {
+    const cluster::ServerEntry* x = base.FindServer(id);
+    const cluster::ServerEntry* y = newer.FindServer(id);
+    return x != nullptr && y != nullptr && x->address == y->address &&
+           x->incarnation == y->incarnation;
+  };
+  for (const ReplicaAddition& a : pairs) {
+    if (base.OwnerOf(a.shard) != newer.OwnerOf(a.shard) ||
+        !same_list(base.backups, newer.backups, a.shard) ||
+        !same_list(base.joining, newer.joining, a.shard)) {
+      return false;
+    }
+    std::vector<uint32_t> ids = base.ReplicasOf(a.shard);
+    if (a.shard < base.joining.size()) {
+      ids.insert(ids.end(), base.joining[a.shard].begin(), base.joining[a.shard].end());
+    }
+    for (uint32_t id : ids) {
+      if (!same_server(id)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::ClusterMap& known,
@@ -685,11 +724,31 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
                                   " (in sync: " + PairsText(done) + ") is installed on " + where +
                                   " (with etcd it may be committed already)");
     };
+    cluster::ClusterMap tried;  // the map the last attempt's change was built on
     for (int attempt = 1;; ++attempt) {
       cluster::ClusterMap newest = joining;
       if (Result<cluster::ClusterMap> m = NewestMap(channel, joining, progress); m.ok()) {
         newest = std::move(m).value();
       }
+      // Every copied pair's shard, not only the last attempt's ready ones: a pair that was not
+      // joining then may be joining again now, re-added and empty.
+      if (attempt > 1 && !OneChangeElsewhere(tried, newest, copied)) {
+        // What moved the map may have touched these pairs (see OneChangeElsewhere): they stay
+        // joining, and a new run of the command copies them anew.
+        std::vector<PairFailure> busy;
+        for (const ReplicaAddition& a : done) {
+          busy.push_back(
+              {a, Status::Busy("another writer changed the map (epoch " +
+                               std::to_string(tried.epoch) + " to " + std::to_string(newest.epoch) +
+                               ") in a way that may concern these shards before they were marked "
+                               "in sync; they stay joining (run the same command again to copy "
+                               "them anew)")});
+        }
+        failures.insert(failures.begin(), busy.begin(), busy.end());
+        done.clear();
+        break;
+      }
+      tried = newest;
       not_ready.clear();
       done = PairsReadyForInSync(channel, joining, newest, copied, &not_ready);
       if (done.empty()) break;
@@ -698,12 +757,23 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       in_sync = WithInSync(newest, done);
       // The first primary's install commits the change (with etcd, there first). kBusy from
       // it: another writer (the coordinator, another command) changed the map since `newest`
-      // was read, and nothing of this attempt was installed: start again from the newest map,
-      // where every pair is checked again as above (the copies stand: each primary's check says
-      // whether its new replica missed a write since its copy began).
+      // was read, and nothing of this attempt was installed. When that was one change that left
+      // these pairs' shards alone, the change is checked and made again on the newest map, the
+      // copies kept (each primary checks again that its new replica missed no forward).
       Status first = InstallOn(channel, in_sync, {primaries[0]}, progress);
       if (first.ok()) break;
-      if (!first.Is(StatusCode::kBusy) || attempt == kMapRaceAttempts) return failed_at(first, {});
+      if (!first.Is(StatusCode::kBusy)) return failed_at(first, {});
+      if (attempt == kMapRaceAttempts) {
+        std::vector<PairFailure> busy;
+        for (const ReplicaAddition& a : done) {
+          busy.push_back({a, Status::Busy(first.message() + "; nothing was installed in " +
+                                          std::to_string(kMapRaceAttempts) +
+                                          " attempts; the pairs stay joining")});
+        }
+        failures.insert(failures.begin(), busy.begin(), busy.end());
+        done.clear();
+        break;
+      }
       PauseAfterLostMap(attempt, first, "marking in sync again", progress);
     }
     failures.insert(failures.end(), not_ready.begin(), not_ready.end());

@@ -865,21 +865,24 @@ TEST_F(ReplicationTest, APromotionStartsAgainWhenAnotherWriterChangesTheMapFirst
 }
 
 // Another writer changes the map between an add-replica's last read of it and the commit of
-// its in-sync change (kBusy from the first primary's install): the copies stand, and the
-// change is checked and made again from the newest map. A map that keeps moving ends kBusy
-// with the pairs left joining (not in sync), after kMapRaceAttempts tries.
-TEST_F(ReplicationTest, AnInSyncChangeStartsAgainWhenAnotherWriterChangesTheMapFirst) {
+// its in-sync change (kBusy from the first primary's install). One change that leaves the
+// pair's shard alone: the copy stands, and the change is checked and made again on the newest
+// map. A map that keeps moving that way ends kBusy after kMapRaceAttempts tries. More than one
+// change (the pair may have been removed and added anew, empty) ends kBusy at once. Either way
+// the pair stays joining, not in sync.
+TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
   StartReplicated(1);  // shard s on server s % 3 alone
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   for (int i = 0; i < 30; ++i) {
-    ASSERT_TRUE(c->Put(KeyIn(i % 2, i, "insync"), "v" + std::to_string(i)).ok());
+    ASSERT_TRUE(c->Put(KeyIn(i % 3, i, "insync"), "v" + std::to_string(i)).ok());
   }
-  // The pair watched: installs of a map where it is in sync are counted, and refused while
-  // `refuse` is above 0; SHARD_SCANs after the first of them would be a second copy.
+  // The pair watched: an install of a map where it is in sync is counted and, while `refuse`
+  // is above 0, answered kBusy after "another writer" installed `changes` maps everywhere (the
+  // same map at the next epochs: nothing of the pair's shard changes). SHARD_SCANs after the
+  // first such install would be a second copy.
   std::atomic<uint32_t> shard{0}, server{1};
-  std::atomic<int> in_sync_installs{0}, scans_after{0};
-  std::atomic<int> refuse{1};
+  std::atomic<int> in_sync_installs{0}, scans_after{0}, refuse{1}, changes{1};
   HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
                         [&](const cluster::ServerEntry&, const kv::Request& r) {
                           if (r.op == kv::Op::kShardScan && in_sync_installs > 0) ++scans_after;
@@ -889,17 +892,23 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainWhenAnotherWriterChangesTheMapF
                           Result<cluster::ClusterMap> map = cluster::ParseClusterMap(m->map_json);
                           if (!map.ok() || !map->IsBackup(shard, server)) return Status::Ok();
                           ++in_sync_installs;
-                          if (refuse.fetch_sub(1) > 0) {
-                            return Status::Busy("injected: another writer changed the map");
+                          if (refuse.fetch_sub(1) <= 0) return Status::Ok();
+                          Result<cluster::ClusterMap> now = MapOf(0);
+                          if (!now.ok()) return now.status();
+                          cluster::ClusterMap other = *now;
+                          for (int i = 0; i < changes; ++i) {
+                            ++other.epoch;
+                            for (int id = 0; id < 3; ++id)
+                              RDKV_RETURN_IF_ERROR(InstallOn(id, other));
                           }
-                          return Status::Ok();
+                          return Status::Busy("injected: another writer changed the map");
                         });
   std::vector<std::string> lines;
   auto progress = [&lines](std::string_view l) { lines.emplace_back(l); };
   const std::vector<ReplicaAddition> first_pair = {{0, 1}};
   auto added = client::RunAddReplicas(channel, map_, first_pair, progress);
   ASSERT_TRUE(added.ok()) << added.status().ToString();
-  EXPECT_EQ(added->to_epoch, map_.epoch + 2) << "joining, then in sync: one map change each";
+  EXPECT_EQ(added->to_epoch, map_.epoch + 3) << "joining, the other writer's, in sync";
   EXPECT_EQ(in_sync_installs.load(), 4) << "the refused install, then servers 0, 1 and 2";
   EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
   bool said = false;
@@ -910,23 +919,34 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainWhenAnotherWriterChangesTheMapF
   EXPECT_TRUE(now->IsBackup(0, 1));
   EXPECT_EQ(ScanOf(1, 0), ScanOf(0, 0)) << "the new replica holds what its primary holds";
 
-  // A map that keeps moving: kBusy after the last attempt, one in-sync install asked per
-  // attempt, no second copy; the pair stays joining.
-  shard = 1;
-  server = 2;
-  in_sync_installs = 0;
-  scans_after = 0;
-  refuse = 1000;
-  const std::vector<ReplicaAddition> second_pair = {{1, 2}};
-  auto gave_up = client::RunAddReplicas(channel, *now, second_pair, nullptr);
-  ASSERT_FALSE(gave_up.ok());
-  EXPECT_EQ(gave_up.status().code(), StatusCode::kBusy) << gave_up.status().ToString();
-  EXPECT_EQ(in_sync_installs.load(), client::kMapRaceAttempts);
-  EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
-  Result<cluster::ClusterMap> after = MapOf(1);
-  ASSERT_TRUE(after.ok()) << after.status().ToString();
-  EXPECT_TRUE(after->IsJoining(1, 2));
-  EXPECT_FALSE(after->IsBackup(1, 2));
+  // One change elsewhere before every try: kBusy after the last, one in-sync install asked
+  // per attempt, no second copy; the pair stays joining.
+  auto gives_up = [&](uint32_t s, uint32_t to, int other_changes, int want_installs) {
+    shard = s;
+    server = to;
+    changes = other_changes;
+    in_sync_installs = 0;
+    scans_after = 0;
+    refuse = 1000;
+    Result<cluster::ClusterMap> before = MapOf(0);
+    ASSERT_TRUE(before.ok()) << before.status().ToString();
+    const std::vector<ReplicaAddition> pair = {{s, to}};
+    auto gave_up = client::RunAddReplicas(channel, *before, pair, nullptr);
+    ASSERT_FALSE(gave_up.ok());
+    EXPECT_EQ(gave_up.status().code(), StatusCode::kBusy) << gave_up.status().ToString();
+    EXPECT_NE(gave_up.status().message().find("not in sync: shard " + std::to_string(s)),
+              std::string::npos)
+        << gave_up.status().ToString();
+    EXPECT_EQ(in_sync_installs.load(), want_installs);
+    EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
+    Result<cluster::ClusterMap> after = MapOf(1);
+    ASSERT_TRUE(after.ok()) << after.status().ToString();
+    EXPECT_TRUE(after->IsJoining(s, to));
+    EXPECT_FALSE(after->IsBackup(s, to));
+  };
+  gives_up(1, 2, /*other_changes=*/1, client::kMapRaceAttempts);
+  // Two changes between the read and the commit: not tried again.
+  gives_up(2, 0, /*other_changes=*/2, 1);
 }
 
 // Two primaries in one in-sync change: the second one's new replica missed a forward after

@@ -175,9 +175,10 @@ class Admin {
   // while joining). Then the pairs that could are made in sync, the failed ones stay joining
   // (or never joined), and the first failure is returned naming both sets; running the same
   // call again starts the failed ones over. When the in-sync change loses the map to another
-  // writer (nothing installed), the copies stand and the change is checked and made again from
-  // the newest map, up to 5 attempts (said on `progress`); kBusy after the last, the pairs
-  // left joining.
+  // writer (nothing installed) and the newest map is one change newer that leaves the pairs'
+  // shards as they were, the copies stand and the change is checked and made again on it, up
+  // to 5 attempts (said on `progress`); otherwise, or after the last, kBusy with the pairs left
+  // joining (a new call copies them anew).
   Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
                                     const MoveProgressFn& progress);
   // AddReplicas of `server` to each of `shards`.
