@@ -536,11 +536,8 @@ Status FailuresStatus(const std::vector<PairFailure>& failures,
 bool OneChangeElsewhere(const cluster::ClusterMap& base, const cluster::ClusterMap& newer,
                         const std::vector<ReplicaAddition>& pairs) {
   if (newer.epoch != base.epoch + 1 || newer.shards != base.shards) return false;
-  auto same_list = [](const std::vector<std::vector<uint32_t>>& a,
-                      const std::vector<std::vector<uint32_t>>& b, uint32_t shard) {
-    const bool in_a = shard < a.size(), in_b = shard < b.size();
-    if (!in_a || !in_b) return (in_a ? a[shard].empty() : true) && (in_b ? b[shard].empty() : true);
-    return a[shard] == b[shard];
+  auto joining_of = [](const cluster::ClusterMap& m, uint32_t shard) {
+    return shard < m.joining.size() ? m.joining[shard] : std::vector<uint32_t>{};
   };
   auto same_server = [&](uint32_t id) {
     const cluster::ServerEntry* x = base.FindServer(id);
@@ -549,15 +546,10 @@ bool OneChangeElsewhere(const cluster::ClusterMap& base, const cluster::ClusterM
            x->incarnation == y->incarnation;
   };
   for (const ReplicaAddition& a : pairs) {
-    if (base.OwnerOf(a.shard) != newer.OwnerOf(a.shard) ||
-        !same_list(base.backups, newer.backups, a.shard) ||
-        !same_list(base.joining, newer.joining, a.shard)) {
-      return false;
-    }
-    std::vector<uint32_t> ids = base.ReplicasOf(a.shard);
-    if (a.shard < base.joining.size()) {
-      ids.insert(ids.end(), base.joining[a.shard].begin(), base.joining[a.shard].end());
-    }
+    std::vector<uint32_t> ids = base.ReplicasOf(a.shard);  // the primary, then its backups
+    const std::vector<uint32_t> joining = joining_of(base, a.shard);
+    if (ids != newer.ReplicasOf(a.shard) || joining != joining_of(newer, a.shard)) return false;
+    ids.insert(ids.end(), joining.begin(), joining.end());
     for (uint32_t id : ids) {
       if (!same_server(id)) return false;
     }
@@ -724,6 +716,13 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
                                   " (in sync: " + PairsText(done) + ") is installed on " + where +
                                   " (with etcd it may be committed already)");
     };
+    // The last attempt's ready pairs stay joining, failed with `why` (named first).
+    auto leave_joining = [&](const Status& why) {
+      std::vector<PairFailure> busy;
+      for (const ReplicaAddition& a : done) busy.push_back({a, why});
+      failures.insert(failures.begin(), busy.begin(), busy.end());
+      done.clear();
+    };
     cluster::ClusterMap tried;  // the map the last attempt's change was built on
     for (int attempt = 1;; ++attempt) {
       cluster::ClusterMap newest = joining;
@@ -735,17 +734,11 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       if (attempt > 1 && !OneChangeElsewhere(tried, newest, copied)) {
         // What moved the map may have touched these pairs (see OneChangeElsewhere): they stay
         // joining, and a new run of the command copies them anew.
-        std::vector<PairFailure> busy;
-        for (const ReplicaAddition& a : done) {
-          busy.push_back(
-              {a, Status::Busy("another writer changed the map (epoch " +
-                               std::to_string(tried.epoch) + " to " + std::to_string(newest.epoch) +
-                               ") in a way that may concern these shards before they were marked "
-                               "in sync; they stay joining (run the same command again to copy "
-                               "them anew)")});
-        }
-        failures.insert(failures.begin(), busy.begin(), busy.end());
-        done.clear();
+        leave_joining(Status::Busy(
+            "another writer changed the map (epoch " + std::to_string(tried.epoch) + " to " +
+            std::to_string(newest.epoch) +
+            ") in a way that may concern these shards before they were marked in sync; they stay "
+            "joining (run the same command again to copy them anew)"));
         break;
       }
       tried = newest;
@@ -764,14 +757,9 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       if (first.ok()) break;
       if (!first.Is(StatusCode::kBusy)) return failed_at(first, {});
       if (attempt == kMapRaceAttempts) {
-        std::vector<PairFailure> busy;
-        for (const ReplicaAddition& a : done) {
-          busy.push_back({a, Status::Busy(first.message() + "; nothing was installed in " +
-                                          std::to_string(kMapRaceAttempts) +
-                                          " attempts; the pairs stay joining")});
-        }
-        failures.insert(failures.begin(), busy.begin(), busy.end());
-        done.clear();
+        leave_joining(Status::Busy(first.message() + "; nothing was installed in " +
+                                   std::to_string(kMapRaceAttempts) +
+                                   " attempts; the pairs stay joining"));
         break;
       }
       PauseAfterLostMap(attempt, first, "marking in sync again", progress);
