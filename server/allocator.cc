@@ -44,7 +44,8 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
   uint32_t cls = ClassOf(units);
   uint32_t size = ClassUnits(cls);
   MutexLock lock(&mu_);
-  ReclaimLocked(Clock::now());
+  const Clock::time_point now = Clock::now();
+  ReclaimLocked(now);
   if (!free_[cls].empty()) return TakeLocked(cls);
   if (bump_ + size <= heap_units_) {
     Block b{static_cast<uint32_t>(bump_), size};
@@ -57,14 +58,29 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
     if (!free_[c].empty()) return TakeLocked(c);
   }
   if (retry_after != nullptr) {
-    *retry_after =
-        limbo_.empty() ? Clock::duration::zero() : limbo_.front().reusable_at - Clock::now();
+    // Measured from the reclaim's `now`: the front's time is after it (or it would have been
+    // reclaimed), so a wait is never zero or negative while limbo holds blocks.
+    *retry_after = limbo_.empty() ? Clock::duration::zero() : limbo_.front().reusable_at - now;
   }
   return Status::OutOfSpace("no free block of " + std::to_string(uint64_t{size} * kv::kUnit) +
                             " bytes: the region's heap is full (" +
                             std::to_string(used_ * kv::kUnit) + " bytes in use, " +
                             std::to_string(limbo_units_ * kv::kUnit) +
                             " bytes waiting out the reuse grace period)");
+}
+
+bool Allocator::HasRoomNow(uint32_t units, uint64_t spare) {
+  if (units == 0 || units > kv::kMaxItemUnits) return false;
+  if (waiting_.load(std::memory_order_relaxed) > 0) return false;
+  const uint32_t cls = ClassOf(units);
+  MutexLock lock(&mu_);
+  ReclaimLocked(Clock::now());
+  uint64_t blocks = (heap_units_ - bump_) / ClassUnits(cls);
+  // The classes Allocate takes from: its own, then up to 8 larger ones.
+  for (uint32_t c = cls; c < kClasses && c <= cls + 8 && blocks <= spare; ++c) {
+    blocks += free_[c].size();
+  }
+  return blocks > spare;
 }
 
 Block Allocator::TakeLocked(uint32_t c) {

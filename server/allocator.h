@@ -8,6 +8,7 @@
 // a few list operations).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -52,6 +53,27 @@ class Allocator {
   // For a block that was never published: reused at once.
   void Release(Block b) EXCLUDES(mu_);
 
+  // Whether Allocate(units) would find a block now, with `spare` more such blocks left over
+  // (on the free lists of the classes it takes from, or room for them at the bump pointer): a
+  // thread that must not wait checks this first, so that a heap whose free room is all in
+  // other size classes, or in limbo, sends the write to one that may wait. False while a
+  // writer waits for blocks to leave limbo (WaitScope): the blocks that come out go to the
+  // writers that wait, not to those that would pass them.
+  bool HasRoomNow(uint32_t units, uint64_t spare) EXCLUDES(mu_);
+  // Held by a writer while it waits for blocks to leave limbo.
+  class WaitScope {
+   public:
+    explicit WaitScope(Allocator& a) : a_(a) {
+      a_.waiting_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ~WaitScope() { a_.waiting_.fetch_sub(1, std::memory_order_relaxed); }
+    WaitScope(const WaitScope&) = delete;
+    WaitScope& operator=(const WaitScope&) = delete;
+
+   private:
+    Allocator& a_;
+  };
+
   AllocatorStats stats() const EXCLUDES(mu_);
 
  private:
@@ -75,6 +97,7 @@ class Allocator {
     Clock::time_point reusable_at;
   };
   std::deque<Retired> limbo_ GUARDED_BY(mu_);  // in retire order, so reusable_at is non-decreasing
+  std::atomic<int> waiting_{0};                // writers in a WaitScope
 };
 
 }  // namespace rdkv::server

@@ -183,15 +183,27 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
     }
   }
 
-  // A new item. Allocate before locking; if the heap is full only because of limbo, wait it out
-  // once.
+  // A new item. Allocate before locking. A heap full only because of limbo (writes retire
+  // blocks faster than their grace period ends) is back pressure, not a full heap: wait for
+  // blocks to leave it, again while other writers take the ones that came out first, for up
+  // to four grace periods.
   Allocator::Clock::duration retry_after{};
   Result<Block> block = allocator_.Allocate(units, &retry_after);
-  if (!block.ok() && !t_no_wait && retry_after > Allocator::Clock::duration::zero() &&
-      retry_after <= options_.grace + std::chrono::milliseconds(10)) {
-    ReplyBatch::SendHeldNow();  // answers this thread holds must not wait for the sleep
-    std::this_thread::sleep_for(retry_after);
-    block = allocator_.Allocate(units);
+  if (!block.ok() && !t_no_wait) {
+    const auto give_up = Allocator::Clock::now() + 4 * options_.grace;
+    Allocator::WaitScope waiting(allocator_);
+    bool held_sent = false;
+    while (!block.ok() && retry_after > Allocator::Clock::duration::zero() &&
+           retry_after <= options_.grace + std::chrono::milliseconds(10) &&
+           Allocator::Clock::now() + retry_after <= give_up) {
+      if (!held_sent) {
+        ReplyBatch::SendHeldNow();  // answers this thread holds must not wait for the sleep
+        held_sent = true;
+      }
+      std::this_thread::sleep_for(retry_after);
+      retry_after = {};
+      block = allocator_.Allocate(units, &retry_after);
+    }
   }
   if (!block.ok()) return block.status();
   Block b = *block;
@@ -258,10 +270,13 @@ Result<uint64_t> Store::Write(Mode mode, std::string_view key, std::string_view 
   return h.version;
 }
 
-bool Store::HasRoomFor(size_t key_bytes, size_t value_bytes) const {
-  constexpr uint64_t kMarginBytes = 1 << 20;
-  const AllocatorStats a = allocator_.stats();
-  return a.free_units * kUnit >= kv::ItemBytes(key_bytes, value_bytes) + kMarginBytes;
+bool Store::HasRoomFor(size_t key_bytes, size_t value_bytes) {
+  // Far more blocks than the other receiving threads and the workers can take between this
+  // check and the write's allocation.
+  constexpr uint64_t kSpareBlocks = 64;
+  const size_t bytes = kv::ItemBytes(key_bytes, value_bytes);
+  if (bytes > size_t{kv::kMaxItemUnits} * kUnit) return false;
+  return allocator_.HasRoomNow(kv::UnitsFor(bytes), kSpareBlocks);
 }
 
 kv::ItemLocation Store::LocationOf(const Place& place, const uint64_t* slot, uint32_t offset_units,

@@ -157,9 +157,10 @@ class Store {
    private:
     const bool outer_;
   };
-  // Whether the heap has plenty of room for an item of key and value of these sizes (free
-  // units beyond the item and a margin): then a write of it does not meet a full heap.
-  bool HasRoomFor(size_t key_bytes, size_t value_bytes) const;
+  // Whether the heap has plenty of room for an item of key and value of these sizes (many
+  // blocks of the size classes it may take, and no writer waiting for blocks): then a write
+  // of it does not meet a full heap.
+  bool HasRoomFor(size_t key_bytes, size_t value_bytes);
   StoreCounters counters() const;
   AllocatorStats allocator_stats() const { return allocator_.stats(); }
 

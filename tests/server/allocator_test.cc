@@ -41,6 +41,62 @@ TEST(AllocatorTest, BlocksDoNotOverlapAndFullHeapFails) {
   EXPECT_LE(total, 1000u);
 }
 
+// Every failure while limbo holds blocks says how long to wait, and never "now or earlier":
+// a writer that waits only for a positive time would otherwise give up on a heap that is about
+// to have room.
+TEST(AllocatorTest, AFullHeapWithBlocksInLimboAlwaysSaysAPositiveWait) {
+  const auto grace = std::chrono::milliseconds(1);
+  Allocator heap(100, grace);
+  std::vector<Block> blocks;
+  for (int i = 0; i < 10; ++i) {
+    Result<Block> got = heap.Allocate(10);
+    ASSERT_TRUE(got.ok());
+    blocks.push_back(*got);
+  }
+  // The heap stays full: every block that comes out of limbo goes back in at once, so each of
+  // the 300 rounds ends at the moment a block becomes reusable.
+  for (const Block& blk : blocks) heap.Retire(blk);
+  int failures = 0;
+  for (int reused = 0; reused < 300;) {
+    Allocator::Clock::duration retry_after{};
+    Result<Block> got = heap.Allocate(10, &retry_after);
+    if (got.ok()) {
+      heap.Retire(*got);
+      ++reused;
+      continue;
+    }
+    ++failures;
+    ASSERT_GT(retry_after.count(), 0)
+        << "after " << failures << " failures, " << reused << " blocks reused";
+    ASSERT_LE(retry_after, grace);
+  }
+  EXPECT_GT(failures, 0);
+}
+
+// HasRoomNow counts the blocks an item of that size can take, not free bytes in general, and
+// says no while a writer waits for limbo.
+TEST(AllocatorTest, HasRoomNowCountsOnlyBlocksTheItemCanTake) {
+  Allocator a(200, std::chrono::milliseconds(0));
+  std::vector<Block> ones;
+  for (;;) {
+    Result<Block> b = a.Allocate(1);
+    if (!b.ok()) break;
+    ones.push_back(*b);
+  }
+  ASSERT_EQ(ones.size(), 200u);
+  for (const Block& b : ones) a.Release(b);
+  EXPECT_EQ(a.stats().free_units, 200u);
+  EXPECT_TRUE(a.HasRoomNow(1, 64));
+  EXPECT_FALSE(a.HasRoomNow(1, 200)) << "200 blocks, none to spare";
+  EXPECT_FALSE(a.HasRoomNow(20, 0)) << "200 free units, but no block of 20";
+  EXPECT_FALSE(a.Allocate(20).ok());
+  {
+    Allocator::WaitScope waiting(a);
+    EXPECT_FALSE(a.HasRoomNow(1, 0)) << "a writer waits for limbo";
+  }
+  EXPECT_TRUE(a.HasRoomNow(1, 0));
+}
+
 TEST(AllocatorTest, RetiredBlocksWaitOutTheGracePeriod) {
   const auto grace = std::chrono::milliseconds(80);
   Allocator a(4, grace);
