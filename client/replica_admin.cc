@@ -438,10 +438,12 @@ struct PairFailure {
 };
 
 // Which copied pairs may become in sync in a map built on `newest` (what the servers hold now):
-// those still joining under the primary their copy came from (in `joining`) whose primary's
+// those still joining since the same epoch (not removed and added again: a new pair, whose
+// copy is another's) under the primary their copy came from (in `joining`), whose primary's
 // check passes: MAP_INSTALL check-only, which refuses a joining replica that missed a forwarded
-// write since its copy began. Every primary is asked before anything changes: with several
-// primaries in one map change, the first install commits it (etcd), so a later primary's
+// write since it started joining, or of which no whole copy was read from that primary
+// process since (Replicator::MayBecomeInSync). Every primary is asked before anything changes: with
+// several primaries in one map change, the first install commits it (etcd), so a later primary's
 // refusal would come too late. One check per primary; the pairs of a primary that refuses
 // are checked one by one. The others go to *failures.
 std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
@@ -459,6 +461,18 @@ std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
                                   std::to_string(a.shard) + " into " + Name(newest, a.server) +
                                   ": it is no longer joining under the primary it was copied "
                                   "from (run the same command again to copy it anew)")});
+      continue;
+    }
+    if (const uint64_t now = newest.JoinedAt(a.shard, a.server),
+        copied_for = joining.JoinedAt(a.shard, a.server);
+        now != copied_for) {
+      failures->push_back(
+          {a, Status::Busy("shard " + std::to_string(a.shard) + " into " + Name(newest, a.server) +
+                           ": another writer removed the replica and "
+                           "added it again (joining since map epoch " +
+                           std::to_string(now) + ", copied for its join at epoch " +
+                           std::to_string(copied_for) +
+                           "); that writer's copy is the one that counts")});
       continue;
     }
     candidates.push_back(a);
@@ -524,37 +538,6 @@ Status FailuresStatus(const std::vector<PairFailure>& failures,
   std::string text = first.message() + " (not in sync: " + PairsText(failed);
   if (!done.empty()) text += "; in sync: " + PairsText(done) + done_where;
   return Status(first.code(), text + ")");
-}
-
-// Whether `newer` is the one map change after `base` and leaves every pair's shard as it was:
-// its primary, its in-sync and joining replicas, and those servers' entries (address and
-// incarnation: a restarted server that the coordinator admitted again has a new one). Only
-// then may an in-sync change that lost its commit to `newer` be checked and made again: with
-// more changes, or one touching a pair's shard, the pair may have been removed and added anew
-// (emptied, its copy not done) or its primary replaced or restarted (its count of the pair's
-// missed forwards gone), and its primary's check could pass for a copy that is not complete.
-bool OneChangeElsewhere(const cluster::ClusterMap& base, const cluster::ClusterMap& newer,
-                        const std::vector<ReplicaAddition>& pairs) {
-  if (newer.epoch != base.epoch + 1 || newer.shards != base.shards) return false;
-  auto joining_of = [](const cluster::ClusterMap& m, uint32_t shard) {
-    return shard < m.joining.size() ? m.joining[shard] : std::vector<uint32_t>{};
-  };
-  auto same_server = [&](uint32_t id) {
-    const cluster::ServerEntry* x = base.FindServer(id);
-    const cluster::ServerEntry* y = newer.FindServer(id);
-    return x != nullptr && y != nullptr && x->address == y->address &&
-           x->incarnation == y->incarnation;
-  };
-  for (const ReplicaAddition& a : pairs) {
-    std::vector<uint32_t> ids = base.ReplicasOf(a.shard);  // the primary, then its backups
-    const std::vector<uint32_t> joining = joining_of(base, a.shard);
-    if (ids != newer.ReplicasOf(a.shard) || joining != joining_of(newer, a.shard)) return false;
-    ids.insert(ids.end(), joining.begin(), joining.end());
-    for (uint32_t id : ids) {
-      if (!same_server(id)) return false;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -634,7 +617,7 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
                                   Name(cur, a.server) + " before it joins: " + d.message())});
         continue;
       }
-      joining.joining[a.shard].push_back(a.server);
+      joining.SetJoining(a.shard, a.server, cur.epoch + 1);  // the epoch joining.epoch gets
       kept.push_back(a);
     }
     pairs = std::move(kept);
@@ -723,25 +706,14 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       failures.insert(failures.begin(), busy.begin(), busy.end());
       done.clear();
     };
-    cluster::ClusterMap tried;  // the map the last attempt's change was built on
     for (int attempt = 1;; ++attempt) {
       cluster::ClusterMap newest = joining;
       if (Result<cluster::ClusterMap> m = NewestMap(channel, joining, progress); m.ok()) {
         newest = std::move(m).value();
       }
-      // Every copied pair's shard, not only the last attempt's ready ones: a pair that was not
-      // joining then may be joining again now, re-added and empty.
-      if (attempt > 1 && !OneChangeElsewhere(tried, newest, copied)) {
-        // What moved the map may have touched these pairs (see OneChangeElsewhere): they stay
-        // joining, and a new run of the command copies them anew.
-        leave_joining(Status::Busy(
-            "another writer changed the map (epoch " + std::to_string(tried.epoch) + " to " +
-            std::to_string(newest.epoch) +
-            ") in a way that may concern these shards before they were marked in sync; they stay "
-            "joining (run the same command again to copy them anew)"));
-        break;
-      }
-      tried = newest;
+      // Every attempt asks again which copied pairs may be in sync: one removed and added
+      // again meanwhile joins at a later epoch (its copy is another's), and a primary replaced
+      // or restarted cannot vouch for its replica.
       not_ready.clear();
       done = PairsReadyForInSync(channel, joining, newest, copied, &not_ready);
       if (done.empty()) break;
@@ -750,9 +722,8 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
       in_sync = WithInSync(newest, done);
       // The first primary's install commits the change (with etcd, there first). kBusy from
       // it: another writer (the coordinator, another command) changed the map since `newest`
-      // was read, and nothing of this attempt was installed. When that was one change that left
-      // these pairs' shards alone, the change is checked and made again on the newest map, the
-      // copies kept (each primary checks again that its new replica missed no forward).
+      // was read, and nothing of this attempt was installed. The change is checked and made
+      // again on the newest map, the copies kept.
       Status first = InstallOn(channel, in_sync, {primaries[0]}, progress);
       if (first.ok()) break;
       if (!first.Is(StatusCode::kBusy)) return failed_at(first, {});

@@ -80,6 +80,16 @@ Status ClusterState::CheckReplica(uint32_t shard, uint64_t epoch, uint32_t sende
   const cluster::ClusterMap& m = *snapshot;
   if (shard < m.shards && m.OwnerOf(shard) == sender &&
       (m.IsBackup(shard, server_id_) || m.IsJoining(shard, server_id_))) {
+    // A joining replica takes nothing of an earlier join of its own (removed and added again
+    // since): a forward or a copy's item read before it was emptied could bring back a key
+    // deleted meanwhile, which the new copy (it only adds) would not remove.
+    if (const uint64_t joined_at = m.JoinedAt(shard, server_id_); epoch < joined_at) {
+      return Status::WrongOwner("forwarded write for shard " + std::to_string(shard) +
+                                " of map epoch " + std::to_string(epoch) + " refused: server " +
+                                std::to_string(server_id_) + " joined the shard again at epoch " +
+                                std::to_string(joined_at) +
+                                " and takes nothing of an earlier join");
+    }
     return Status::Ok();
   }
   if (epoch > m.epoch) {
@@ -148,6 +158,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
         ++lost;
       }
     }
+    if (map_hook_) map_hook_(next);
     map_ = std::make_shared<const cluster::ClusterMap>(next);
     {
       MutexLock snapshot(&snapshot_mu_);

@@ -178,6 +178,12 @@ class ClusterState {
   using ResyncHook =
       std::function<void(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards)>;
   void set_resync_hook(ResyncHook hook) { resync_hook_ = std::move(hook); }
+  // Called by Install with each new map under the exclusive ownership lock, just before it
+  // becomes the current one: no write runs under the older map any more, none under this one
+  // yet (the Replicator starts its joining pairs' records here). Not called for the map the
+  // server starts with. Set before the first Install.
+  using MapHook = std::function<void(const cluster::ClusterMap& next)>;
+  void set_map_hook(MapHook hook) { map_hook_ = std::move(hook); }
   // Self-fencing: clears every ownership bit at once (without waiting for writes in flight) and
   // refuses writes (kUnavailable naming `why`) until Unfence. Installs meanwhile change the map
   // but set no bit. Idempotent.
@@ -250,6 +256,7 @@ class ClusterState {
   const std::string saved_map_path_;  // empty: maps are not saved
   GainGate gain_gate_;
   ResyncHook resync_hook_;
+  MapHook map_hook_;
   ReleasedHook released_hook_;
   std::atomic<bool> fenced_{false};
   std::atomic<uint64_t> fences_{0};

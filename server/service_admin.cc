@@ -59,8 +59,9 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
   if (Status s = RequireCluster("install_map"); !s.ok()) return AnswerNow(ex, s);
   Result<cluster::ClusterMap> next = cluster::ParseClusterMap(m->map_json);
   if (!next.ok()) return AnswerNow(ex, next.status());
-  // A joining backup becomes in sync here only if it missed no forwarded write since its copy
-  // began (this server is the shard's primary and knows).
+  // A joining backup becomes in sync here only if this primary vouches for it: it forwarded
+  // it every write since the pair started joining, none failed, and a whole copy was read
+  // from here since (Replicator::MayBecomeInSync).
   if (replicator_ != nullptr) {
     std::shared_ptr<const cluster::ClusterMap> cur = cluster_->map();
     const uint32_t me = cluster_->server_id();
@@ -68,13 +69,13 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
       if (cur->OwnerOf(s) != me) continue;
       for (uint32_t id : s < next->backups.size() ? next->backups[s] : std::vector<uint32_t>{}) {
         if (!cur->IsJoining(s, id)) continue;
-        if (uint64_t missed = replicator_->JoiningFailures(s, id); missed > 0) {
-          return AnswerNow(ex, Status::Unavailable(
-                                   "server " + std::to_string(id) +
-                                   " cannot become an in-sync replica of shard " +
-                                   std::to_string(s) + ": it missed " + std::to_string(missed) +
-                                   " forwarded write(s) while catching up; add it again (it leaves "
-                                   "joining and is copied again from empty)"));
+        if (Status may = replicator_->MayBecomeInSync(s, id, cur->JoinedAt(s, id)); !may.ok()) {
+          return AnswerNow(
+              ex, Status::Unavailable("server " + std::to_string(id) +
+                                      " cannot become an in-sync replica of shard " +
+                                      std::to_string(s) + ": " + may.message() +
+                                      "; add it again (it leaves joining and is copied again from "
+                                      "empty)"));
         }
       }
     }
@@ -103,10 +104,15 @@ bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
   if (!m.ok()) return AnswerNow(ex, m.status());
   if (Status s = RequireCluster("shard_scan"); !s.ok()) return AnswerNow(ex, s);
   if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
-  // A copy into a joining backup begins: the forwards that backup missed before it are covered
-  // by it. A scan that names no backup (a shard move's) forgets nothing.
-  if (m->cursor == 0 && m->copy_for != kv::kScanForNoReplica && replicator_ != nullptr) {
-    replicator_->ResetJoiningFailures(m->shard, m->copy_for);
+  // A copy into a joining backup: from the shard's first slot to its end, it is what the
+  // in-sync check asks for (Replicator::CopyScanStarts). A scan that names no backup (a shard
+  // move's) is no such copy.
+  const bool copy = m->copy_for != kv::kScanForNoReplica && replicator_ != nullptr;
+  const uint64_t joined_at = copy ? cluster_->map()->JoinedAt(m->shard, m->copy_for) : 0;
+  if (copy && m->cursor == 0) {
+    if (Status may = replicator_->CopyScanStarts(m->shard, m->copy_for, joined_at); !may.ok()) {
+      return AnswerNow(ex, may);
+    }
   }
   kv::ScanAnswerBuilder answer(limits_.max_value_bytes);
   uint64_t items = 0;
@@ -116,6 +122,7 @@ bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
     return true;
   });
   counters_.scan_items.fetch_add(items, std::memory_order_relaxed);
+  if (copy && next == kScanComplete) replicator_->CopyScanEnded(m->shard, m->copy_for, joined_at);
   {
     const uint64_t slots = uint64_t{store_->header().bucket_count} * kv::kSlotsPerBucket;
     const double at = next == kScanComplete || slots == 0

@@ -48,6 +48,19 @@ bool ClusterMap::IsJoining(uint32_t shard, uint32_t id) const {
   return false;
 }
 
+uint64_t ClusterMap::JoinedAt(uint32_t shard, uint32_t id) const {
+  if (!IsJoining(shard, id)) return 0;
+  auto it = joined_at.find({shard, id});
+  return it == joined_at.end() ? 0 : it->second;
+}
+
+void ClusterMap::SetJoining(uint32_t shard, uint32_t id, uint64_t epoch) {
+  NormalizeReplicas();
+  if (IsJoining(shard, id)) return;  // its join stands: a new one leaves joining first
+  joining[shard].push_back(id);
+  joined_at[{shard, id}] = epoch;
+}
+
 size_t ClusterMap::MaxReplicas() const {
   size_t r = 1;
   for (const auto& b : backups) r = std::max(r, b.size() + 1);
@@ -129,6 +142,15 @@ nlohmann::json ToJsonValue(const ClusterMap& m) {
       if (s < m.joining.size() && !m.joining[s].empty())
         j["joining"][std::to_string(s)] = m.joining[s];
     }
+    nlohmann::json stamps = nlohmann::json::object();
+    for (uint32_t s = 0; s < m.shards && s < m.joining.size(); ++s) {
+      for (uint32_t id : m.joining[s]) {
+        if (uint64_t at = m.JoinedAt(s, id); at != 0) {
+          stamps[std::to_string(s)][std::to_string(id)] = at;
+        }
+      }
+    }
+    if (!stamps.empty()) j["joined_at"] = std::move(stamps);
   }
   return j;
 }
@@ -147,7 +169,8 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
   if (j.is_discarded()) return bad("not valid JSON");
   if (!j.is_object()) return bad("top level must be an object");
   static const std::set<std::string> known = {
-      "epoch",      "shards", "servers", "owners", "replicas", "joining", "replication_factor",
+      "epoch",      "shards",  "servers",   "owners",
+      "replicas",   "joining", "joined_at", "replication_factor",
       "coordinated"};
   for (auto& [k, v] : j.items()) {
     if (!known.count(k)) return bad("unknown field '" + k + "'");
@@ -209,7 +232,9 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
       return bad("'owners' must list one server id per shard (" + std::to_string(m.shards) + ")");
     }
     for (size_t s = 0; s < o.size(); ++s) {
-      if (!o[s].is_number_unsigned() || !ids.count(o[s].get<uint32_t>())) {
+      // Compared as 64 bits: a larger number must not pass as its low 32 bits.
+      if (!o[s].is_number_unsigned() || o[s].get<uint64_t>() >= kMaxServers ||
+          !ids.count(o[s].get<uint32_t>())) {
         return bad("owner of shard " + std::to_string(s) + " is not a server id in the map");
       }
       m.owners.push_back(o[s].get<uint32_t>());
@@ -225,7 +250,8 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
                  " server ids");
     }
     for (const auto& id : v) {
-      if (!id.is_number_unsigned() || !ids.count(id.get<uint32_t>())) {
+      if (!id.is_number_unsigned() || id.get<uint64_t>() >= kMaxServers ||
+          !ids.count(id.get<uint32_t>())) {
         return bad(what + " has an entry that is not a server id in the map");
       }
       out->push_back(id.get<uint32_t>());
@@ -273,6 +299,36 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
                    std::to_string(m.shards));
       }
       RDKV_RETURN_IF_ERROR(id_list(v, "joining of shard " + k, &m.joining[s]));
+    }
+  }
+  if (j.contains("joined_at")) {
+    const auto& ja = j["joined_at"];
+    auto number = [](const std::string& k, uint32_t below, uint32_t* out) {
+      auto [end, ec] = std::from_chars(k.data(), k.data() + k.size(), *out);
+      return ec == std::errc() && end == k.data() + k.size() && *out < below &&
+             std::to_string(*out) == k;
+    };
+    const std::string shape = "'joined_at' must be an object {\"shard\": {\"server id\": epoch}}";
+    if (!ja.is_object()) return bad(shape);
+    for (auto& [k, per_server] : ja.items()) {
+      uint32_t s = 0;
+      if (!number(k, m.shards, &s)) {
+        return bad("'joined_at' key '" + k + "' is not a shard number below " +
+                   std::to_string(m.shards));
+      }
+      if (!per_server.is_object()) return bad(shape);
+      for (auto& [ks, at] : per_server.items()) {
+        uint32_t id = 0;
+        if (!number(ks, kMaxServers, &id) || !m.IsJoining(s, id)) {
+          return bad("'joined_at' of shard " + k + " names '" + ks +
+                     "', which is not one of its joining servers");
+        }
+        if (!at.is_number_unsigned() || at.get<uint64_t>() == 0 || at.get<uint64_t>() > m.epoch) {
+          return bad("'joined_at' of shard " + k + ", server " + ks + " must be an epoch 1.." +
+                     std::to_string(m.epoch));
+        }
+        m.joined_at[{s, id}] = at.get<uint64_t>();
+      }
     }
   }
   RDKV_RETURN_IF_ERROR(ValidateReplicas(m));

@@ -11,7 +11,9 @@
 //                                      // absent: shard s belongs to servers[s % n]
 //     "replicas": [[0, 1], [1, 2], ...], // optional: per shard the primary (== owners[s])
 //                                      // then its in-sync backups; absent: the owner alone
-//     "joining": {"3": [2]}            // optional: backups still catching up, per shard
+//     "joining": {"3": [2]},           // optional: backups still catching up, per shard
+//     "joined_at": {"3": {"2": 6}}     // optional: per joining pair, the epoch of the map in
+//                                      // which it started joining (1..epoch)
 //   }
 // A server is at most once in a shard's replicas and joining together, and a shard has at
 // most kMaxReplicas of them (docs/design.md "Replication").
@@ -25,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,10 +48,12 @@ inline constexpr size_t kMaxReplicas = 5;
 // {"address":"<kMaxAddressBytes>","id":255}, and the field names (about 90 KiB). Servers size
 // their message limit with it: the map travels in one message (CLUSTER_MAP).
 // The replica lists add, per shard, "[a,b,c,d,e]," (4 bytes an id) and the joining entries
-// "\"4095\":[a,...]," once more. A server entry's ,"incarnation":<20 digits> adds 36.
+// "\"4095\":[a,...]," once more. A server entry's ,"incarnation":<20 digits> adds 36. The
+// join epochs add, per shard, "\"4095\":{}," and per joining pair "\"255\":<20 digits>,".
 inline constexpr size_t kMaxMapJsonBytes = 128 + size_t{kMaxShards} * 4 +
                                            size_t{kMaxServers} * (32 + 36 + kMaxAddressBytes) +
-                                           size_t{kMaxShards} * (8 + 4 * kMaxReplicas) * 2;
+                                           size_t{kMaxShards} * (8 + 4 * kMaxReplicas) * 2 + 16 +
+                                           size_t{kMaxShards} * (10 + 27 * kMaxReplicas);
 
 struct ServerEntry {
   uint32_t id = 0;
@@ -68,6 +73,11 @@ struct ClusterMap {
   std::vector<std::vector<uint32_t>> backups;
   // Per shard: backups that are catching up (receive forwards, not yet counted in sync).
   std::vector<std::vector<uint32_t>> joining;
+  // (shard, server id) -> the epoch of the map in which that pair started joining: what tells
+  // one catch-up copy from the next (a pair removed and added again joins at a later epoch).
+  // Entries of pairs that are not joining mean nothing (JoinedAt ignores them, ToJson drops
+  // them); SetJoining keeps the two together.
+  std::map<std::pair<uint32_t, uint32_t>, uint64_t> joined_at;
   // The replica count the cluster is meant to have (0: not said). The failover coordinator adds
   // replicas to shards below it.
   uint32_t replication_factor = 0;
@@ -84,6 +94,13 @@ struct ClusterMap {
   std::vector<uint32_t> ReplicasOf(uint32_t shard) const;
   bool IsBackup(uint32_t shard, uint32_t id) const;   // in sync
   bool IsJoining(uint32_t shard, uint32_t id) const;  // catching up
+  // The epoch at which joining pair (shard, id) started joining; 0 when it is not joining or
+  // its map did not say (a map written before join epochs existed).
+  uint64_t JoinedAt(uint32_t shard, uint32_t id) const;
+  // Adds `id` to shard's joining backups, starting to join at `epoch` (the epoch of the map
+  // being built, which the caller sets). A pair already joining keeps its join epoch: a new
+  // join (an emptied replica, a new copy) takes it out of joining in one map first.
+  void SetJoining(uint32_t shard, uint32_t id, uint64_t epoch);
   // The largest replica count (primary and in-sync backups) of any shard; 1 unreplicated.
   size_t MaxReplicas() const;
   // Makes backups/joining one (empty) vector per shard when they are shorter (maps built in

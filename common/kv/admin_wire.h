@@ -80,8 +80,9 @@ inline constexpr uint32_t kScanForNoReplica = UINT32_MAX;
 struct ShardScanRequest {
   uint32_t shard = 0;
   uint64_t cursor = 0;  // 0 to start; then the previous answer's next_cursor
-  // The joining replica the copy is for: a scan from cursor 0 forgets the forwards it missed
-  // (the copy covers them), and only its (kScanForNoReplica: nobody's).
+  // The joining replica the copy is for (kScanForNoReplica: none, a shard move's). The primary
+  // refuses a scan from cursor 0 for a replica it cannot vouch for, and counts one that reaches
+  // the end as the whole copy its in-sync check asks for (server::replication::Replicator).
   uint32_t copy_for = kScanForNoReplica;
 };
 struct ImportRequest {

@@ -28,6 +28,7 @@ struct Replicator::Forwarding {
     uint32_t id;
     bool in_sync;
     std::string address;
+    uint64_t joined_at;  // a joining backup's join epoch (ClusterMap::JoinedAt); 0 in sync
   };
   uint32_t shard = 0;
   std::vector<Target> targets;
@@ -471,11 +472,18 @@ std::unique_ptr<Replicator::Forwarding> Replicator::Prepare(const cluster::Clust
     if (shard >= lists.size()) return;
     for (uint32_t id : lists[shard]) {
       const cluster::ServerEntry* e = map.FindServer(id);
-      f->targets.push_back({id, in_sync, e != nullptr ? e->address : std::string("?")});
+      f->targets.push_back({id, in_sync, e != nullptr ? e->address : std::string("?"),
+                            in_sync ? 0 : map.JoinedAt(shard, id)});
     }
   };
   add(map.backups, true);
   add(map.joining, false);
+  for (const Forwarding::Target& t : f->targets) {
+    // A joining pair's forwards in flight: its in-sync check waits for those sent before it.
+    if (t.joined_at == 0) continue;
+    MutexLock lock(&joining_mu_);
+    ++joining_[{shard, t.id, t.joined_at}].sent;
+  }
   f->items.resize(f->targets.size());
   const Clock::time_point deadline = Clock::now() + options_.forward_timeout;
   for (Item& item : f->items) {
@@ -536,6 +544,14 @@ Status Replicator::Settle(Forwarding& f, uint64_t* newer) {
   Status first_error;
   for (size_t i = 0; i < f.targets.size(); ++i) {
     const Item& item = f.items[i];
+    if (const Forwarding::Target& t = f.targets[i]; t.joined_at != 0) {
+      // Counted against the pair the write was forwarded to (a pair no longer joining is
+      // forgotten at the next map): answered, and missed unless applied or newer there.
+      MutexLock lock(&joining_mu_);
+      JoiningRecord& r = joining_[{f.shard, t.id, t.joined_at}];
+      ++r.settled;
+      if (!item.result.ok() && item.newer == 0) ++r.missed;
+    }
     if (item.result.ok()) {
       forwards_.fetch_add(1, std::memory_order_relaxed);
       continue;
@@ -547,9 +563,7 @@ Status Replicator::Settle(Forwarding& f, uint64_t* newer) {
       continue;
     }
     if (!f.targets[i].in_sync) {
-      joining_errors_.fetch_add(1, std::memory_order_relaxed);
-      MutexLock lock(&joining_mu_);
-      ++joining_failures_[{f.shard, f.targets[i].id}];
+      joining_errors_.fetch_add(1, std::memory_order_relaxed);  // and in its record, above
       continue;
     }
     forward_errors_.fetch_add(1, std::memory_order_relaxed);
@@ -721,15 +735,110 @@ std::vector<Replicator::PeerState> Replicator::Peers() const {
   return out;
 }
 
-uint64_t Replicator::JoiningFailures(uint32_t shard, uint32_t id) const {
+void Replicator::NoteMap(const cluster::ClusterMap& next, uint32_t me) {
   MutexLock lock(&joining_mu_);
-  auto it = joining_failures_.find({shard, id});
-  return it == joining_failures_.end() ? 0 : it->second;
+  std::erase_if(joining_, [&](const auto& entry) {
+    const auto& [shard, id, joined_at] = entry.first;
+    return shard >= next.shards || next.OwnerOf(shard) != me ||
+           next.JoinedAt(shard, id) != joined_at;
+  });
+  for (uint32_t shard = 0; shard < next.shards && shard < next.joining.size(); ++shard) {
+    if (next.OwnerOf(shard) != me) continue;
+    for (uint32_t id : next.joining[shard]) {
+      // Only the map that starts the join: from it on, every write of the shard here is
+      // forwarded to the pair (this install waits for the writes of the older map).
+      if (next.JoinedAt(shard, id) == next.epoch)
+        joining_[{shard, id, next.epoch}].from_join = true;
+    }
+  }
 }
 
-void Replicator::ResetJoiningFailures(uint32_t shard, uint32_t id) {
+namespace {
+
+std::string PairText(uint32_t shard, uint32_t id, uint64_t joined_at) {
+  return "server " + std::to_string(id) + " started joining shard " + std::to_string(shard) +
+         " at map epoch " + std::to_string(joined_at);
+}
+
+}  // namespace
+
+Status Replicator::CopyScanStarts(uint32_t shard, uint32_t id, uint64_t joined_at) {
+  if (joined_at == 0) {
+    return Status::Unavailable("server " + std::to_string(id) + " is not joining shard " +
+                               std::to_string(shard) +
+                               " in this server's map, or the map does not say since when (a "
+                               "map written before join epochs): a copy for it would count for "
+                               "nothing; add the replica again");
+  }
   MutexLock lock(&joining_mu_);
-  joining_failures_.erase({shard, id});
+  auto it = joining_.find({shard, id, joined_at});
+  if (it == joining_.end() || !it->second.from_join) {
+    return Status::Unavailable(PairText(shard, id, joined_at) +
+                               ", before this server process was its primary: it cannot vouch "
+                               "that the replica got every write since; add the replica again");
+  }
+  it->second.scan_started = true;
+  return Status::Ok();
+}
+
+void Replicator::CopyScanEnded(uint32_t shard, uint32_t id, uint64_t joined_at) {
+  MutexLock lock(&joining_mu_);
+  auto it = joining_.find({shard, id, joined_at});
+  if (it != joining_.end() && it->second.scan_started) it->second.copied = true;
+}
+
+Status Replicator::MayBecomeInSync(uint32_t shard, uint32_t id, uint64_t joined_at) const {
+  if (joined_at == 0) {
+    return Status::Unavailable("the map does not say when server " + std::to_string(id) +
+                               " started joining shard " + std::to_string(shard) +
+                               " (a map written before join epochs)");
+  }
+  // The forwards already sent to it must be answered first: one of them may yet fail, after
+  // the check, and its write be acknowledged without the replica (its miss would count for
+  // nothing once the pair is in sync). At most the forward timeout, and a little more.
+  const JoiningPair pair{shard, id, joined_at};
+  const Clock::time_point give_up = Clock::now() + options_.forward_timeout + kSettleSlack;
+  uint64_t sent = 0;
+  {
+    MutexLock lock(&joining_mu_);
+    if (auto it = joining_.find(pair); it != joining_.end()) sent = it->second.sent;
+  }
+  for (;;) {
+    {
+      MutexLock lock(&joining_mu_);
+      auto it = joining_.find(pair);
+      if (it == joining_.end() || it->second.settled >= sent) break;
+    }
+    if (Clock::now() >= give_up) {
+      return Status::Unavailable(PairText(shard, id, joined_at) +
+                                 ", and forwards to it sent before this check are still "
+                                 "unanswered after the forward timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  MutexLock lock(&joining_mu_);
+  auto it = joining_.find(pair);
+  if (it != joining_.end() && it->second.missed > 0) {
+    return Status::Unavailable(PairText(shard, id, joined_at) + " and missed " +
+                               std::to_string(it->second.missed) + " forwarded write(s) since");
+  }
+  if (it == joining_.end() || !it->second.from_join) {
+    return Status::Unavailable(PairText(shard, id, joined_at) +
+                               ", before this server process was its primary: it cannot vouch "
+                               "that the replica got every write since");
+  }
+  if (!it->second.copied) {
+    return Status::Unavailable(PairText(shard, id, joined_at) +
+                               ", and no copy of the whole shard into it was read from this "
+                               "primary since");
+  }
+  return Status::Ok();
+}
+
+uint64_t Replicator::JoiningFailures(uint32_t shard, uint32_t id, uint64_t joined_at) const {
+  MutexLock lock(&joining_mu_);
+  auto it = joining_.find({shard, id, joined_at});
+  return it == joining_.end() ? 0 : it->second.missed;
 }
 
 }  // namespace rdkv::server::replication

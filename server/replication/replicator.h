@@ -36,6 +36,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
@@ -133,14 +134,31 @@ class Replicator {
   // kvserver's SIGHUP). Open connections stay until the backup revokes them.
   void SetCredential(std::string auth_token, transport::SessionRole role) EXCLUDES(cred_mu_);
 
-  // Forwards to joining backup `id` of `shard` that failed since the last reset. A joining
-  // backup that missed a write must not become in sync (its copy may have read the key before
-  // the write): the install that would make it so is refused while this is not zero.
-  uint64_t JoiningFailures(uint32_t shard, uint32_t id) const EXCLUDES(joining_mu_);
-  // A new copy of `shard` into joining backup `id` starts (a SHARD_SCAN from its first slot
-  // naming it): that backup's earlier misses are moot; the other joining backups' stay (their
-  // copies began earlier).
-  void ResetJoiningFailures(uint32_t shard, uint32_t id) EXCLUDES(joining_mu_);
+  // --- Catch-up copies this primary vouches for (docs/design.md "Re-replication") ---
+  // A joining pair is (shard, backup id, the epoch at which it started joining). It may become
+  // in sync only when this primary process forwarded it every write since that epoch (it
+  // installed that very map as the shard's primary), none of those forwards failed, and a
+  // copy read the whole shard from here for it since. A pair removed and added again joins at
+  // a later epoch: a new pair, with nothing of the old one's record.
+  //
+  // Called by ClusterState::Install with every new map before any write runs under it
+  // (`me`: this server's id): starts the record of each pair that starts joining in `next`
+  // under this server, and forgets the pairs that are not joining under it any more.
+  void NoteMap(const cluster::ClusterMap& next, uint32_t me) EXCLUDES(joining_mu_);
+  // A copy's SHARD_SCAN for joining backup `id` of `shard`, which started joining at
+  // `joined_at` in this server's map (0: not joining there, or not said): kUnavailable, saying
+  // why, when this primary cannot vouch for a copy into it; else the copy is noted.
+  Status CopyScanStarts(uint32_t shard, uint32_t id, uint64_t joined_at) EXCLUDES(joining_mu_);
+  // That copy's scan reached the shard's end.
+  void CopyScanEnded(uint32_t shard, uint32_t id, uint64_t joined_at) EXCLUDES(joining_mu_);
+  // OK when the pair may become in sync (see above); else kUnavailable saying why (the word
+  // "missed" when a forward to it failed). Waits first for the forwards sent to it before the
+  // call to be answered (at most the forward timeout and kSettleSlack).
+  Status MayBecomeInSync(uint32_t shard, uint32_t id, uint64_t joined_at) const
+      EXCLUDES(joining_mu_);
+  // Forwards to the pair that failed since it started joining.
+  uint64_t JoiningFailures(uint32_t shard, uint32_t id, uint64_t joined_at) const
+      EXCLUDES(joining_mu_);
   // Each backup this primary has talked to: connected now, seconds since its last failed
   // forward (negative: never), and its lag: writes queued for it or in a batch it has not
   // answered yet (`pending`), and how long the oldest of them has waited (`oldest_pending_s`,
@@ -219,8 +237,20 @@ class Replicator {
   bool stopping_ GUARDED_BY(jobs_mu_) = false;
   std::vector<std::thread> writers_;
 
+  // What this primary knows of one joining pair since it started joining.
+  struct JoiningRecord {
+    bool from_join = false;     // this process installed the map that started the join
+    bool scan_started = false;  // a copy's scan for it began at the shard's first slot
+    bool copied = false;        // and one reached the shard's end
+    uint64_t missed = 0;        // forwards to it that failed
+    uint64_t sent = 0;          // forwards to it prepared
+    uint64_t settled = 0;       // and answered (or failed)
+  };
+  // How much longer than the forward timeout an in-sync check waits for forwards in flight.
+  static constexpr std::chrono::milliseconds kSettleSlack{500};
+  using JoiningPair = std::tuple<uint32_t, uint32_t, uint64_t>;  // shard, backup id, joined at
   mutable Mutex joining_mu_;
-  std::map<std::pair<uint32_t, uint32_t>, uint64_t> joining_failures_ GUARDED_BY(joining_mu_);
+  std::map<JoiningPair, JoiningRecord> joining_ GUARDED_BY(joining_mu_);
 
   std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
       version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0}, async_forwards_{0};

@@ -38,6 +38,10 @@ TEST(ClusterMapTest, CompactJsonOfTheLargestMapFitsTheBound) {
     m.servers.push_back({i, host + port});
   }
   for (uint32_t s = 0; s < kMaxShards; ++s) m.owners.push_back(kMaxServers - 1 - s % 10);
+  // Every shard with as many joining replicas as it may have, each with a 20-digit join epoch.
+  for (uint32_t s = 0; s < kMaxShards; ++s) {
+    for (uint32_t k = 0; k + 1 < kMaxReplicas; ++k) m.SetJoining(s, 200 + k, m.epoch);
+  }
   const std::string compact = m.ToJson();
   EXPECT_LE(compact.size(), kMaxMapJsonBytes);
   EXPECT_EQ(compact.find('\n'), std::string::npos);
@@ -45,6 +49,8 @@ TEST(ClusterMapTest, CompactJsonOfTheLargestMapFitsTheBound) {
   Result<ClusterMap> back = ParseClusterMap(compact);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->owners, m.owners);
+  EXPECT_EQ(back->joining, m.joining);
+  EXPECT_EQ(back->JoinedAt(kMaxShards - 1, 203), UINT64_MAX);
   Result<ClusterMap> pretty = ParseClusterMap(m.ToPrettyJson());
   ASSERT_TRUE(pretty.ok()) << pretty.status().ToString();
   EXPECT_EQ(pretty->epoch, m.epoch);
@@ -64,6 +70,40 @@ TEST(ClusterMapTest, DefaultOwnersAreRoundRobin) {
       R"({"epoch": 1, "shards": 5, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}]})");
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->owners, (std::vector<uint32_t>{0, 1, 0, 1, 0}));
+}
+
+// Each joining pair's join epoch goes through JSON and back; a pair that left joining keeps no
+// epoch (added again, it gets its new one).
+TEST(ClusterMapTest, JoinEpochsRoundTripAndGoWithTheirPair) {
+  ClusterMap m = MakeUniformMap({"a:1", "b:1", "c:1"}, 4);
+  m.epoch = 9;
+  m.SetJoining(1, 0, 7);
+  m.SetJoining(1, 2, 9);
+  m.SetJoining(3, 1, 8);
+  for (const std::string& text : {m.ToJson(), m.ToPrettyJson()}) {
+    Result<ClusterMap> back = ParseClusterMap(text);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->JoinedAt(1, 0), 7u);
+    EXPECT_EQ(back->JoinedAt(1, 2), 9u);
+    EXPECT_EQ(back->JoinedAt(3, 1), 8u);
+    EXPECT_EQ(back->JoinedAt(0, 1), 0u) << "not joining";
+  }
+  std::erase(m.joining[1], 0u);
+  EXPECT_EQ(m.JoinedAt(1, 0), 0u);
+  Result<ClusterMap> left = ParseClusterMap(m.ToJson());
+  ASSERT_TRUE(left.ok()) << left.status().ToString();
+  EXPECT_EQ(left->joined_at.count({1, 0}), 0u) << m.ToJson();
+  m.SetJoining(1, 0, 9);
+  EXPECT_EQ(m.JoinedAt(1, 0), 9u);
+  m.SetJoining(1, 2, 5);
+  EXPECT_EQ(m.JoinedAt(1, 2), 9u) << "a pair still joining keeps its join";
+  EXPECT_EQ(m.joining[1], (std::vector<uint32_t>{2, 0}));
+  // A map of an older writer says nothing: it parses, with no join epochs.
+  Result<ClusterMap> older = ParseClusterMap(
+      R"({"epoch": 3, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [1]}})");
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_TRUE(older->IsJoining(0, 1));
+  EXPECT_EQ(older->JoinedAt(0, 1), 0u);
 }
 
 TEST(ClusterMapTest, BadMapsNameTheProblem) {
@@ -88,12 +128,34 @@ TEST(ClusterMapTest, BadMapsNameTheProblem) {
           Case{
               R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "owners": [3]})",
               "shard 0"},
+          // 2^32: not server 0 by its low 32 bits.
+          Case{
+              R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "owners": [4294967296]})",
+              "shard 0"},
+          Case{
+              R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [4294967297]}})",
+              "not a server id"},
           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a:1"}], "extra": 1})",
                "unknown field"},
           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\"b:1"}]})",
                "printable ASCII"},
           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "a\u0001:1"}]})",
                "printable ASCII"},
+          Case{
+              R"({"epoch": 3, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [1]}, "joined_at": {"0": {"0": 2}}})",
+              "not one of its joining servers"},
+          Case{
+              R"({"epoch": 3, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [1]}, "joined_at": {"0": {"1": 4}}})",
+              "must be an epoch 1..3"},
+          Case{
+              R"({"epoch": 3, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [1]}, "joined_at": {"0": {"1": 0}}})",
+              "must be an epoch 1..3"},
+          Case{
+              R"({"epoch": 3, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [1]}, "joined_at": {"1": {"1": 2}}})",
+              "not a shard number below 1"},
+          Case{
+              R"({"epoch": 3, "shards": 1, "servers": [{"id": 0, "address": "a:1"}, {"id": 1, "address": "b:1"}], "joining": {"0": [1]}, "joined_at": {"0": [1]}})",
+              "'joined_at' must be an object"},
       }) {
     Result<ClusterMap> m = ParseClusterMap(c.json);
     ASSERT_FALSE(m.ok()) << c.json;

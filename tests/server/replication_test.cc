@@ -865,12 +865,12 @@ TEST_F(ReplicationTest, APromotionStartsAgainWhenAnotherWriterChangesTheMapFirst
 }
 
 // Another writer changes the map between an add-replica's last read of it and the commit of
-// its in-sync change (kBusy from the first primary's install). One change that leaves the
-// pair's shard alone: the copy stands, and the change is checked and made again on the newest
-// map. A map that keeps moving that way ends kBusy after kMapRaceAttempts tries. More than one
-// change (the pair may have been removed and added anew, empty) ends kBusy at once. Either way
-// the pair stays joining, not in sync.
-TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
+// its in-sync change (kBusy from the first primary's install). Changes that leave the pair
+// joining since the same epoch (one or several): the copy stands, and the change is checked
+// and made again on the newest map. A map that keeps moving ends kBusy after kMapRaceAttempts
+// tries, the pair joining. A writer that removed the pair and added it again (a new join,
+// empty, its copy not this one) ends kBusy at once, the pair joining, not in sync.
+TEST_F(ReplicationTest, AnInSyncChangeStartsAgainAfterALostRaceUnlessThePairJoinedAgain) {
   StartReplicated(1);  // shard s on server s % 3 alone
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
@@ -879,10 +879,12 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
   }
   // The pair watched: an install of a map where it is in sync is counted and, while `refuse`
   // is above 0, answered kBusy after "another writer" installed `changes` maps everywhere (the
-  // same map at the next epochs: nothing of the pair's shard changes). SHARD_SCANs after the
-  // first such install would be a second copy.
+  // same map at the next epochs: nothing of the pair's shard changes; with `readd`, the first
+  // takes the pair out of joining and the second adds it again). SHARD_SCANs after the first
+  // such install would be a second copy.
   std::atomic<uint32_t> shard{0}, server{1};
   std::atomic<int> in_sync_installs{0}, scans_after{0}, refuse{1}, changes{1};
+  std::atomic<bool> readd{false};
   HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
                         [&](const cluster::ServerEntry&, const kv::Request& r) {
                           if (r.op == kv::Op::kShardScan && in_sync_installs > 0) ++scans_after;
@@ -898,6 +900,8 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
                           cluster::ClusterMap other = *now;
                           for (int i = 0; i < changes; ++i) {
                             ++other.epoch;
+                            if (readd && i == 0) std::erase(other.joining[shard], server.load());
+                            if (readd && i == 1) other.SetJoining(shard, server, other.epoch);
                             for (int id = 0; id < 3; ++id)
                               RDKV_RETURN_IF_ERROR(InstallOn(id, other));
                           }
@@ -919,12 +923,35 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
   EXPECT_TRUE(now->IsBackup(0, 1));
   EXPECT_EQ(ScanOf(1, 0), ScanOf(0, 0)) << "the new replica holds what its primary holds";
 
-  // One change elsewhere before every try: kBusy after the last, one in-sync install asked
-  // per attempt, no second copy; the pair stays joining.
-  auto gives_up = [&](uint32_t s, uint32_t to, int other_changes, int want_installs) {
+  // Two changes elsewhere: tried again as well.
+  {
+    shard = 2;
+    server = 0;
+    changes = 2;
+    in_sync_installs = 0;
+    refuse = 1;
+    Result<cluster::ClusterMap> before = MapOf(0);
+    ASSERT_TRUE(before.ok()) << before.status().ToString();
+    const std::vector<ReplicaAddition> pair = {{2, 0}};
+    auto again = client::RunAddReplicas(channel, *before, pair, nullptr);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again->to_epoch, before->epoch + 4) << "joining, the other writer's two, in sync";
+    EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
+    Result<cluster::ClusterMap> after = MapOf(2);
+    ASSERT_TRUE(after.ok()) << after.status().ToString();
+    EXPECT_TRUE(after->IsBackup(2, 0));
+    EXPECT_EQ(ScanOf(0, 2), ScanOf(2, 2)) << "the new replica holds what its primary holds";
+  }
+
+  // A change elsewhere before every try (refuse = 1000): kBusy after the last, one in-sync
+  // install asked per attempt, no second copy; the pair stays joining. With `readd`: kBusy
+  // after the first attempt.
+  auto gives_up = [&](uint32_t s, uint32_t to, int other_changes, bool re_add, int want_installs,
+                      std::string_view why) {
     shard = s;
     server = to;
     changes = other_changes;
+    readd = re_add;
     in_sync_installs = 0;
     scans_after = 0;
     refuse = 1000;
@@ -937,6 +964,8 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
     EXPECT_NE(gave_up.status().message().find("not in sync: shard " + std::to_string(s)),
               std::string::npos)
         << gave_up.status().ToString();
+    EXPECT_NE(gave_up.status().message().find(why), std::string::npos)
+        << gave_up.status().ToString();
     EXPECT_EQ(in_sync_installs.load(), want_installs);
     EXPECT_EQ(scans_after.load(), 0) << "the shard was copied again";
     Result<cluster::ClusterMap> after = MapOf(1);
@@ -944,9 +973,10 @@ TEST_F(ReplicationTest, AnInSyncChangeStartsAgainOnlyAfterOneChangeElsewhere) {
     EXPECT_TRUE(after->IsJoining(s, to));
     EXPECT_FALSE(after->IsBackup(s, to));
   };
-  gives_up(1, 2, /*other_changes=*/1, client::kMapRaceAttempts);
-  // Two changes between the read and the commit: not tried again.
-  gives_up(2, 0, /*other_changes=*/2, 1);
+  gives_up(1, 2, /*other_changes=*/1, /*re_add=*/false, client::kMapRaceAttempts,
+           "nothing was installed in");
+  // Removed and added again between the read and the commit: not marked, not tried again.
+  gives_up(3, 1, /*other_changes=*/2, /*re_add=*/true, 1, "added it again");
 }
 
 // Two primaries in one in-sync change: the second one's new replica missed a forward after
@@ -988,53 +1018,159 @@ TEST_F(ReplicationTest, EveryPrimaryIsAskedBeforeTheInSyncChange) {
   EXPECT_TRUE(now->IsJoining(1, 2));
 }
 
-// A joining replica that missed a forwarded write must not become in sync: the primary refuses
-// the install (and a check-only install says so without installing). A copy into one joining
-// replica forgets only that replica's misses, not those of another replica joining the same
-// shard, whose copy began earlier.
-TEST_F(ReplicationTest, AMissedForwardKeepsOnlyThatJoiningReplicaOutOfSync) {
+// A primary vouches for a joining replica (the in-sync install, and its check-only form) only
+// for the join the map names: when it installed the map that started it, a whole copy was
+// read from it since, and no forward to that replica failed since, before the copy too (the
+// copy only adds: a missed delete would survive it). A miss counts for that replica alone.
+TEST_F(ReplicationTest, APrimaryVouchesForAJoinOnlyWithAWholeCopyAndNoMissSinceItsStart) {
   StartReplicated(1);  // shard 0 on server 0 alone
-  cluster::ClusterMap joining = map_;
-  joining.epoch = map_.epoch + 1;
-  joining.joining[0] = {1, 2};
-  for (int id : {1, 2, 0}) ASSERT_TRUE(InstallOn(id, joining).ok()) << id;
-  servers_[2].reset();  // joining replica 2 is gone: the next forward to it fails
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
-  ASSERT_TRUE(c->Put(KeyIn(0, 1, "miss"), "acked").ok());  // joining replicas hold up no write
-  auto check = [&](std::vector<uint32_t> in_sync) {
-    cluster::ClusterMap next = joining;
-    next.epoch = joining.epoch + 1;
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(c->Put(KeyIn(0, i, "vouch"), "v").ok());
+  cluster::ClusterMap joining = map_;
+  joining.epoch = map_.epoch + 1;
+  joining.SetJoining(0, 1, joining.epoch);
+  joining.SetJoining(0, 2, joining.epoch);
+  for (int id : {1, 2, 0}) ASSERT_TRUE(InstallOn(id, joining).ok()) << id;
+  auto with_in_sync = [](const cluster::ClusterMap& base, std::vector<uint32_t> in_sync) {
+    cluster::ClusterMap next = base;
+    next.epoch = base.epoch + 1;
     for (uint32_t id : in_sync) {
       std::erase(next.joining[0], id);
       next.backups[0].push_back(id);
     }
-    return Call(0, kv::EncodeMapInstall({next.ToJson(), /*check_only=*/true})).status;
+    return next;
   };
-  auto scan_for = [&](uint32_t server) {
+  auto check = [&](std::vector<uint32_t> in_sync) {
+    return Call(0, kv::EncodeMapInstall({with_in_sync(joining, in_sync).ToJson(), true})).status;
+  };
+  // A copy's scan for `server`, from the first slot to the end; its first answer's status.
+  auto copy_for = [&](uint32_t server) {
+    auto raw = Raw(0);
     std::string scratch;
-    return Call(0, kv::EncodeShardScan({0, 0, server}, &scratch)).status;
+    uint64_t cursor = 0;
+    Status first;
+    for (bool start = true; cursor != kv::kScanDone; start = false) {
+      kv::Response r = Call(*raw, kv::EncodeShardScan({0, cursor, server}, &scratch));
+      if (start) first = r.status;
+      if (!r.status.ok()) return first;
+      auto answer = kv::DecodeShardScanAnswer(cursor, r.version, r.body, kv::WireLimits{});
+      if (!answer.ok()) return answer.status();
+      cursor = answer->next_cursor;
+    }
+    return first;
   };
-  // The forward to 2 failed (after the replication timeout): 2 may not become in sync, 1 may.
+  auto expect_refused = [](const Status& s, std::string_view why) {
+    EXPECT_TRUE(s.Is(StatusCode::kUnavailable)) << s.ToString();
+    EXPECT_NE(s.message().find(why), std::string::npos) << s.ToString();
+  };
+  // Joined, not copied: refused.
+  expect_refused(check({1}), "no copy of the whole shard");
+  ASSERT_TRUE(copy_for(1).ok());
+  EXPECT_TRUE(check({1}).ok());
+  // Joining replica 2 goes away and misses a write before its copy: its copy does not cover the
+  // miss. Replica 1 is not concerned.
+  servers_[2].reset();
+  ASSERT_TRUE(c->Put(KeyIn(0, 1, "miss"), "acked").ok());  // joining replicas hold up no write
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (check({2}).ok() && std::chrono::steady_clock::now() < deadline) {
+  while (check({2}).message().find("missed") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  Status refused = check({2});
-  EXPECT_TRUE(refused.Is(StatusCode::kUnavailable)) << refused.ToString();
-  EXPECT_NE(refused.message().find("missed"), std::string::npos) << refused.ToString();
-  EXPECT_TRUE(check({1}).ok());
-  // A copy into 1 starts: 2's miss is not forgotten.
-  ASSERT_TRUE(scan_for(1).ok());
-  EXPECT_FALSE(check({2}).ok()) << "a copy into server 1 forgot server 2's missed forward";
+  expect_refused(check({2}), "missed 1 forwarded write");
+  ASSERT_TRUE(copy_for(2).ok());
+  expect_refused(check({2}), "missed 1 forwarded write");
+  EXPECT_TRUE(check({1}).ok()) << "server 2's miss was counted against server 1";
   EXPECT_FALSE(check({1, 2}).ok());
-  // The check installed nothing.
+  // The checks installed nothing.
   kv::Response m = Call(0, kv::EncodeMapFetch({}));
   ASSERT_TRUE(m.status.ok()) << m.status.ToString();
   EXPECT_EQ(m.version, joining.epoch);
-  // A copy into 2 starts: its earlier misses are covered by it.
-  ASSERT_TRUE(scan_for(2).ok());
-  EXPECT_TRUE(check({1, 2}).ok());
+
+  // A forward to replica 1 still unanswered when the check comes (its workers paused): the
+  // check waits for it, and it fails (the forward timeout), so replica 1 is refused.
+  servers_[1]->PauseWorkers(true);
+  std::thread writer([&] {
+    auto w = NewClient(0);
+    ASSERT_NE(w, nullptr);
+    EXPECT_TRUE(w->Put(KeyIn(0, 2, "inflight"), "acked").ok());
+  });
+  auto pending_to_1 = [&] {
+    for (const auto& b : servers_[0]->stats().backups) {
+      if (b.id == 1) return b.pending;
+    }
+    return uint64_t{0};
+  };
+  const auto sent_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (pending_to_1() == 0 && std::chrono::steady_clock::now() < sent_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(pending_to_1(), 0u) << "the forward to replica 1 was not seen in flight";
+  expect_refused(check({1}), "missed 1 forwarded write");
+  servers_[1]->PauseWorkers(false);
+  writer.join();
+
+  // Replica 1 removed and added again: a new join, whose copy the old one is not.
+  const uint64_t first_join = joining.epoch;
+  cluster::ClusterMap out = joining;
+  out.epoch = joining.epoch + 1;
+  std::erase(out.joining[0], 1u);
+  cluster::ClusterMap again = out;
+  again.epoch = out.epoch + 1;
+  again.SetJoining(0, 1, again.epoch);
+  for (const cluster::ClusterMap* next : {&out, &again}) {
+    for (int id : {1, 0}) ASSERT_TRUE(InstallOn(id, *next).ok()) << id;
+  }
+  joining = again;
+  // Nothing of the earlier join reaches it (a forward, or an item of that join's copy, read
+  // before it was emptied), or a key deleted since would come back.
+  {
+    const std::string key = KeyIn(0, 3, "stale"), value = "of the first join";
+    kv::ReplicateRequest stale = ForwardOf(key, value, 1);
+    stale.map_epoch = first_join;
+    Status refused = Call(1, kv::EncodeReplicate(stale)).status;
+    EXPECT_TRUE(refused.Is(StatusCode::kWrongOwner)) << refused.ToString();
+    EXPECT_NE(refused.message().find("joined the shard again"), std::string::npos)
+        << refused.ToString();
+    EXPECT_EQ(ScanOf(1, 0).count(key), 0u);
+    kv::ReplicateRequest current = stale;
+    current.map_epoch = again.epoch;
+    EXPECT_TRUE(Call(1, kv::EncodeReplicate(current)).status.ok());
+  }
+  expect_refused(check({1}), "no copy of the whole shard");
+  ASSERT_TRUE(copy_for(1).ok());
+  EXPECT_TRUE(check({1}).ok());
+  // A copy for a server that is not joining the shard is refused.
+  expect_refused(copy_for(0), "is not joining shard 0");
+
+  // The primary restarts: it cannot vouch for a join that began before it (the forwards its
+  // earlier process failed are gone with it), copied or not, nor start a copy for one.
+  servers_[0].reset();
+  servers_[0] = StartServer(0);
+  ASSERT_NE(servers_[0], nullptr);
+  Result<cluster::ClusterMap> after = MapOf(0);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  ASSERT_EQ(after->epoch, again.epoch) << "the restarted primary came back with another map";
+  expect_refused(check({1}), "before this server process was its primary");
+  expect_refused(copy_for(1), "before this server process was its primary");
+  // Nor does a later map that leaves the join as it was make it the join's witness.
+  cluster::ClusterMap later = again;
+  later.epoch = again.epoch + 1;
+  for (int id : {1, 0}) ASSERT_TRUE(InstallOn(id, later).ok()) << id;
+  joining = later;
+  expect_refused(copy_for(1), "before this server process was its primary");
+  expect_refused(check({1}), "before this server process was its primary");
+
+  // A map that does not say when a replica started joining (written before join epochs): no
+  // copy starts for it and it does not become in sync.
+  cluster::ClusterMap unsaid = later;
+  unsaid.epoch = later.epoch + 1;
+  unsaid.joined_at.clear();
+  ASSERT_TRUE(InstallOn(1, unsaid).ok());
+  ASSERT_TRUE(InstallOn(0, unsaid).ok());
+  joining = unsaid;
+  expect_refused(copy_for(1), "does not say since when");
+  expect_refused(check({1}), "does not say when");
 }
 
 TEST_F(ReplicationTest, MoveOfAReplicatedShardKeepsServingGetsAndWrites) {

@@ -426,9 +426,10 @@ TEST_F(ReplicatorTest, ForwardAsyncReportsAnUnreachableBackup) {
     }
     return result.value_or(Status::Internal("no completion within 10 s"));
   };
-  map.joining = {{2}};
+  map.SetJoining(0, 2, map.epoch);
   EXPECT_TRUE(run(joining_write).ok());
-  EXPECT_EQ(replicator.JoiningFailures(0, 2), 1u);
+  EXPECT_EQ(replicator.JoiningFailures(0, 2, map.epoch), 1u);
+  EXPECT_EQ(replicator.JoiningFailures(0, 2, map.epoch + 1), 0u) << "counted for another join";
   map.joining.clear();
   map.backups[0].push_back(2);
   const Status s = run(in_sync_write);

@@ -171,14 +171,16 @@ class Admin {
   // a fresh one, emptied first; the report sums the copies. Arguments are checked for every pair
   // before anything changes (errors as AddReplica's). A pair fails alone, the others go on: its
   // server cannot take the newest map or drop its stale copy, its copy fails, the map moved
-  // its shard to another primary meanwhile, or its primary refuses it (a forward it missed
-  // while joining). Then the pairs that could are made in sync, the failed ones stay joining
-  // (or never joined), and the first failure is returned naming both sets; running the same
-  // call again starts the failed ones over. When the in-sync change loses the map to another
-  // writer (nothing installed) and the newest map is one change newer that leaves the pairs'
-  // shards as they were, the copies stand and the change is checked and made again on it, up
-  // to 5 attempts (said on `progress`); otherwise, or after the last, kBusy with the pairs left
-  // joining (a new call copies them anew).
+  // its shard to another primary meanwhile, another writer removed the replica and added it
+  // again (it joined at a later map epoch: that writer's copy counts, kBusy), or its primary
+  // refuses it (a forward it missed since it started joining, no whole copy read from that
+  // primary process since, or a primary restarted or promoted after the join). Then the pairs
+  // that could are made in sync, the failed ones stay joining (or never joined), and the first
+  // failure is returned naming both sets; running the same call again starts the failed ones
+  // over. When the in-sync change loses the map to another writer (nothing installed), the
+  // copies stand and the change is checked (the same rules) and made again on the newest map,
+  // up to 5 attempts (said on `progress`); after the last, kBusy with the pairs left joining (a
+  // new call copies them anew).
   Result<ReplicaReport> AddReplicas(std::span<const ReplicaAddition> additions,
                                     const MoveProgressFn& progress);
   // AddReplicas of `server` to each of `shards`.
