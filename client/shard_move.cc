@@ -60,6 +60,9 @@ bool SameMap(const cluster::ClusterMap& a, const cluster::ClusterMap& b) {
     const auto& ja = s < a.joining.size() ? a.joining[s] : none;
     const auto& jb = s < b.joining.size() ? b.joining[s] : none;
     if (ja != jb) return false;
+    for (uint32_t id : ja) {
+      if (a.JoinedAt(s, id) != b.JoinedAt(s, id)) return false;
+    }
   }
   return true;
 }
