@@ -75,6 +75,7 @@ class ServerImpl final : public Server {
       service_.set_async_replicated_writes(options.async_replicated_writes);
       service_.set_max_repair_bytes(options.max_repair_bytes);
       service_.set_max_pool_writes(options.max_pool_writes);
+      service_.set_before_replica_apply(options.before_replica_apply);
       service_.set_transport_workers(options.worker_threads);
       cluster_->set_map_hook([this](const cluster::ClusterMap& next) {
         replicator_->NoteMap(next, cluster_->server_id());

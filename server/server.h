@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -82,6 +84,9 @@ struct ServerOptions {
   // Replicated writes waiting for the writer pool (Service::set_max_pool_writes): beyond this
   // many (or 64 MiB of keys and values) a write is refused with kUnavailable.
   size_t max_pool_writes = 4096;
+  // Tests only (Service::set_before_replica_apply): called on a backup with a forwarded
+  // write's key after its role check, before it is applied; it may block. Empty: none.
+  std::function<void(std::string_view key)> before_replica_apply;
   // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
   // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
   // Unset: no HTTP server.

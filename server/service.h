@@ -175,6 +175,12 @@ class Service {
   static constexpr size_t kDefaultMaxPoolWrites = 4096;
   static constexpr size_t kMaxPoolBytes = 64 << 20;
   void set_max_pool_writes(size_t writes) { max_pool_writes_ = writes; }
+  // Tests only: called on a worker with a forwarded write's key after its role check passed,
+  // before it is applied, under the key's replica stripe (the hook may block). Set before
+  // the server serves; a set hook keeps REPLICATE off the receiving thread.
+  void set_before_replica_apply(std::function<void(std::string_view key)> hook) {
+    before_replica_apply_ = std::move(hook);
+  }
   // How often the repair pass retries the writes that await repair.
   static constexpr std::chrono::milliseconds kRepairInterval{100};
   // etcd clusters: INSTALL_MAP commits the map to etcd first. Null: no etcd.
@@ -389,6 +395,10 @@ class Service {
   // The drop itself: deletes (and persists the deletes of) every item of `shard`; *dropped
   // counts them.
   Status DropShard(uint32_t shard, uint64_t version_floor, uint64_t* dropped);
+  // Returns once every forwarded write that passed its role check before the call has been
+  // applied (docs/design.md "Replication": a drop after a replica's removal). Takes each
+  // replica stripe once; the caller holds none.
+  void WaitForReplicaApplies();
   // kInvalidArgument for a shard this server's map does not have.
   Status CheckShardInRange(uint32_t shard) const;
   // kNotSupported when standalone.
@@ -475,6 +485,7 @@ class Service {
   size_t pool_writes_ GUARDED_BY(offload_mu_) = 0;
   size_t pool_bytes_ GUARDED_BY(offload_mu_) = 0;
   size_t max_pool_writes_ = kDefaultMaxPoolWrites;
+  std::function<void(std::string_view key)> before_replica_apply_;  // tests only
 
   mutable Mutex copies_mu_;
   // When each shard last saw a copy into this server.

@@ -159,6 +159,7 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
     return Status::InvalidArgument("shard " + std::to_string(shard) +
                                    " is still owned by this server; move it first");
   }
+  WaitForReplicaApplies();
   if (version_floor > 0) {
     // The start of a copy into this server: refused while another copy of the shard is active.
     RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));
@@ -197,6 +198,16 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
     }
   }
   return Status::Ok();
+}
+
+void Service::WaitForReplicaApplies() {
+  // A forwarded write checks its role and is applied under its key's replica stripe: one that
+  // passed the check under an older map (this server still a replica of the shard) holds its
+  // stripe until it is applied, and one that takes a stripe after this loop checks against the
+  // map the caller has seen or a newer one.
+  for (Mutex& stripe : replica_stripes_) {
+    MutexLock wait(&stripe);
+  }
 }
 
 Status Service::NoteCopy(uint32_t shard, bool begin) {

@@ -556,7 +556,8 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
 }
 
 bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<uint8_t>* response) {
-  if (cluster_ == nullptr) return false;  // a worker answers the error
+  if (cluster_ == nullptr) return false;    // a worker answers the error
+  if (before_replica_apply_) return false;  // a test's hook may block: not on this thread
   std::vector<kv::ReplicateRequest> entries;
   const bool is_batch = kv::IsReplicateBatch(r);
   if (is_batch) {
@@ -600,7 +601,8 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
   ex.op = static_cast<uint8_t>(kv::Op::kReplicate);
   counters_.replicates_on_receiving_thread.fetch_add(1, std::memory_order_relaxed);
   if (is_batch) counters_.replicate_batches.fetch_add(1, std::memory_order_relaxed);
-  // As HandleReplicate / HandleReplicateBatch, entry by entry in the request's order.
+  // As HandleReplicate / HandleReplicateBatch, entry by entry in the request's order (each
+  // role check under the entry's stripe, held since the TryLocks above).
   const std::shared_ptr<const cluster::ClusterMap> my_map = cluster_->map();
   std::vector<kv::ReplicateBatchResult> results(entries.size());
   Status single;
@@ -661,15 +663,17 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   // No OwnerGuard: an install here may be waiting for this server's own writes, which may be
   // waiting for a primary that waits for this answer.
   const uint32_t shard = store_->ShardOfKey(m->key);
-  Status role = cluster_->CheckReplica(shard, m->map_epoch, m->sender_id);
-  if (!role.ok()) return AnswerNow(ex, role);
-  if (!admitted.ok()) return AnswerNow(ex, admitted);
-  counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
-  const bool joining = cluster_->map()->IsJoining(shard, cluster_->server_id());
   // Its own stripes, not the primary writes' (KeyStripe): a primary write holds its key's
   // stripe while it waits for its backups, and a backup's stripe of another key hashed alike,
   // held by a write of its own waiting for this server, would close a cycle between servers.
+  // The role is checked under the stripe (WaitForReplicaApplies).
   MutexLock key_lock(&replica_stripes_[kv::KeyHash(m->key) % kKeyStripes]);
+  Status role = cluster_->CheckReplica(shard, m->map_epoch, m->sender_id);
+  if (!role.ok()) return AnswerNow(ex, role);
+  if (!admitted.ok()) return AnswerNow(ex, admitted);
+  if (before_replica_apply_) before_replica_apply_(m->key);
+  counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
+  const bool joining = cluster_->map()->IsJoining(shard, cluster_->server_id());
   uint64_t version = 0;
   bool changed = false;
   Status s = ApplyReplica(*m, shard, joining, &version, &changed);
@@ -754,14 +758,15 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
   for (size_t i = 0; i < n; ++i) {
     const kv::ReplicateRequest& m = batch->entries[i];
     const uint32_t shard = store_->ShardOfKey(m.key);
+    MutexLock key_lock(&replica_stripes_[kv::KeyHash(m.key) % kKeyStripes]);
     Status role = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id);
     if (!role.ok()) {
       results[i] = {role.code(), 0};
       continue;
     }
+    if (before_replica_apply_) before_replica_apply_(m.key);
     counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
     const bool joining = my_map->IsJoining(shard, cluster_->server_id());
-    MutexLock key_lock(&replica_stripes_[kv::KeyHash(m.key) % kKeyStripes]);
     uint64_t version = 0;
     bool changed = false;
     Status s = ApplyReplica(m, shard, joining, &version, &changed);

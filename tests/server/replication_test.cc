@@ -5,10 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -51,8 +54,11 @@ class ReplicationTest : public ClusterTest {
     o.replication_timeout = replication_timeout_;
     o.max_repair_bytes = max_repair_bytes_;
     o.max_pool_writes = max_pool_writes_;
+    if (id == 1) o.before_replica_apply = before_apply_on_1_;
     return o;
   }
+  // Server 1's ServerOptions::before_replica_apply (set before StartReplicated).
+  std::function<void(std::string_view)> before_apply_on_1_;
   int workers_ = 8;
   size_t max_repair_bytes_ = server::ServerOptions{}.max_repair_bytes;
   size_t max_pool_writes_ = server::ServerOptions{}.max_pool_writes;
@@ -438,6 +444,73 @@ TEST_F(ReplicationTest, AStaleForwardAfterADeleteDoesNotBringTheKeyBack) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->value, "again");
   EXPECT_TRUE(client->Get(batched).status().Is(StatusCode::kNotFound));
+}
+
+// A forward that passed its role check while its backup was still a replica, and is applied
+// only after that replica was removed and its shard dropped, leaves an item of a shard the
+// server no longer holds (and, after a re-add, a key the new copy never removes). The role is
+// checked under the key's replica stripe and the drop takes every stripe once after its own
+// map check, so such a forward is applied before the drop's scan, which then removes it.
+// Single and batched forwards, each held between its role check and its apply.
+TEST_F(ReplicationTest, AForwardHeldPastItsRoleCheckIsAppliedBeforeTheDropThatFollows) {
+  const std::string single = KeyIn(0, 1, "held"), batched = KeyIn(0, 2, "held");
+  ASSERT_NE(kv::KeyHash(single) % 4096, kv::KeyHash(batched) % 4096) << "one stripe for both";
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  bool released = false;
+  before_apply_on_1_ = [&](std::string_view key) {
+    if (key != single && key != batched) return;
+    std::unique_lock<std::mutex> lock(mu);
+    ++entered;
+    cv.notify_all();
+    cv.wait(lock, [&] { return released; });
+  };
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    released = true;
+    cv.notify_all();
+  };
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const uint64_t v = cluster::EpochVersionFloor(1) + 900;
+  kv::Response single_answer, batch_answer;
+  std::thread single_forward(
+      [&] { single_answer = CallAlone(1, kv::EncodeReplicate(ForwardOf(single, "late", v))); });
+  std::thread batch_forward([&] {
+    kv::ReplicateBatchBuilder builder(4096);
+    EXPECT_TRUE(builder.Add(ForwardOf(batched, "late", v + 1)));
+    batch_answer = CallAlone(1, builder.Encode(1, 0));
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return entered == 2; }))
+        << entered << " of 2 forwards reached their apply";
+  }
+  // Server 1 is removed from shard 0 (epoch 2) and told to drop it while both forwards wait.
+  cluster::ClusterMap removed = map_;
+  removed.epoch = map_.epoch + 1;
+  std::erase(removed.backups[0], 1u);
+  EXPECT_TRUE(InstallOn(1, removed).ok());
+  kv::Response dropped;
+  std::thread drop([&] {
+    std::string scratch;
+    dropped = CallAlone(1, kv::EncodeDropShard({0, 0}, &scratch));
+  });
+  // The drop may run now; the forwards go on after a while, whether or not it has finished.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  release();
+  single_forward.join();
+  batch_forward.join();
+  drop.join();
+  EXPECT_TRUE(dropped.status.ok()) << dropped.status.ToString();
+  EXPECT_TRUE(single_answer.status.ok()) << single_answer.status.ToString();
+  EXPECT_TRUE(batch_answer.status.ok()) << batch_answer.status.ToString();
+  const Content left = ScanOf(1, 0);
+  EXPECT_EQ(left.count(single), 0u) << "a single forward was applied after the drop";
+  EXPECT_EQ(left.count(batched), 0u) << "a batched forward was applied after the drop";
+  // A forward of the old epoch that comes now is refused: server 1 holds no replica.
+  EXPECT_TRUE(Call(1, kv::EncodeReplicate(ForwardOf(single, "later", v + 2)))
+                  .status.Is(StatusCode::kWrongOwner));
 }
 
 // A backup that applied a write twice, the second time above a newer version (the primary's
