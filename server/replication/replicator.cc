@@ -3,6 +3,8 @@
 #include <glog/logging.h>
 
 #include <set>
+#include <string>
+#include <string_view>
 
 #include "common/kv/wire.h"
 #include "common/util/units.h"
@@ -760,6 +762,14 @@ std::string PairText(uint32_t shard, uint32_t id, uint64_t joined_at) {
          " at map epoch " + std::to_string(joined_at);
 }
 
+// A pair whose join this primary did not see begin (it became the primary, or restarted, since).
+Status JoinNotSeen(uint32_t shard, uint32_t id, uint64_t joined_at, std::string_view advice) {
+  return Status::Unavailable(PairText(shard, id, joined_at) +
+                             ", before this server process was its primary: it cannot vouch that "
+                             "the replica got every write since" +
+                             std::string(advice));
+}
+
 }  // namespace
 
 Status Replicator::CopyScanStarts(uint32_t shard, uint32_t id, uint64_t joined_at) {
@@ -773,9 +783,7 @@ Status Replicator::CopyScanStarts(uint32_t shard, uint32_t id, uint64_t joined_a
   MutexLock lock(&joining_mu_);
   auto it = joining_.find({shard, id, joined_at});
   if (it == joining_.end() || !it->second.from_join) {
-    return Status::Unavailable(PairText(shard, id, joined_at) +
-                               ", before this server process was its primary: it cannot vouch "
-                               "that the replica got every write since; add the replica again");
+    return JoinNotSeen(shard, id, joined_at, "; add the replica again");
   }
   it->second.scan_started = true;
   return Status::Ok();
@@ -823,9 +831,7 @@ Status Replicator::MayBecomeInSync(uint32_t shard, uint32_t id, uint64_t joined_
                                std::to_string(it->second.missed) + " forwarded write(s) since");
   }
   if (it == joining_.end() || !it->second.from_join) {
-    return Status::Unavailable(PairText(shard, id, joined_at) +
-                               ", before this server process was its primary: it cannot vouch "
-                               "that the replica got every write since");
+    return JoinNotSeen(shard, id, joined_at, "");
   }
   if (!it->second.copied) {
     return Status::Unavailable(PairText(shard, id, joined_at) +
