@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -444,8 +445,10 @@ struct PairFailure {
 // write since it started joining, or of which no whole copy was read from that primary
 // process since (Replicator::MayBecomeInSync). Every primary is asked before anything changes: with
 // several primaries in one map change, the first install commits it (etcd), so a later primary's
-// refusal would come too late. One check per primary; the pairs of a primary that refuses
-// are checked one by one. The others go to *failures.
+// refusal would come too late. Then every new replica is asked the same for its own pairs: it
+// refuses one whose join this server process did not see begin (it restarted since: the copy's
+// last items may be gone; Replicator::MayClaimOwnCopy). One check per server; the pairs of a
+// server that refuses are checked one by one. The others go to *failures.
 std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
                                                  const cluster::ClusterMap& joining,
                                                  const cluster::ClusterMap& newest,
@@ -478,31 +481,52 @@ std::vector<ReplicaAddition> PairsReadyForInSync(AdminChannel& channel,
     candidates.push_back(a);
     AddOnce(&primaries, newest.OwnerOf(a.shard));
   }
-  auto check = [&](uint32_t primary, const std::vector<ReplicaAddition>& pairs) {
-    const cluster::ServerEntry* e = newest.FindServer(primary);
-    if (e == nullptr) return Status::InvalidArgument("no primary");
+  auto check = [&](uint32_t server, const std::vector<ReplicaAddition>& pairs) {
+    const cluster::ServerEntry* e = newest.FindServer(server);
+    if (e == nullptr) {
+      return Status::InvalidArgument("server " + std::to_string(server) + " is not in the map");
+    }
     return channel.Call(*e, kv::EncodeMapInstall({WithInSync(newest, pairs).ToJson(), true}),
                         nullptr, nullptr);
   };
-  std::vector<ReplicaAddition> ready;
-  for (uint32_t p : primaries) {
+  // Asks `server` about the pairs of `group` that `of` picks: all at once, then one by one
+  // when it refuses; the ones it accepts go to `out`.
+  auto ask = [&](uint32_t server, const std::vector<ReplicaAddition>& group,
+                 const std::function<bool(const ReplicaAddition&)>& of,
+                 std::vector<ReplicaAddition>* out) {
     std::vector<ReplicaAddition> mine;
-    for (const ReplicaAddition& a : candidates) {
-      if (newest.OwnerOf(a.shard) == p) mine.push_back(a);
+    for (const ReplicaAddition& a : group) {
+      if (of(a)) mine.push_back(a);
     }
-    if (check(p, mine).ok()) {
-      ready.insert(ready.end(), mine.begin(), mine.end());
-      continue;
+    if (mine.empty()) return;
+    if (check(server, mine).ok()) {
+      out->insert(out->end(), mine.begin(), mine.end());
+      return;
     }
     for (const ReplicaAddition& a : mine) {
-      Status s = check(p, {a});
+      Status s = check(server, {a});
       if (s.ok()) {
-        ready.push_back(a);
+        out->push_back(a);
       } else {
         failures->push_back({a, Status(s.code(), "shard " + std::to_string(a.shard) + " on " +
                                                      Name(newest, a.server) + ": " + s.message())});
       }
     }
+  };
+  std::vector<ReplicaAddition> vouched;
+  for (uint32_t p : primaries) {
+    ask(
+        p, candidates, [&](const ReplicaAddition& a) { return newest.OwnerOf(a.shard) == p; },
+        &vouched);
+  }
+  // Then each new replica for its own copies: one that restarted since its join may lack the
+  // copy's last items although its primaries missed nothing (Replicator::MayClaimOwnCopy).
+  std::vector<uint32_t> replicas;
+  for (const ReplicaAddition& a : vouched) AddOnce(&replicas, a.server);
+  std::vector<ReplicaAddition> ready;
+  for (uint32_t r : replicas) {
+    ask(
+        r, vouched, [&](const ReplicaAddition& a) { return a.server == r; }, &ready);
   }
   return ready;
 }

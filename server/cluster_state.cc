@@ -158,7 +158,7 @@ Status ClusterState::Install(cluster::ClusterMap next) {
         ++lost;
       }
     }
-    if (map_hook_) map_hook_(next);
+    if (map_hook_) map_hook_(*cur, next);
     map_ = std::make_shared<const cluster::ClusterMap>(next);
     {
       MutexLock snapshot(&snapshot_mu_);

@@ -180,9 +180,11 @@ class ClusterState {
   void set_resync_hook(ResyncHook hook) { resync_hook_ = std::move(hook); }
   // Called by Install with each new map under the exclusive ownership lock, just before it
   // becomes the current one: no write runs under the older map any more, none under this one
-  // yet (the Replicator starts its joining pairs' records here). Not called for the map the
-  // server starts with. Set before the first Install.
-  using MapHook = std::function<void(const cluster::ClusterMap& next)>;
+  // yet (the Replicator starts its joining pairs' records here), with the map it replaces
+  // (the one the server started with, the first time). Not called for the map the server
+  // starts with. Set before the first Install.
+  using MapHook =
+      std::function<void(const cluster::ClusterMap& previous, const cluster::ClusterMap& next)>;
   void set_map_hook(MapHook hook) { map_hook_ = std::move(hook); }
   // Self-fencing: clears every ownership bit at once (without waiting for writes in flight) and
   // refuses writes (kUnavailable naming `why`) until Unfence. Installs meanwhile change the map

@@ -77,9 +77,10 @@ class ServerImpl final : public Server {
       service_.set_max_pool_writes(options.max_pool_writes);
       service_.set_before_replica_apply(options.before_replica_apply);
       service_.set_transport_workers(options.worker_threads);
-      cluster_->set_map_hook([this](const cluster::ClusterMap& next) {
-        replicator_->NoteMap(next, cluster_->server_id());
-      });
+      cluster_->set_map_hook(
+          [this](const cluster::ClusterMap& previous, const cluster::ClusterMap& next) {
+            replicator_->NoteMap(previous, next, cluster_->server_id());
+          });
       cluster_->set_resync_hook(
           [this](const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
             promoted_shards_.fetch_add(shards.size(), std::memory_order_relaxed);

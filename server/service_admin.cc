@@ -80,7 +80,26 @@ bool Service::HandleMapInstall(const kv::Request& r, Exchange ex) {
       }
     }
   }
-  // Only the checks: the caller asks every primary before it changes anything.
+  // A joining replica made in sync vouches for its own copy too, when asked (check-only: the
+  // caller asks every new replica after the primaries, before anything changes; a real
+  // install must not be refused by one replica after others took it).
+  if (m->check_only && replicator_ != nullptr) {
+    std::shared_ptr<const cluster::ClusterMap> cur = cluster_->map();
+    const uint32_t me = cluster_->server_id();
+    for (uint32_t s = 0; s < next->shards; ++s) {
+      if (!next->IsBackup(s, me) || (s < cur->shards && cur->IsBackup(s, me))) continue;
+      const uint64_t joined_at = s < cur->shards ? cur->JoinedAt(s, me) : 0;
+      if (Status own = replicator_->MayClaimOwnCopy(s, joined_at); !own.ok()) {
+        return AnswerNow(ex, Status::Unavailable("server " + std::to_string(me) +
+                                                 " cannot become an in-sync replica of shard " +
+                                                 std::to_string(s) + ": " + own.message() +
+                                                 "; add it again (it leaves joining and is "
+                                                 "copied again from empty)"));
+      }
+    }
+  }
+  // Only the checks: the caller asks every primary, then every new replica, before it changes
+  // anything.
   if (m->check_only) return AnswerNow(ex, Status::Ok(), cluster_->map()->epoch);
   // An etcd cluster's map changes in etcd first (a transaction on the map's revision); the
   // other servers get it from their watch, and this one installs it now.

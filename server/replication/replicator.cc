@@ -737,22 +737,51 @@ std::vector<Replicator::PeerState> Replicator::Peers() const {
   return out;
 }
 
-void Replicator::NoteMap(const cluster::ClusterMap& next, uint32_t me) {
+void Replicator::NoteMap(const cluster::ClusterMap& previous, const cluster::ClusterMap& next,
+                         uint32_t me) {
   MutexLock lock(&joining_mu_);
   std::erase_if(joining_, [&](const auto& entry) {
     const auto& [shard, id, joined_at] = entry.first;
     return shard >= next.shards || next.OwnerOf(shard) != me ||
            next.JoinedAt(shard, id) != joined_at;
   });
+  std::erase_if(own_joins_, [&](const auto& join) {
+    return join.first >= next.shards || next.JoinedAt(join.first, me) != join.second;
+  });
   for (uint32_t shard = 0; shard < next.shards && shard < next.joining.size(); ++shard) {
-    if (next.OwnerOf(shard) != me) continue;
     for (uint32_t id : next.joining[shard]) {
+      const uint64_t joined_at = next.JoinedAt(shard, id);
       // Only the map that starts the join: from it on, every write of the shard here is
       // forwarded to the pair (this install waits for the writes of the older map).
-      if (next.JoinedAt(shard, id) == next.epoch)
+      if (next.OwnerOf(shard) == me && joined_at == next.epoch) {
         joining_[{shard, id, next.epoch}].from_join = true;
+      }
+      // This replica's own join, first seen by this process: everything of the join (the
+      // copy's items, the forwards) comes to this process from here on (a forward sent before
+      // it installed the join is refused kBusy and sent again).
+      if (id == me && joined_at != 0 &&
+          (shard >= previous.shards || previous.JoinedAt(shard, me) != joined_at)) {
+        own_joins_.insert({shard, joined_at});
+      }
     }
   }
+}
+
+Status Replicator::MayClaimOwnCopy(uint32_t shard, uint64_t joined_at) const {
+  if (joined_at == 0) {
+    return Status::Unavailable("it is not joining shard " + std::to_string(shard) +
+                               " in its own map (it restarted without the map that added it, "
+                               "or has not installed that map yet)");
+  }
+  MutexLock lock(&joining_mu_);
+  if (own_joins_.count({shard, joined_at}) == 0) {
+    return Status::Unavailable(
+        "it started joining shard " + std::to_string(shard) + " at map epoch " +
+        std::to_string(joined_at) +
+        " before this server process installed that map (it restarted since, or skipped the "
+        "map): the copy's last items may not have been durable here");
+  }
+  return Status::Ok();
 }
 
 namespace {

@@ -34,9 +34,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
@@ -142,9 +144,12 @@ class Replicator {
   // a later epoch: a new pair, with nothing of the old one's record.
   //
   // Called by ClusterState::Install with every new map before any write runs under it
-  // (`me`: this server's id): starts the record of each pair that starts joining in `next`
-  // under this server, and forgets the pairs that are not joining under it any more.
-  void NoteMap(const cluster::ClusterMap& next, uint32_t me) EXCLUDES(joining_mu_);
+  // (`previous`: the map it replaces, the one the process started with included; `me`: this
+  // server's id): starts the record of each pair that starts joining in `next` under this
+  // server, and of each join of this server's own that `previous` did not have, and forgets
+  // the ones that are not joining any more.
+  void NoteMap(const cluster::ClusterMap& previous, const cluster::ClusterMap& next, uint32_t me)
+      EXCLUDES(joining_mu_);
   // A copy's SHARD_SCAN for joining backup `id` of `shard`, which started joining at
   // `joined_at` in this server's map (0: not joining there, or not said): kUnavailable, saying
   // why, when this primary cannot vouch for a copy into it; else the copy is noted.
@@ -156,6 +161,13 @@ class Replicator {
   // call to be answered (at most the forward timeout and kSettleSlack).
   Status MayBecomeInSync(uint32_t shard, uint32_t id, uint64_t joined_at) const
       EXCLUDES(joining_mu_);
+  // The joining replica's side: OK when this server process saw its join of `shard` at
+  // `joined_at` begin (it installed a map with that join over one without it: it has not
+  // restarted since), else
+  // kUnavailable saying why. A restarted replica may lack the copy's last items (answered
+  // before they were durable; all of them with durability none) while no forward to it failed,
+  // so only the process that took the whole copy may become in sync by it.
+  Status MayClaimOwnCopy(uint32_t shard, uint64_t joined_at) const EXCLUDES(joining_mu_);
   // Forwards to the pair that failed since it started joining.
   uint64_t JoiningFailures(uint32_t shard, uint32_t id, uint64_t joined_at) const
       EXCLUDES(joining_mu_);
@@ -251,6 +263,9 @@ class Replicator {
   using JoiningPair = std::tuple<uint32_t, uint32_t, uint64_t>;  // shard, backup id, joined at
   mutable Mutex joining_mu_;
   std::map<JoiningPair, JoiningRecord> joining_ GUARDED_BY(joining_mu_);
+  // The joins of this server as a replica that this process saw begin (shard, joined at);
+  // forgotten when the map no longer has it joining since then.
+  std::set<std::pair<uint32_t, uint64_t>> own_joins_ GUARDED_BY(joining_mu_);
 
   std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
       version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0}, async_forwards_{0};
