@@ -216,6 +216,9 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
                                         " but could not make that durable: " + flushed.message());
     }
   }
+  // The first step of a copy into this server: a join that begins after it may be vouched for
+  // by this process (Replicator::MayClaimOwnCopy).
+  if (replicator_ != nullptr) replicator_->NoteDropped(shard);
   return Status::Ok();
 }
 

@@ -756,15 +756,23 @@ void Replicator::NoteMap(const cluster::ClusterMap& previous, const cluster::Clu
       if (next.OwnerOf(shard) == me && joined_at == next.epoch) {
         joining_[{shard, id, next.epoch}].from_join = true;
       }
-      // This replica's own join, first seen by this process: everything of the join (the
-      // copy's items, the forwards) comes to this process from here on (a forward sent before
-      // it installed the join is refused kBusy and sent again).
+      // This replica's own join, first seen by this process after it emptied the shard:
+      // everything of the join (the copy's items, the forwards) comes to this process from
+      // here on (a forward sent before it installed the join is refused kBusy and sent again).
+      // A process that started from an older map (its saved one lost) sees the join begin too,
+      // but did not empty the shard: the emptying belongs to the copy's first step.
       if (id == me && joined_at != 0 &&
-          (shard >= previous.shards || previous.JoinedAt(shard, me) != joined_at)) {
+          (shard >= previous.shards || previous.JoinedAt(shard, me) != joined_at) &&
+          dropped_.erase(shard) > 0) {
         own_joins_.insert({shard, joined_at});
       }
     }
   }
+}
+
+void Replicator::NoteDropped(uint32_t shard) {
+  MutexLock lock(&joining_mu_);
+  dropped_.insert(shard);
 }
 
 Status Replicator::MayClaimOwnCopy(uint32_t shard, uint64_t joined_at) const {
@@ -778,8 +786,8 @@ Status Replicator::MayClaimOwnCopy(uint32_t shard, uint64_t joined_at) const {
     return Status::Unavailable(
         "it started joining shard " + std::to_string(shard) + " at map epoch " +
         std::to_string(joined_at) +
-        " before this server process installed that map (it restarted since, or skipped the "
-        "map): the copy's last items may not have been durable here");
+        " before this server process emptied the shard and installed that map (it restarted "
+        "since): the copy's last items may not have been durable here");
   }
   return Status::Ok();
 }

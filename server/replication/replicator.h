@@ -161,9 +161,11 @@ class Replicator {
   // call to be answered (at most the forward timeout and kSettleSlack).
   Status MayBecomeInSync(uint32_t shard, uint32_t id, uint64_t joined_at) const
       EXCLUDES(joining_mu_);
-  // The joining replica's side: OK when this server process saw its join of `shard` at
-  // `joined_at` begin (it installed a map with that join over one without it: it has not
-  // restarted since), else
+  // This server process emptied `shard` (DROP_SHARD): the first step of every copy into it.
+  void NoteDropped(uint32_t shard) EXCLUDES(joining_mu_);
+  // The joining replica's side: OK when this server process emptied the shard and then saw
+  // its join of `shard` at `joined_at` begin (it installed a map with that join over one
+  // without it: it has not restarted since), else
   // kUnavailable saying why. A restarted replica may lack the copy's last items (answered
   // before they were durable; all of them with durability none) while no forward to it failed,
   // so only the process that took the whole copy may become in sync by it.
@@ -266,6 +268,8 @@ class Replicator {
   // The joins of this server as a replica that this process saw begin (shard, joined at);
   // forgotten when the map no longer has it joining since then.
   std::set<std::pair<uint32_t, uint64_t>> own_joins_ GUARDED_BY(joining_mu_);
+  // Shards this process emptied and has not seen a join of since (NoteDropped).
+  std::set<uint32_t> dropped_ GUARDED_BY(joining_mu_);
 
   std::atomic<uint64_t> forwards_{0}, forward_errors_{0}, joining_errors_{0}, epoch_retries_{0},
       version_retries_{0}, batches_{0}, batched_writes_{0}, sender_batches_{0}, async_forwards_{0};

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -892,55 +893,65 @@ TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
 // A joining replica that restarts after its copy and before its in-sync change has lost the
 // copy (durability none here; the last items of it with async): its primary missed no forward
 // (there was no write), so only the replica itself can say so. It refuses the in-sync check,
-// the pair stays joining, and a rerun copies it again.
+// the pair stays joining, and a rerun copies it again. Twice: restarted from its saved map
+// (the join in it), and restarted without it (its data dir lost: it starts from the map it was
+// given at first, and another writer then installs the newest one on it, so this process sees
+// the join begin, but it never emptied the shard).
 TEST_F(ReplicationTest, AJoiningReplicaThatRestartedBeforeItsInSyncChangeIsCopiedAgain) {
-  StartReplicated(1);  // shard 0 on server 0 alone
+  StartReplicated(1);  // shards 0 and 3 on server 0 alone
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
-  std::map<std::string, Item> acked;
-  for (int i = 0; i < 40; ++i) {
-    const std::string key = KeyIn(0, i, "restart");
-    auto v = c->Put(key, "v" + std::to_string(i));
-    ASSERT_TRUE(v.ok()) << v.status().ToString();
-    acked[key] = {"v" + std::to_string(i), *v};
-  }
-  // Server 1 restarts when the copier starts its in-sync checks (the copy is done).
-  bool restarted = false;
-  HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
-                        [&](const cluster::ServerEntry&, const kv::Request& r) {
-                          if (r.op != kv::Op::kInstallMap || restarted) return Status::Ok();
-                          Result<kv::MapInstallRequest> m = kv::DecodeMapInstall(r);
-                          if (!m.ok() || !m->check_only) return Status::Ok();
-                          restarted = true;
-                          servers_[1].reset();
-                          servers_[1] = StartServer(1);
-                          return servers_[1] != nullptr ? Status::Ok()
-                                                        : Status::Internal("no restart");
-                        });
-  const std::vector<ReplicaAddition> pair = {{0, 1}};
-  auto added = client::RunAddReplicas(channel, map_, pair, nullptr);
-  ASSERT_TRUE(restarted);
-  ASSERT_FALSE(added.ok()) << "a restarted replica was marked in sync";
-  EXPECT_EQ(added.status().code(), StatusCode::kUnavailable) << added.status().ToString();
-  EXPECT_NE(added.status().message().find("restarted since"), std::string::npos)
-      << added.status().ToString();
-  Result<cluster::ClusterMap> now = MapOf(0);
-  ASSERT_TRUE(now.ok()) << now.status().ToString();
-  EXPECT_TRUE(now->IsJoining(0, 1));
-  EXPECT_FALSE(now->IsBackup(0, 1));
-  EXPECT_TRUE(ScanOf(1, 0).empty()) << "the restart did not lose the copy; the test shows nothing";
-  // The same call again copies it anew and marks it in sync.
   Admin admin(*c);
-  auto again = admin.AddReplicas(pair, nullptr);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  now = MapOf(0);
-  ASSERT_TRUE(now.ok()) << now.status().ToString();
-  EXPECT_TRUE(now->IsBackup(0, 1));
-  const Content on1 = ScanOf(1, 0);
-  for (const auto& [k, item] : acked) {
-    auto it = on1.find(k);
-    ASSERT_NE(it, on1.end()) << k;
-    EXPECT_EQ(it->second, item) << k;
+  for (const bool lost_data_dir : {false, true}) {
+    SCOPED_TRACE(lost_data_dir ? "restarted without its data dir" : "restarted with its map");
+    const uint32_t shard = lost_data_dir ? 3 : 0;
+    std::map<std::string, Item> acked;
+    for (int i = 0; i < 40; ++i) {
+      const std::string key = KeyIn(shard, i, "restart");
+      auto v = c->Put(key, "v" + std::to_string(i));
+      ASSERT_TRUE(v.ok()) << v.status().ToString();
+      acked[key] = {"v" + std::to_string(i), *v};
+    }
+    // Server 1 restarts when the copier starts its in-sync checks (the copy is done).
+    bool restarted = false;
+    HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                          [&](const cluster::ServerEntry&, const kv::Request& r) {
+                            if (r.op != kv::Op::kInstallMap || restarted) return Status::Ok();
+                            Result<kv::MapInstallRequest> m = kv::DecodeMapInstall(r);
+                            if (!m.ok() || !m->check_only) return Status::Ok();
+                            restarted = true;
+                            Result<cluster::ClusterMap> newest = MapOf(0);
+                            servers_[1].reset();
+                            if (lost_data_dir) std::filesystem::remove_all(DataDir(1));
+                            servers_[1] = StartServer(1);
+                            if (servers_[1] == nullptr || !newest.ok())
+                              return Status::Internal("no restart");
+                            return lost_data_dir ? InstallOn(1, *newest) : Status::Ok();
+                          });
+    const std::vector<ReplicaAddition> pair = {{shard, 1}};
+    auto added = client::RunAddReplicas(channel, *MapOf(0), pair, nullptr);
+    ASSERT_TRUE(restarted);
+    ASSERT_FALSE(added.ok()) << "a restarted replica was marked in sync";
+    EXPECT_EQ(added.status().code(), StatusCode::kUnavailable) << added.status().ToString();
+    EXPECT_NE(added.status().message().find("restarted since"), std::string::npos)
+        << added.status().ToString();
+    Result<cluster::ClusterMap> now = MapOf(0);
+    ASSERT_TRUE(now.ok()) << now.status().ToString();
+    EXPECT_TRUE(now->IsJoining(shard, 1));
+    EXPECT_FALSE(now->IsBackup(shard, 1));
+    EXPECT_TRUE(ScanOf(1, shard).empty()) << "the restart kept the copy; the test shows nothing";
+    // The same call again copies it anew and marks it in sync.
+    auto again = admin.AddReplicas(pair, nullptr);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    now = MapOf(0);
+    ASSERT_TRUE(now.ok()) << now.status().ToString();
+    EXPECT_TRUE(now->IsBackup(shard, 1));
+    const Content on1 = ScanOf(1, shard);
+    for (const auto& [k, item] : acked) {
+      auto it = on1.find(k);
+      ASSERT_NE(it, on1.end()) << k;
+      EXPECT_EQ(it->second, item) << k;
+    }
   }
 }
 
