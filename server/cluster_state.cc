@@ -75,9 +75,11 @@ Status ClusterState::CheckOwner(std::string_view key, uint64_t* epoch) const {
                             std::to_string(server_id_));
 }
 
-Status ClusterState::CheckReplica(uint32_t shard, uint64_t epoch, uint32_t sender) const {
+Status ClusterState::CheckReplica(uint32_t shard, uint64_t epoch, uint32_t sender,
+                                  bool* joining) const {
   std::shared_ptr<const cluster::ClusterMap> snapshot = map();
   const cluster::ClusterMap& m = *snapshot;
+  *joining = shard < m.shards && m.IsJoining(shard, server_id_);
   if (shard < m.shards && m.OwnerOf(shard) == sender &&
       (m.IsBackup(shard, server_id_) || m.IsJoining(shard, server_id_))) {
     // A joining replica takes nothing of an earlier join of its own (removed and added again

@@ -147,7 +147,9 @@ class ClusterState {
   // retries), else kWrongOwner (the sender is no longer the primary: fenced). Reads the map
   // without waiting for an install in progress (a primary's install may be waiting for writes
   // that wait for this answer).
-  Status CheckReplica(uint32_t shard, uint64_t epoch, uint32_t sender) const EXCLUDES(snapshot_mu_);
+  // *joining: whether this server is still joining the shard in the map the check used.
+  Status CheckReplica(uint32_t shard, uint64_t epoch, uint32_t sender, bool* joining) const
+      EXCLUDES(snapshot_mu_);
 
   // The current map. Never waits for an install in progress.
   std::shared_ptr<const cluster::ClusterMap> map() const EXCLUDES(snapshot_mu_);

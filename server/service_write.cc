@@ -603,19 +603,18 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
   if (is_batch) counters_.replicate_batches.fetch_add(1, std::memory_order_relaxed);
   // As HandleReplicate / HandleReplicateBatch, entry by entry in the request's order (each
   // role check under the entry's stripe, held since the TryLocks above).
-  const std::shared_ptr<const cluster::ClusterMap> my_map = cluster_->map();
   std::vector<kv::ReplicateBatchResult> results(entries.size());
   Status single;
   for (size_t i = 0; i < entries.size(); ++i) {
     const kv::ReplicateRequest& m = entries[i];
     const uint32_t shard = store_->ShardOfKey(m.key);
-    Status s = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id);
+    bool joining = false;
+    Status s = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id, &joining);
     uint64_t version = 0;
     if (s.ok()) {
       counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
       bool changed = false;
-      s = ApplyReplica(m, shard, my_map->IsJoining(shard, cluster_->server_id()), &version,
-                       &changed);
+      s = ApplyReplica(m, shard, joining, &version, &changed);
       if (s.ok()) RecordReplicaApplied(m);  // no persister on this path
     }
     results[i] = {s.code(), version};
@@ -668,12 +667,12 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   // held by a write of its own waiting for this server, would close a cycle between servers.
   // The role is checked under the stripe (WaitForReplicaApplies).
   MutexLock key_lock(&replica_stripes_[kv::KeyHash(m->key) % kKeyStripes]);
-  Status role = cluster_->CheckReplica(shard, m->map_epoch, m->sender_id);
+  bool joining = false;
+  Status role = cluster_->CheckReplica(shard, m->map_epoch, m->sender_id, &joining);
   if (!role.ok()) return AnswerNow(ex, role);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
   if (before_replica_apply_) before_replica_apply_(m->key);
   counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
-  const bool joining = cluster_->map()->IsJoining(shard, cluster_->server_id());
   uint64_t version = 0;
   bool changed = false;
   Status s = ApplyReplica(*m, shard, joining, &version, &changed);
@@ -754,19 +753,18 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
   std::vector<kv::ReplicateBatchResult> results(n);
   std::shared_ptr<Pending> pending;
   const bool sync = persister_ != nullptr && persister_->durability() == Durability::kSync;
-  const std::shared_ptr<const cluster::ClusterMap> my_map = cluster_->map();
   for (size_t i = 0; i < n; ++i) {
     const kv::ReplicateRequest& m = batch->entries[i];
     const uint32_t shard = store_->ShardOfKey(m.key);
     MutexLock key_lock(&replica_stripes_[kv::KeyHash(m.key) % kKeyStripes]);
-    Status role = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id);
+    bool joining = false;
+    Status role = cluster_->CheckReplica(shard, m.map_epoch, m.sender_id, &joining);
     if (!role.ok()) {
       results[i] = {role.code(), 0};
       continue;
     }
     if (before_replica_apply_) before_replica_apply_(m.key);
     counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
-    const bool joining = my_map->IsJoining(shard, cluster_->server_id());
     uint64_t version = 0;
     bool changed = false;
     Status s = ApplyReplica(m, shard, joining, &version, &changed);
