@@ -122,4 +122,50 @@ Result<KeyValue> KeyValueFromJson(const nlohmann::json& kv) {
   return out;
 }
 
+WatchMessage ParseWatchMessage(std::string_view line) {
+  WatchMessage out;
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  auto result = j.is_object() && !j.contains("error") ? j.find("result") : j.end();
+  if (result == j.end() || !result->is_object()) {
+    out.ignored = true;
+    return out;
+  }
+  // A flag is true only as a JSON true (value() would throw on a field of another type).
+  auto flag = [&](const char* name) {
+    auto it = result->find(name);
+    return it != result->end() && it->is_boolean() && it->get<bool>();
+  };
+  out.created = flag("created");
+  out.canceled = flag("canceled");
+  if (auto header = result->find("header"); header != result->end() && header->is_object()) {
+    if (Result<int64_t> rev = Int64Field(*header, "revision"); rev.ok()) {
+      out.header_revision = *rev;
+    }
+  }
+  if (Result<int64_t> compact = Int64Field(*result, "compact_revision"); compact.ok()) {
+    out.compact_revision = *compact;
+  }
+  auto events = result->find("events");
+  if (events == result->end() || !events->is_array()) return out;
+  for (const nlohmann::json& e : *events) {
+    if (!e.is_object()) continue;
+    auto kv_field = e.find("kv");
+    if (kv_field == e.end()) continue;
+    Result<KeyValue> kv = KeyValueFromJson(*kv_field);
+    if (!kv.ok()) {
+      out.events.emplace_back(kv.status());
+      continue;
+    }
+    WatchEvent ev;
+    auto type = e.find("type");
+    ev.type =
+        type != e.end() && type->is_string() && type->get_ref<const std::string&>() == "DELETE"
+            ? WatchEvent::Type::kDelete
+            : WatchEvent::Type::kPut;
+    ev.kv = std::move(kv).value();
+    out.events.emplace_back(std::move(ev));
+  }
+  return out;
+}
+
 }  // namespace rdkv::etcd::internal

@@ -102,58 +102,40 @@ bool Watch::StreamOnce(const std::string& endpoint) {
 }
 
 bool Watch::OnMessage(const std::string& endpoint, std::string_view line) {
-  Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return true;  // garbage: the stream will be retried
-  if (j.contains("error")) return true;                 // e.g. no leader: reconnect elsewhere
-  auto rit = j.find("result");
-  if (rit == j.end() || !rit->is_object()) return true;
-  const Json& result = *rit;
-
-  if (result.value("created", false)) {
+  internal::WatchMessage m = internal::ParseWatchMessage(line);
+  if (m.ignored) return true;  // garbage or an error (e.g. no leader): the stream is retried
+  if (m.created) {
     if (created_once_) reconnects_.fetch_add(1, std::memory_order_relaxed);
     created_once_ = true;
     stream_created_ = true;
     connected_.store(true, std::memory_order_release);
-    if (next_revision_.load() == 0) {
-      // "From now": everything after the revision the watch was created at.
-      auto header = result.find("header");
-      if (header != result.end() && header->is_object()) {
-        auto rev = internal::Int64Field(*header, "revision");
-        if (rev.ok()) next_revision_.store(*rev + 1, std::memory_order_release);
-      }
+    // "From now": everything after the revision the watch was created at.
+    if (next_revision_.load() == 0 && m.header_revision.has_value()) {
+      next_revision_.store(*m.header_revision + 1, std::memory_order_release);
     }
   }
-  auto compact = internal::Int64Field(result, "compact_revision");
-  if (result.value("canceled", false)) {
-    if (compact.ok() && *compact > 0) {
-      callback_(Status::NotFound(
-          "etcd watch of '" + options_.key + "' from revision " +
-          std::to_string(next_revision_.load()) + ": the revision was compacted (etcd keeps " +
-          std::to_string(*compact) + " and later); read the current state and watch again"));
+  if (m.canceled) {
+    if (m.compact_revision > 0) {
+      callback_(Status::NotFound("etcd watch of '" + options_.key + "' from revision " +
+                                 std::to_string(next_revision_.load()) +
+                                 ": the revision was compacted (etcd keeps " +
+                                 std::to_string(m.compact_revision) +
+                                 " and later); read the current state and watch again"));
       ended_.store(true, std::memory_order_release);
       return false;
     }
     return true;  // canceled for another reason (e.g. the member left): reconnect
   }
-
-  auto events = result.find("events");
-  if (events == result.end() || !events->is_array()) return true;
   const int64_t from = next_revision_.load(std::memory_order_acquire);
   int64_t last = 0;
-  for (const Json& e : *events) {
-    if (!e.is_object() || !e.contains("kv")) continue;
-    auto kv = internal::KeyValueFromJson(e["kv"]);
-    if (!kv.ok()) {
-      callback_(Status::ProtocolError("etcd watch via " + endpoint + ": " + kv.status().message()));
+  for (Result<WatchEvent>& e : m.events) {
+    if (!e.ok()) {
+      callback_(Status::ProtocolError("etcd watch via " + endpoint + ": " + e.status().message()));
       continue;
     }
-    if (kv->mod_revision < from) continue;  // already delivered before a reconnect
-    WatchEvent ev;
-    ev.type = e.value("type", std::string()) == "DELETE" ? WatchEvent::Type::kDelete
-                                                         : WatchEvent::Type::kPut;
-    ev.kv = std::move(kv).value();
-    last = std::max(last, ev.kv.mod_revision);
-    callback_(std::move(ev));
+    if (e->kv.mod_revision < from) continue;  // already delivered before a reconnect
+    last = std::max(last, e->kv.mod_revision);
+    callback_(std::move(e));
     if (stop_.load(std::memory_order_acquire)) break;
   }
   if (last > 0) next_revision_.store(last + 1, std::memory_order_release);

@@ -131,6 +131,50 @@ TEST(EtcdCodec, PrefixRangeEnd) {
   EXPECT_EQ(internal::PrefixRangeEnd(""), std::string(1, '\0'));
 }
 
+// A watch stream's messages, well formed and not: nothing throws (a field of an unexpected type
+// used to throw from nlohmann's value() on the watch's thread, which ends the process).
+TEST(EtcdCodec, WatchMessagesOfAnyShapeParseWithoutThrowing) {
+  using internal::ParseWatchMessage;
+  internal::WatchMessage m =
+      ParseWatchMessage(R"({"result":{"header":{"revision":"9"},"created":true}})");
+  EXPECT_FALSE(m.ignored);
+  EXPECT_TRUE(m.created);
+  ASSERT_TRUE(m.header_revision.has_value());
+  EXPECT_EQ(*m.header_revision, 9);
+  m = ParseWatchMessage(R"({"result":{"canceled":true,"compact_revision":"5"}})");
+  EXPECT_TRUE(m.canceled);
+  EXPECT_EQ(m.compact_revision, 5);
+  m = ParseWatchMessage(
+      R"({"result":{"events":[{"kv":{"key":"!!"}},)"
+      R"({"type":"DELETE","kv":{"key":"YQ==","mod_revision":"3"}},7,{"type":"PUT"},)"
+      R"({"kv":{"key":"Yg==","value":"Yw==","mod_revision":4}}]}})");
+  ASSERT_EQ(m.events.size(), 3u) << "a non-object and an event without kv are skipped";
+  EXPECT_EQ(m.events[0].status().code(), StatusCode::kProtocolError);
+  ASSERT_TRUE(m.events[1].ok());
+  EXPECT_EQ(m.events[1]->type, WatchEvent::Type::kDelete);
+  EXPECT_EQ(m.events[1]->kv.key, "a");
+  EXPECT_EQ(m.events[1]->kv.mod_revision, 3);
+  ASSERT_TRUE(m.events[2].ok());
+  EXPECT_EQ(m.events[2]->type, WatchEvent::Type::kPut);
+  EXPECT_EQ(m.events[2]->kv.value, "c");
+  // Fields of the wrong type.
+  m = ParseWatchMessage(R"({"result":{"created":"yes","canceled":1,"header":{"revision":[]}}})");
+  EXPECT_FALSE(m.ignored);
+  EXPECT_FALSE(m.created);
+  EXPECT_FALSE(m.canceled);
+  EXPECT_FALSE(m.header_revision.has_value());
+  m = ParseWatchMessage(R"({"result":{"events":[{"type":5,"kv":{"key":"YQ=="}}]}})");
+  ASSERT_EQ(m.events.size(), 1u);
+  ASSERT_TRUE(m.events[0].ok());
+  EXPECT_EQ(m.events[0]->type, WatchEvent::Type::kPut);
+  // What the watch ignores: errors, other shapes, garbage.
+  for (const char* line : {R"({"error":{"grpc_code":14}})", "[1]", "not json", "",
+                           R"({"result":[]})", R"({"result":{"events":{}}})"}) {
+    m = ParseWatchMessage(line);
+    EXPECT_TRUE(m.ignored || m.events.empty()) << line;
+  }
+}
+
 TEST(EtcdErrors, ErrorBodiesBecomeStatuses) {
   Status s = StatusFromErrorBody(
       "http://h:1", "/v3/lease/revoke",
