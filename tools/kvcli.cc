@@ -1273,16 +1273,21 @@ class Cli {
         all.push_back(e);
         continue;
       }
-      const uint64_t us = e.value("time_us", uint64_t{0});
+      // Fields of another type read as empty (value() would throw on them).
+      auto text = [&e](const char* name) {
+        auto it = e.find(name);
+        return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+      };
+      auto time = e.find("time_us");
+      const uint64_t us =
+          time != e.end() && time->is_number_unsigned() ? time->get<uint64_t>() : uint64_t{0};
       const std::time_t secs = static_cast<std::time_t>(us / 1000000);
       std::tm tm{};
       gmtime_r(&secs, &tm);
       char when[32];
       std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
       std::printf("%s.%03u UTC  %-10s %-12s %s\n", when, static_cast<unsigned>(us / 1000 % 1000),
-                  e.value("kind", std::string()).c_str(),
-                  e.value("coordinator", std::string()).c_str(),
-                  e.value("text", std::string()).c_str());
+                  text("kind").c_str(), text("coordinator").c_str(), text("text").c_str());
     }
     if (FLAGS_json) EmitJson({{"ok", true}, {"events", all}});
     if (!FLAGS_json && got->kvs.empty()) {
