@@ -29,23 +29,6 @@ kv::Request Plain(kv::Op op) {
   return r;
 }
 
-// Adds every numeric field of `from` (nested objects too) into `total`; "latency" merges
-// (MergeLatency).
-void SumInto(nlohmann::json* total, const nlohmann::json& from) {
-  for (auto& [k, v] : from.items()) {
-    if (k == "latency") {  // histograms: buckets add up, percentiles are recomputed
-      MergeLatency(&(*total)[k], v);
-    } else if (v.is_object()) {
-      if (!total->contains(k)) (*total)[k] = nlohmann::json::object();
-      SumInto(&(*total)[k], v);
-    } else if (v.is_number_integer()) {
-      (*total)[k] = (total->contains(k) ? (*total)[k].get<int64_t>() : 0) + v.get<int64_t>();
-    } else if (v.is_number_float()) {
-      (*total)[k] = (total->contains(k) ? (*total)[k].get<double>() : 0.0) + v.get<double>();
-    }
-  }
-}
-
 // Admin requests over the client's own links (one connection per server).
 class LinkChannel final : public AdminChannel {
  public:
@@ -82,7 +65,7 @@ Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
     nlohmann::json st = nlohmann::json::parse(info.stats, nullptr, false);
     if (st.is_object()) {
       ++reachable;
-      SumInto(&total, st);
+      SumStats(&total, st);
     }
     one["stats"] = std::move(st);
     per.push_back(std::move(one));
@@ -94,7 +77,8 @@ Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
                         {"reachable", reachable},
                         {"total", std::move(total)},
                         {"per_server", std::move(per)}};
-  return out.dump();
+  // Servers' texts (an error's reason, a path) need not be UTF-8.
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 Result<std::string> ClusterAdmin::Stats() {

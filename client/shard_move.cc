@@ -105,6 +105,14 @@ Result<Survey> AskEveryServer(AdminChannel& channel, const cluster::ClusterMap& 
       return Status::ProtocolError(
           ServerName(e) + " sent a cluster map that does not parse: " + map.status().message());
     }
+    // Every map of one cluster has its shard count (fixed when the cluster was made): the
+    // steps compare maps shard by shard.
+    if (map->shards != known.shards) {
+      return Status::Internal(ServerName(e) + " reports a map of " + std::to_string(map->shards) +
+                              " shards; this client's has " + std::to_string(known.shards) +
+                              " (another cluster's server at that address?). Nothing was "
+                              "changed");
+    }
     for (auto it = map->servers.rbegin(); it != map->servers.rend(); ++it) {
       if (survey.servers.count(it->id) == 0) pending.push_back(*it);
     }
@@ -535,10 +543,6 @@ Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap
     }
   }
   const cluster::ClusterMap& newest = *by_epoch.rbegin()->second;
-  if (newest.shards != known.shards) {
-    return Status::Internal("the servers' maps have " + std::to_string(newest.shards) +
-                            " shards, this client's has " + std::to_string(known.shards));
-  }
   if (newest.FindServer(to_server) == nullptr) return unknown_server(newest);
 
   MoveReport report;

@@ -242,7 +242,9 @@ bool Coordinator::Campaign() {
     lease_ = std::move(lease).value();
   }
   nlohmann::json v = {{"name", options_.name}};
-  Result<etcd::PutIfResult> put = client_->PutIf(election_key_, v.dump(), 0, lease_->lease_id());
+  Result<etcd::PutIfResult> put = client_->PutIf(
+      election_key_, v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), 0,
+      lease_->lease_id());
   if (!put.ok()) {
     LOG_EVERY_N(WARNING, 50) << "coordinator " << options_.name
                              << ": election: " << put.status().ToString();
@@ -269,6 +271,7 @@ void Coordinator::Step() {
   std::map<uint32_t, int64_t> leases;
   const std::string prefix = cluster::ServersPrefix(options_.cluster_name);
   for (const etcd::KeyValue& kv : got->kvs) {
+    if (!kv.key.starts_with(prefix)) continue;
     uint32_t id = 0;
     const char* begin = kv.key.data() + prefix.size();
     const char* end = kv.key.data() + kv.key.size();
@@ -476,7 +479,11 @@ void Coordinator::Event(const std::string& kind, const std::string& text) {
   nlohmann::json v = {
       {"time_us", us}, {"coordinator", options_.name}, {"kind", kind}, {"text", text}};
   const std::string prefix = "/rdkv/" + options_.cluster_name + "/events/";
-  Status s = client_->Put(prefix + key_suffix, v.dump()).status();
+  // An event's text may quote a server's error, which need not be UTF-8.
+  Status s = client_
+                 ->Put(prefix + key_suffix,
+                       v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
+                 .status();
   if (!s.ok()) LOG(WARNING) << "coordinator: recording an event: " << s.ToString();
   // Keep the newest 1000.
   static thread_local unsigned counter = 0;

@@ -312,7 +312,8 @@ std::string Service::StatsJson() const {
   } else {
     j["persistence"] = {{"durability", "none"}};
   }
-  return j.dump();
+  // Paths and error texts need not be UTF-8.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace rdkv::server

@@ -790,7 +790,9 @@ class Cli {
         size_t sp = line.find(' ');
         lines.push_back({{"server", line.substr(0, sp)}, {"path", line.substr(sp + 1)}});
       }
-      std::cout << json{{"ok", true}, {"snapshots", lines}}.dump() << "\n";
+      std::cout << json{{"ok", true}, {"snapshots", lines}}.dump(-1, ' ', false,
+                                                                 json::error_handler_t::replace)
+                << "\n";
     } else {
       std::cout << *r;
     }
@@ -849,23 +851,6 @@ class Cli {
     return out.empty() ? "-" : out;
   }
 
-  // Adds every numeric field of `from` (nested objects too) into `total`; "latency" merges
-  // (MergeLatency).
-  static void SumInto(json* total, const json& from) {
-    for (auto& [k, v] : from.items()) {
-      if (k == "latency") {  // histograms: buckets add up, percentiles are recomputed
-        rdkv::MergeLatency(&(*total)[k], v);
-      } else if (v.is_object()) {
-        if (!total->contains(k)) (*total)[k] = json::object();
-        SumInto(&(*total)[k], v);
-      } else if (v.is_number_integer()) {
-        (*total)[k] = (total->contains(k) ? (*total)[k].get<int64_t>() : 0) + v.get<int64_t>();
-      } else if (v.is_number_float()) {
-        (*total)[k] = (total->contains(k) ? (*total)[k].get<double>() : 0.0) + v.get<double>();
-      }
-    }
-  }
-
   int StatsAll() {
     int code = kExitError;
     rdkv::Client* c = client(&code);
@@ -882,7 +867,7 @@ class Cli {
         json st = json::parse(s.stats, nullptr, /*allow_exceptions=*/false);
         if (st.is_object()) {
           ++reachable;
-          SumInto(&total, st);
+          rdkv::SumStats(&total, st);
         }
         one["stats"] = st;
       }

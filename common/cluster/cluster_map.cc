@@ -176,8 +176,9 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
     if (!known.count(k)) return bad("unknown field '" + k + "'");
   }
   ClusterMap m;
-  if (!j.contains("epoch") || !j["epoch"].is_number_unsigned() || j["epoch"].get<uint64_t>() == 0) {
-    return bad("'epoch' must be a positive integer");
+  if (!j.contains("epoch") || !j["epoch"].is_number_unsigned() || j["epoch"].get<uint64_t>() == 0 ||
+      j["epoch"].get<uint64_t>() > kMaxMapEpoch) {
+    return bad("'epoch' must be an integer 1.." + std::to_string(kMaxMapEpoch));
   }
   m.epoch = j["epoch"].get<uint64_t>();
   if (!j.contains("shards") || !j["shards"].is_number_unsigned()) {

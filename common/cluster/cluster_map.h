@@ -125,6 +125,9 @@ using kv::ShardOf;
 inline constexpr int kEpochVersionShift = 40;
 inline constexpr uint64_t EpochVersionFloor(uint64_t epoch) { return epoch << kEpochVersionShift; }
 
+// The largest epoch a map may have: the next map's epoch (+1) and a join stamp never overflow.
+inline constexpr uint64_t kMaxMapEpoch = uint64_t{1} << 62;
+
 // Parses and validates a map. Every problem is kInvalidArgument naming the field.
 Result<ClusterMap> ParseClusterMap(std::string_view json);
 Result<ClusterMap> LoadClusterMap(const std::string& path);

@@ -23,7 +23,10 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(EtcdOptions etcd,
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client, EtcdClient::Create(std::move(etcd)));
   const Clock::time_point sent = Clock::now();
   RDKV_ASSIGN_OR_RETURN(Lease lease, client->LeaseGrant(options.ttl_seconds));
-  const Clock::time_point valid_until = sent + std::chrono::seconds(lease.ttl_seconds);
+  // Never past the TTL asked for: conservative, and an absurd TTL in a reply cannot overflow
+  // the clock arithmetic.
+  const Clock::time_point valid_until =
+      sent + std::chrono::seconds(std::min(lease.ttl_seconds, options.ttl_seconds));
   std::unique_ptr<LeaseKeeper> k(new LeaseKeeper(std::move(client), lease, valid_until, options,
                                                  interval, std::move(on_lost)));
   k->thread_ = std::thread([p = k.get()] { p->Run(); });
@@ -88,7 +91,8 @@ void LeaseKeeper::Run() {
       last_error = Status::Ok();
       renewals_.fetch_add(1, std::memory_order_relaxed);
       MutexLock l(&mu_);
-      valid_until_ = std::max(valid_until_, sent + std::chrono::seconds(*ttl));
+      valid_until_ =
+          std::max(valid_until_, sent + std::chrono::seconds(std::min(*ttl, options_.ttl_seconds)));
       next = sent + interval_;
     } else if (ttl.status().Is(StatusCode::kNotFound)) {
       Lose(ttl.status());

@@ -8,9 +8,10 @@
 // `buckets` are per bucket (not cumulative), one more than `bounds_us` (the last: above the
 // highest bound). p50/p99 are estimates from the buckets (HistogramQuantile: interpolated
 // within a bucket; the bounds are about 2.5x apart), over everything since the server started.
-// Readers that sum servers (Client::Stats, kvcli stats --all) merge with MergeLatency: bucket
-// counts add up, percentiles are recomputed from the sums (percentiles themselves do not add).
-// kvcli top takes the difference of two readings (BucketsSince) for the latency of an interval.
+// Readers that sum servers (Client::Stats, kvcli stats --all: SumStats) merge with MergeLatency:
+// bucket counts add up, percentiles are recomputed from the sums (percentiles themselves do not
+// add). kvcli top takes the difference of two readings (BucketsSince) for the latency of an
+// interval.
 //
 // Header-only; every function is pure (thread-safe on distinct arguments).
 #pragma once
@@ -134,6 +135,36 @@ inline void MergeLatency(nlohmann::json* total, const nlohmann::json& from) {
       add(ops[op]["buckets"]);
     }
     ops[op] = LatencySummary(bounds, sum);
+  }
+}
+
+// Adds one server's STATS object `from` into `total` (the sum of servers so far; an object):
+// every integer and float field adds up, nested objects field by field, "latency" merges
+// (MergeLatency). A field whose type differs from the one already in `total` (another
+// server's build) is left out, and integer sums saturate: a server's answer cannot make the
+// reader throw or overflow.
+inline void SumStats(nlohmann::json* total, const nlohmann::json& from) {
+  if (!total->is_object() || !from.is_object()) return;
+  for (auto& [k, v] : from.items()) {
+    auto it = total->find(k);
+    const bool have = it != total->end();
+    if (k == "latency") {  // histograms: buckets add up, percentiles are recomputed
+      if (!have || it->is_object()) MergeLatency(&(*total)[k], v);
+    } else if (v.is_object()) {
+      if (have && !it->is_object()) continue;
+      SumStats(have ? &*it : &((*total)[k] = nlohmann::json::object()), v);
+    } else if (v.is_number_integer()) {
+      if (have && !it->is_number_integer()) continue;
+      const int64_t a = have ? it->get<int64_t>() : 0, b = v.get<int64_t>();
+      int64_t sum;
+      if (__builtin_add_overflow(a, b, &sum)) {
+        sum = b > 0 ? INT64_MAX : INT64_MIN;
+      }
+      (*total)[k] = sum;
+    } else if (v.is_number_float()) {
+      if (have && !it->is_number()) continue;
+      (*total)[k] = (have ? it->get<double>() : 0.0) + v.get<double>();
+    }
   }
 }
 

@@ -140,9 +140,14 @@ void Persister::Impl::Prune() {
   if (o_.snapshot_keep <= 0) return;
   std::error_code ec;
   std::vector<fs::path> autos;
-  for (const fs::directory_entry& e : fs::directory_iterator(snapshot_dir_, ec)) {
+  // The error_code forms only: this runs on the snapshot thread, where a throw (a folder it
+  // may not read) would end the server.
+  for (fs::directory_iterator it(snapshot_dir_, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("auto-", 0) == 0 && fs::exists(e.path() / kSnapshotMarker)) {
+    std::error_code entry_ec;
+    if (e.is_directory(entry_ec) && n.rfind("auto-", 0) == 0 &&
+        fs::exists(e.path() / kSnapshotMarker, entry_ec)) {
       autos.push_back(e.path());
     }
   }

@@ -30,7 +30,7 @@ TEST(ClusterMapTest, ParsesAndRoundTrips) {
 // servers size their message limit with. The largest map: every bound at its maximum.
 TEST(ClusterMapTest, CompactJsonOfTheLargestMapFitsTheBound) {
   ClusterMap m;
-  m.epoch = UINT64_MAX;
+  m.epoch = kMaxMapEpoch;
   m.shards = kMaxShards;
   for (uint32_t i = 0; i < kMaxServers; ++i) {
     std::string port = ":" + std::to_string(65535 - i);
@@ -38,7 +38,7 @@ TEST(ClusterMapTest, CompactJsonOfTheLargestMapFitsTheBound) {
     m.servers.push_back({i, host + port});
   }
   for (uint32_t s = 0; s < kMaxShards; ++s) m.owners.push_back(kMaxServers - 1 - s % 10);
-  // Every shard with as many joining replicas as it may have, each with a 20-digit join epoch.
+  // Every shard with as many joining replicas as it may have, each with the largest join epoch.
   for (uint32_t s = 0; s < kMaxShards; ++s) {
     for (uint32_t k = 0; k + 1 < kMaxReplicas; ++k) m.SetJoining(s, 200 + k, m.epoch);
   }
@@ -50,7 +50,7 @@ TEST(ClusterMapTest, CompactJsonOfTheLargestMapFitsTheBound) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->owners, m.owners);
   EXPECT_EQ(back->joining, m.joining);
-  EXPECT_EQ(back->JoinedAt(kMaxShards - 1, 203), UINT64_MAX);
+  EXPECT_EQ(back->JoinedAt(kMaxShards - 1, 203), kMaxMapEpoch);
   Result<ClusterMap> pretty = ParseClusterMap(m.ToPrettyJson());
   ASSERT_TRUE(pretty.ok()) << pretty.status().ToString();
   EXPECT_EQ(pretty->epoch, m.epoch);
@@ -115,6 +115,9 @@ TEST(ClusterMapTest, BadMapsNameTheProblem) {
       const Case& c : {
           Case{"{", "JSON"},
           Case{R"({"epoch": 0, "shards": 1, "servers": [{"id": 0, "address": "a:1"}]})", "epoch"},
+          Case{
+              R"({"epoch": 18446744073709551615, "shards": 1, "servers": [{"id": 0, "address": "a:1"}]})",
+              "epoch"},
           Case{R"({"epoch": 1, "shards": 0, "servers": [{"id": 0, "address": "a:1"}]})", "shards"},
           Case{R"({"epoch": 1, "shards": 1, "servers": []})", "servers"},
           Case{R"({"epoch": 1, "shards": 1, "servers": [{"id": 0, "address": "nope"}]})",

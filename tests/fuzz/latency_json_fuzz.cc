@@ -43,5 +43,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   (void)total.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // Two servers' whole STATS objects summed (Client::Stats): never a throw.
+  nlohmann::json sum = nlohmann::json::object();
+  rdkv::SumStats(&sum, a);
+  rdkv::SumStats(&sum, b);
+  (void)sum.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return 0;
 }

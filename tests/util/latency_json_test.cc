@@ -91,5 +91,26 @@ TEST(LatencyJson, MergeAddsBucketsAndRecomputesPercentiles) {
   EXPECT_EQ(total["ops"]["cas"]["count"].get<uint64_t>(), 1u);
 }
 
+// Client::Stats and kvcli stats --all sum the servers' STATS with SumStats. A field whose
+// type differs between servers (another build), or sums past int64, must not throw or wrap:
+// the reader is an application.
+TEST(LatencyJson, SumStatsAddsNumbersAndSkipsFieldsOfAnotherType) {
+  nlohmann::json total = nlohmann::json::object();
+  SumStats(&total, nlohmann::json::parse(
+                       R"({"puts": 2, "rate": 0.5, "store": {"items": 3}, "mode": "x", "odd": 1,
+                           "big": 9223372036854775000, "small": -9223372036854775000})"));
+  SumStats(&total, nlohmann::json::parse(
+                       R"({"puts": 5, "rate": 0.25, "store": {"items": 4}, "mode": "y",
+                           "odd": {"nested": 1}, "big": 1000, "small": -1000})"));
+  SumStats(&total, nlohmann::json::parse(R"({"store": 7, "puts": "many", "rate": {"a": 1}})"));
+  EXPECT_EQ(total["puts"].get<int64_t>(), 7);
+  EXPECT_DOUBLE_EQ(total["rate"].get<double>(), 0.75);
+  EXPECT_EQ(total["store"]["items"].get<int64_t>(), 7);
+  EXPECT_EQ(total["odd"].get<int64_t>(), 1) << "the first server's type is kept";
+  EXPECT_FALSE(total.contains("mode")) << "strings are not summed";
+  EXPECT_EQ(total["big"].get<int64_t>(), INT64_MAX) << "sums saturate";
+  EXPECT_EQ(total["small"].get<int64_t>(), INT64_MIN);
+}
+
 }  // namespace
 }  // namespace rdkv
