@@ -3,12 +3,15 @@
 // errors, reconnects and header validation, without a real transport or server.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/client_internal.h"
+#include "client/cluster_admin.h"
 #include "client/location_cache.h"
 #include "client/read_buffers.h"
 #include "client/session.h"
@@ -45,6 +48,29 @@ TEST(ServerAddressTest, Parses) {
   EXPECT_EQ(c->host, "::1");
   EXPECT_EQ(c->port, 65535);
   EXPECT_EQ(c->ToString(), "[::1]:65535");
+}
+
+// Client::Stats sums what servers send. An unreachable server's reason may quote a server's
+// REFUSED text (any bytes, before authentication), and two builds may give a field different
+// types: neither may throw into the application.
+TEST(AggregateStatsTest, ServersTextsAndMixedTypesDoNotThrow) {
+  std::vector<ServerInfo> servers(3);
+  servers[0].id = 0;
+  servers[0].reachable = false;
+  servers[0].error = std::string("refused: \xff\xfe not UTF-8");
+  servers[1].id = 1;
+  servers[1].reachable = true;
+  servers[1].stats = R"({"puts": 2, "store": {"items": 3}, "latency": 5})";
+  servers[2].id = 2;
+  servers[2].reachable = true;
+  servers[2].stats = R"({"puts": 3, "store": 1, "latency": {"bounds_us": [1]}})";
+  Result<std::string> out = client::AggregateStats(servers);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  nlohmann::json j = nlohmann::json::parse(*out);
+  EXPECT_EQ(j["reachable"].get<int>(), 2);
+  EXPECT_EQ(j["total"]["puts"].get<int64_t>(), 5);
+  EXPECT_EQ(j["total"]["store"]["items"].get<int64_t>(), 3);
+  EXPECT_NE(j["per_server"][0]["error"].get<std::string>().find("refused"), std::string::npos);
 }
 
 TEST(ServerAddressTest, RejectsWithClearMessages) {
