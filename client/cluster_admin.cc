@@ -12,6 +12,7 @@
 
 #include "client/shard_move.h"
 #include "common/kv/wire.h"
+#include "common/util/json_bounded.h"
 #include "common/util/latency_json.h"
 
 namespace rdkv::client {
@@ -62,11 +63,18 @@ Result<std::string> AggregateStats(const std::vector<ServerInfo>& servers) {
       per.push_back(std::move(one));
       continue;
     }
-    nlohmann::json st = nlohmann::json::parse(info.stats, nullptr, false);
-    if (st.is_object()) {
-      ++reachable;
-      SumStats(&total, st);
+    nlohmann::json st = ParseJsonBounded(info.stats);
+    if (!st.is_object()) {
+      // Not JSON, or nested deeper than any STATS (ParseJsonBounded): left out of the sum.
+      one["error"] = "its STATS answer is not a JSON object of the expected shape";
+      if (first_error.empty()) {
+        first_error = "server " + std::to_string(info.id) + ": " + one["error"].get<std::string>();
+      }
+      per.push_back(std::move(one));
+      continue;
     }
+    ++reachable;
+    SumStats(&total, st);
     one["stats"] = std::move(st);
     per.push_back(std::move(one));
   }

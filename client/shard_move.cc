@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "client/client_internal.h"
+#include "common/util/json_bounded.h"
 #include "common/util/mutex.h"
 #include "common/util/progress.h"
 #include "common/util/thread_annotations.h"
@@ -390,7 +391,7 @@ class Mover {
   uint64_t ItemsPerShard(uint32_t id) {
     std::string body;
     if (!Call(id, kv::Request{kv::Op::kStats, {}, {}, 0}, nullptr, &body).ok()) return 0;
-    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    nlohmann::json j = ParseJsonBounded(body);
     if (!j.is_object() || !j.contains("items") || !j["items"].is_number_unsigned()) return 0;
     uint64_t owned = 1;
     if (j.contains("cluster") && j["cluster"].is_object() &&
@@ -405,7 +406,7 @@ class Mover {
   Result<uint64_t> VersionCounter(uint32_t id) {
     std::string body;
     RDKV_RETURN_IF_ERROR(Call(id, kv::Request{kv::Op::kStats, {}, {}, 0}, nullptr, &body));
-    nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    nlohmann::json j = ParseJsonBounded(body);
     if (!j.is_object() || !j.contains("version_counter") ||
         !j["version_counter"].is_number_unsigned()) {
       return Status::ProtocolError(Name(id) +

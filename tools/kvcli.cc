@@ -38,6 +38,7 @@
 #include "common/kv/layout.h"
 #include "common/kv/limits.h"
 #include "common/util/cli_flags.h"
+#include "common/util/json_bounded.h"
 #include "common/util/latency_json.h"
 #include "common/util/secret.h"
 #include "rdkv/admin.h"
@@ -805,7 +806,7 @@ class Cli {
     if (c == nullptr) return code;
     auto r = c->Stats();
     if (!r.ok()) return Report(r.status(), "stats");
-    json j = json::parse(*r, nullptr, /*allow_exceptions=*/false);
+    json j = rdkv::ParseJsonBounded(*r);
     if (j.is_discarded()) {
       return Report(rdkv::Status::ProtocolError("the server's stats are not JSON"), "stats");
     }
@@ -864,12 +865,14 @@ class Cli {
       if (!s.reachable) {
         one["error"] = s.error;
       } else {
-        json st = json::parse(s.stats, nullptr, /*allow_exceptions=*/false);
+        json st = rdkv::ParseJsonBounded(s.stats);
         if (st.is_object()) {
           ++reachable;
           rdkv::SumStats(&total, st);
+          one["stats"] = st;
+        } else {
+          one["error"] = "the server's stats are not JSON of the expected shape";
         }
-        one["stats"] = st;
       }
       per.push_back(std::move(one));
     }
@@ -903,7 +906,7 @@ class Cli {
       t.error = s.error;
       return t;
     }
-    json st = json::parse(s.stats, nullptr, /*allow_exceptions=*/false);
+    json st = rdkv::ParseJsonBounded(s.stats);
     if (!st.is_object()) {
       t.error = "the server's stats are not JSON";
       return t;
@@ -1252,7 +1255,7 @@ class Cli {
     if (!got.ok()) return Report(got.status(), "cluster events");
     json all = json::array();
     for (const rdkv::etcd::KeyValue& kv : got->kvs) {
-      json e = json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+      json e = rdkv::ParseJsonBounded(kv.value);
       if (!e.is_object()) continue;
       if (FLAGS_json) {
         all.push_back(e);

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/util/json_bounded.h"
 #include "common/util/units.h"
 
 namespace rdkv::cluster {
@@ -165,7 +166,7 @@ Result<ClusterMap> ParseClusterMap(std::string_view text) {
   auto bad = [](const std::string& what) {
     return Status::InvalidArgument("cluster map: " + what);
   };
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = ParseJsonBounded(text);
   if (j.is_discarded()) return bad("not valid JSON");
   if (!j.is_object()) return bad("top level must be an object");
   static const std::set<std::string> known = {

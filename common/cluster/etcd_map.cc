@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/util/json_bounded.h"
+
 namespace rdkv::cluster {
 
 std::string MapKey(const std::string& cluster_name) { return "/rdkv/" + cluster_name + "/map"; }
@@ -59,7 +61,7 @@ std::string RegistrationJson(const RegistrationValue& r) {
 }
 
 Result<RegistrationValue> ParseRegistrationJson(const std::string& json) {
-  nlohmann::json v = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json v = ParseJsonBounded(json);
   if (!v.is_object()) return Status::InvalidArgument("not a JSON object");
   RegistrationValue r;
   if (!v.contains("address") || !v["address"].is_string()) {

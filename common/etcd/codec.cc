@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "common/util/json_bounded.h"
+
 namespace rdkv::etcd::internal {
 namespace {
 
@@ -124,7 +126,7 @@ Result<KeyValue> KeyValueFromJson(const nlohmann::json& kv) {
 
 WatchMessage ParseWatchMessage(std::string_view line) {
   WatchMessage out;
-  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json j = ParseJsonBounded(line);
   auto result = j.is_object() && !j.contains("error") ? j.find("result") : j.end();
   if (result == j.end() || !result->is_object()) {
     out.ignored = true;

@@ -10,6 +10,7 @@
 
 #include "common/etcd/codec.h"
 #include "common/etcd/http.h"
+#include "common/util/json_bounded.h"
 
 namespace rdkv::etcd {
 
@@ -50,7 +51,7 @@ StatusCode CodeFromGrpc(int64_t grpc) {
 
 // Parses a reply body; kProtocolError naming the call when it is not a JSON object.
 Result<Json> ParseReply(std::string_view what, const std::string& body) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  Json j = ParseJsonBounded(body);
   if (j.is_discarded() || !j.is_object()) {
     return Status::ProtocolError("etcd " + std::string(what) +
                                  ": reply is not a JSON object: " + body.substr(0, 200));
@@ -80,7 +81,7 @@ Result<std::vector<KeyValue>> Kvs(const Json& range_reply) {
 
 Status StatusFromErrorBody(std::string_view endpoint, std::string_view what, std::string_view body,
                            long http_status) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  Json j = ParseJsonBounded(body);
   std::string message;
   int64_t grpc = -1;
   if (j.is_object()) {

@@ -54,7 +54,7 @@ TEST(ServerAddressTest, Parses) {
 // REFUSED text (any bytes, before authentication), and two builds may give a field different
 // types: neither may throw into the application.
 TEST(AggregateStatsTest, ServersTextsAndMixedTypesDoNotThrow) {
-  std::vector<ServerInfo> servers(3);
+  std::vector<ServerInfo> servers(4);
   servers[0].id = 0;
   servers[0].reachable = false;
   servers[0].error = std::string("refused: \xff\xfe not UTF-8");
@@ -64,6 +64,11 @@ TEST(AggregateStatsTest, ServersTextsAndMixedTypesDoNotThrow) {
   servers[2].id = 2;
   servers[2].reachable = true;
   servers[2].stats = R"({"puts": 3, "store": 1, "latency": {"bounds_us": [1]}})";
+  // Nested a million levels deep: left out with an error, not a stack overflow.
+  servers[3].id = 3;
+  servers[3].reachable = true;
+  servers[3].stats =
+      R"({"puts": )" + std::string(1'000'000, '[') + std::string(1'000'000, ']') + "}";
   Result<std::string> out = client::AggregateStats(servers);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   nlohmann::json j = nlohmann::json::parse(*out);
@@ -71,6 +76,8 @@ TEST(AggregateStatsTest, ServersTextsAndMixedTypesDoNotThrow) {
   EXPECT_EQ(j["total"]["puts"].get<int64_t>(), 5);
   EXPECT_EQ(j["total"]["store"]["items"].get<int64_t>(), 3);
   EXPECT_NE(j["per_server"][0]["error"].get<std::string>().find("refused"), std::string::npos);
+  EXPECT_TRUE(j["per_server"][3].contains("error"));
+  EXPECT_FALSE(j["per_server"][3].contains("stats"));
 }
 
 TEST(ServerAddressTest, RejectsWithClearMessages) {
