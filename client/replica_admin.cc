@@ -1,6 +1,7 @@
 #include "client/replica_admin.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <set>
@@ -192,6 +193,88 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
 
 namespace {
 
+// The body of one REPLICATE batch of a catch-up copy: below the replicator's batches
+// (ReplicatorOptions::max_batch_bytes), so every server that takes forwards takes these.
+constexpr size_t kCopyBatchBytes = 64 * 1024;
+
+// One request of a copy: a batch of a page's entries, or one entry that fits no batch.
+struct CopyJob {
+  std::vector<size_t> entries;                       // indexes into the page
+  kv::ReplicateBatchBuilder batch{kCopyBatchBytes};  // empty (count 0) for a single entry
+};
+
+kv::ReplicateRequest CopiedItem(const kv::ScanEntry& e, uint64_t epoch, uint32_t primary) {
+  kv::ReplicateRequest m;
+  m.key = e.key;
+  m.value = e.value;
+  m.version = e.version;
+  m.map_epoch = epoch;
+  m.sender_id = primary;
+  return m;
+}
+
+// The page cut into batches in its order (an entry too large for a batch goes alone); one job
+// per entry when `batching` is false.
+std::vector<CopyJob> CopyJobs(const std::vector<kv::ScanEntry>& entries, uint64_t epoch,
+                              uint32_t primary, bool batching) {
+  std::vector<CopyJob> jobs;
+  CopyJob open;  // the batch being filled
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const kv::ReplicateRequest m = CopiedItem(entries[i], epoch, primary);
+    if (batching && open.batch.Add(m)) {
+      open.entries.push_back(i);
+      continue;
+    }
+    if (!open.entries.empty()) jobs.push_back(std::exchange(open, CopyJob{}));
+    if (batching && open.batch.Add(m)) {
+      open.entries.push_back(i);
+    } else {
+      jobs.emplace_back().entries.push_back(i);  // too large for any batch, or no batching
+    }
+  }
+  if (!open.entries.empty()) jobs.push_back(std::move(open));
+  return jobs;
+}
+
+// One item as a plain REPLICATE. kVersionMismatch is success: the replica has a newer write.
+Status SendCopiedItem(AdminChannel& channel, const cluster::ServerEntry& to, const kv::ScanEntry& e,
+                      uint64_t epoch, uint32_t primary) {
+  Status c = channel.Call(to, kv::EncodeReplicate(CopiedItem(e, epoch, primary)), nullptr, nullptr);
+  return c.Is(StatusCode::kVersionMismatch) ? Status::Ok() : c;
+}
+
+// Sends one job and checks every entry's result. A batch refused whole as too large
+// (kInvalidArgument: the replica's value limit is lower) clears *batching and goes again
+// one item per REPLICATE.
+Status SendCopyJob(AdminChannel& channel, const cluster::ServerEntry& to, const CopyJob& job,
+                   const std::vector<kv::ScanEntry>& entries, uint64_t epoch, uint32_t primary,
+                   std::atomic<bool>* batching) {
+  if (job.batch.count() == 0) {
+    return SendCopiedItem(channel, to, entries[job.entries[0]], epoch, primary);
+  }
+  uint64_t version = 0;
+  std::string body;
+  Status s = channel.Call(to, job.batch.Encode(epoch, primary), &version, &body);
+  if (s.Is(StatusCode::kInvalidArgument) && job.entries.size() > 1) {
+    batching->store(false);
+    for (size_t i : job.entries) {
+      RDKV_RETURN_IF_ERROR(SendCopiedItem(channel, to, entries[i], epoch, primary));
+    }
+    return Status::Ok();
+  }
+  RDKV_RETURN_IF_ERROR(s);
+  Result<std::vector<kv::ReplicateBatchResult>> results =
+      kv::DecodeReplicateBatchAnswer(version, body, job.entries.size());
+  if (!results.ok()) return results.status();
+  for (size_t k = 0; k < results->size(); ++k) {
+    const kv::ReplicateBatchResult& r = (*results)[k];
+    if (r.code == StatusCode::kOk || r.code == StatusCode::kVersionMismatch) continue;
+    return Status(r.code, "the replica refused a copied item (entry " + std::to_string(k + 1) +
+                              " of a batch of " + std::to_string(results->size()) + ")");
+  }
+  return Status::Ok();
+}
+
 // Step 2 of adding `server` to `shard` (joining in `joining`): every item the primary holds
 // now, with its version; the replica applies an item only over an older version (and never
 // over a delete it was forwarded meanwhile). Adds to report's counts.
@@ -207,6 +290,10 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
   Clock::time_point last_line = copy_start;
   kv::WireLimits limits;
   limits.max_value_bytes = kv::kMaxValueBytes;
+  // Cleared for the rest of the copy when the new replica refuses a batch whole as too large
+  // (its --max_value_size is below kCopyBatchBytes): the items then go one per REPLICATE.
+  std::atomic<bool> batching{true};
+  bool said_unbatched = false;
   while (cursor != kv::kScanDone) {
     uint64_t next = 0;
     std::string body;
@@ -219,23 +306,18 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
     }
     Result<kv::ShardScanAnswer> answer = kv::DecodeShardScanAnswer(cursor, next, body, limits);
     if (!answer.ok()) return answer.status();
-    // The batch's items go to the new replica from kImportsInFlight threads at once (items of
-    // one batch are different keys; a replica applies each only over an older version).
+    // The page's items go to the new replica in REPLICATE batches (kCopyBatchBytes each), from
+    // up to kImportsInFlight threads at once (items of one page are different keys; a replica
+    // applies each only over an older version, in any order).
     const std::vector<kv::ScanEntry>& entries = answer->entries;
-    const size_t lanes = std::min(kImportsInFlight, entries.size());
+    const std::vector<CopyJob> jobs = CopyJobs(entries, joining.epoch, primary, batching.load());
+    const size_t lanes = std::min(kImportsInFlight, jobs.size());
     std::vector<Status> lane_status(lanes);
     std::vector<std::thread> senders;
     for (size_t lane = 0; lane < lanes; ++lane) {
       senders.emplace_back([&, lane] {
-        for (size_t i = lane; i < entries.size(); i += lanes) {
-          kv::ReplicateRequest m;
-          m.key = entries[i].key;
-          m.value = entries[i].value;
-          m.version = entries[i].version;
-          m.map_epoch = joining.epoch;
-          m.sender_id = primary;
-          Status c = channel.Call(*to, kv::EncodeReplicate(m), nullptr, nullptr);
-          if (c.Is(StatusCode::kVersionMismatch)) c = Status::Ok();  // it has a newer write
+        for (size_t j = lane; j < jobs.size(); j += lanes) {
+          Status c = SendCopyJob(channel, *to, jobs[j], entries, joining.epoch, primary, &batching);
           if (!c.ok()) {
             lane_status[lane] = c;
             return;
@@ -250,6 +332,12 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
                                     Name(joining, server) + ": " + c.message() +
                                     " (run the same command again to resume)");
       }
+    }
+    if (!batching.load() && !said_unbatched && progress) {
+      said_unbatched = true;
+      progress("  copy: " + Name(joining, server) +
+               " refused a batch of copied items as too large (its --max_value_size is below " +
+               std::to_string(kCopyBatchBytes) + " bytes): one item per request from here");
     }
     for (const kv::ScanEntry& e : entries) {
       ++report.items_copied;

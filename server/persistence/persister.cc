@@ -117,18 +117,26 @@ Status InstallSnapshot(const fs::path& snap, const fs::path& data_dir, const fs:
   fs::path staging = data_dir / "db.restore";
   fs::remove_all(staging, ec);  // a leftover of an interrupted restore: ours
   if (!fs::create_directory(staging, ec)) return FsError("cannot create " + staging.string(), ec);
-  for (const fs::directory_entry& e : fs::directory_iterator(snap, ec)) {
-    if (!e.is_regular_file()) continue;
+  // The error_code forms only (also the increment and the entry's type): a failure is a
+  // Status for the operator, not a throw out of the server's start.
+  for (fs::directory_iterator it(snap, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
+    std::error_code type_ec;
+    if (!e.is_regular_file(type_ec)) {
+      if (type_ec) return FsError("cannot read the type of " + e.path().string(), type_ec);
+      continue;
+    }
     std::string name = e.path().filename().string();
     if (name == kSnapshotMarker || name == "LOCK" || name.rfind("LOG", 0) == 0) continue;
     fs::path to = staging / name;
     bool linked = false;
+    std::error_code copy_ec;
     if (e.path().extension() == ".sst") {  // immutable in RocksDB: share, do not copy
-      fs::create_hard_link(e.path(), to, ec);
-      linked = !ec;
+      fs::create_hard_link(e.path(), to, copy_ec);
+      linked = !copy_ec;
     }
-    if (!linked && !fs::copy_file(e.path(), to, ec)) {
-      return FsError("cannot copy " + e.path().string() + " to " + to.string(), ec);
+    if (!linked && !fs::copy_file(e.path(), to, copy_ec)) {
+      return FsError("cannot copy " + e.path().string() + " to " + to.string(), copy_ec);
     }
     RDKV_RETURN_IF_ERROR(FsyncPath(to, false));
   }
@@ -397,8 +405,15 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   // Leftovers of snapshots interrupted by a crash.
   fs::path snap_dir =
       options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
-  for (const fs::directory_entry& e : fs::directory_iterator(snap_dir, ec)) {
-    if (e.path().filename().string().rfind(".tmp-", 0) == 0) fs::remove_all(e.path(), ec);
+  for (fs::directory_iterator it(snap_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->path().filename().string().rfind(".tmp-", 0) == 0) {
+      std::error_code remove_ec;
+      fs::remove_all(it->path(), remove_ec);
+      if (remove_ec) {
+        LOG(WARNING) << "cannot remove the unfinished snapshot " << it->path() << ": "
+                     << remove_ec.message();
+      }
+    }
   }
   LOG(INFO) << PromiseText(options);
   return std::unique_ptr<Persister>(new Persister(

@@ -320,7 +320,10 @@ Result<WalScan> ScanWalFiles(const std::string& db_dir) {
   namespace fs = std::filesystem;
   std::vector<std::pair<uint64_t, fs::path>> files;
   std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(db_dir, ec)) {
+  // The error_code forms only (also the increment): a directory that fails to list is an
+  // error the caller reports, never a throw out of a server's start.
+  for (fs::directory_iterator it(db_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     const std::string name = e.path().filename().string();
     if (e.path().extension() != ".log" || name.size() <= 4) continue;
     const std::string stem = name.substr(0, name.size() - 4);

@@ -4,6 +4,7 @@
 // replica changes keep every acknowledged write.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
@@ -56,8 +57,11 @@ class ReplicationTest : public ClusterTest {
     o.max_repair_bytes = max_repair_bytes_;
     o.max_pool_writes = max_pool_writes_;
     if (id == 1) o.before_replica_apply = before_apply_on_1_;
+    if (id == 2 && max_value_on_2_ != 0) o.max_value_bytes = max_value_on_2_;
     return o;
   }
+  // Server 2's --max_value_size when not 0 (set before StartReplicated).
+  size_t max_value_on_2_ = 0;
   // Server 1's ServerOptions::before_replica_apply (set before StartReplicated).
   std::function<void(std::string_view)> before_apply_on_1_;
   int workers_ = 8;
@@ -699,6 +703,54 @@ TEST_F(ReplicationTest, AddReplicaCatchesUpUnderWritesAndRemoveReplicaDrops) {
   // Promoting a server that is no in-sync backup is refused.
   auto bad = admin.Promote(0, 1, nullptr);
   EXPECT_FALSE(bad.ok());
+}
+
+// The catch-up copy carries many items per REPLICATE (a batch), not one: the joining server
+// applies every copied item while it takes only a few requests.
+TEST_F(ReplicationTest, TheCatchUpCopySendsItsItemsInBatches) {
+  StartReplicated(2);  // shard 0 on servers 0 and 1
+  auto c = NewClient(0);
+  constexpr int kItems = 600;
+  for (int i = 0; i < kItems; ++i) {
+    ASSERT_TRUE(c->Put(KeyIn(0, i, "batch"), std::string(40 + i % 50, 'a' + i % 26)).ok());
+  }
+  const server::ServerStats before = servers_[2]->stats();
+  Admin admin(*c);
+  auto added = admin.AddReplica(0, 2, nullptr);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  ASSERT_GE(added->items_copied, static_cast<uint64_t>(kItems));
+  const server::ServerStats after = servers_[2]->stats();
+  const uint64_t batches = after.batches_applied - before.batches_applied;
+  EXPECT_GE(after.catchup_applied - before.catchup_applied, added->items_copied);
+  EXPECT_GE(batches, 1u) << "the copy sent no batch";
+  EXPECT_LE(batches * 16, added->items_copied)
+      << batches << " batches for " << added->items_copied << " items: fewer than 16 per batch";
+  Content primary = ScanOf(0, 0);
+  EXPECT_EQ(primary.size(), static_cast<size_t>(kItems));
+  EXPECT_EQ(ScanOf(2, 0), primary) << "the new replica differs from the primary";
+}
+
+// A joining server whose value limit is below the copy's batches refuses the first one whole:
+// the copy goes on one item per REPLICATE, says so, and copies everything.
+TEST_F(ReplicationTest, ACopyIntoAServerWithSmallValuesFallsBackToSingleItems) {
+  max_value_on_2_ = 4096;  // below the copy's 64 KiB batches
+  StartReplicated(2);
+  auto c = NewClient(0);
+  constexpr int kItems = 300;
+  for (int i = 0; i < kItems; ++i) {
+    ASSERT_TRUE(c->Put(KeyIn(0, i, "small"), std::string(60, 'a' + i % 26)).ok());
+  }
+  std::vector<std::string> lines;
+  Admin admin(*c);
+  auto added = admin.AddReplica(0, 2, [&](std::string_view line) { lines.emplace_back(line); });
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_GE(added->items_copied, static_cast<uint64_t>(kItems));
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("one item per request") != std::string::npos;
+  })) << "the fallback was not reported";
+  Content primary = ScanOf(0, 0);
+  EXPECT_EQ(primary.size(), static_cast<size_t>(kItems));
+  EXPECT_EQ(ScanOf(2, 0), primary) << "the new replica differs from the primary";
 }
 
 // What the coordinator does for a returning server: one call adds it to several shards in two
