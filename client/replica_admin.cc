@@ -193,8 +193,8 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
 
 namespace {
 
-// The body of one REPLICATE batch of a catch-up copy: below the replicator's batches
-// (ReplicatorOptions::max_batch_bytes), so every server that takes forwards takes these.
+// The body of one REPLICATE batch of a catch-up copy (the replicator's own largest batch). A
+// cluster whose --max_value_size is lower refuses it: the copy then goes one item per request.
 constexpr size_t kCopyBatchBytes = 64 * 1024;
 
 // One request of a copy: a batch of a page's entries, or one entry that fits no batch.
@@ -233,6 +233,11 @@ std::vector<CopyJob> CopyJobs(const std::vector<kv::ScanEntry>& entries, uint64_
     }
   }
   if (!open.entries.empty()) jobs.push_back(std::move(open));
+  // A batch of one goes as a plain REPLICATE: it is no cheaper as a batch, and a batch's own
+  // bytes could take an item near the value limit over it.
+  for (CopyJob& job : jobs) {
+    if (job.entries.size() == 1) job.batch.Clear();
+  }
   return jobs;
 }
 
@@ -244,8 +249,9 @@ Status SendCopiedItem(AdminChannel& channel, const cluster::ServerEntry& to, con
 }
 
 // Sends one job and checks every entry's result. A batch refused whole as too large
-// (kInvalidArgument: the replica's value limit is lower) clears *batching and goes again
-// one item per REPLICATE.
+// (kInvalidArgument: the replica's value limit is lower; the client refuses it before sending,
+// from the limit the replica announced) clears *batching and goes again one item per
+// REPLICATE.
 Status SendCopyJob(AdminChannel& channel, const cluster::ServerEntry& to, const CopyJob& job,
                    const std::vector<kv::ScanEntry>& entries, uint64_t epoch, uint32_t primary,
                    std::atomic<bool>* batching) {
@@ -255,22 +261,26 @@ Status SendCopyJob(AdminChannel& channel, const cluster::ServerEntry& to, const 
   uint64_t version = 0;
   std::string body;
   Status s = channel.Call(to, job.batch.Encode(epoch, primary), &version, &body);
-  if (s.Is(StatusCode::kInvalidArgument) && job.entries.size() > 1) {
+  if (s.Is(StatusCode::kInvalidArgument)) {
     batching->store(false);
     for (size_t i : job.entries) {
       RDKV_RETURN_IF_ERROR(SendCopiedItem(channel, to, entries[i], epoch, primary));
     }
     return Status::Ok();
   }
-  RDKV_RETURN_IF_ERROR(s);
+  if (!s.ok()) {
+    return Status(s.code(), "a batch of " + std::to_string(job.entries.size()) +
+                                " copied items: " + s.message());
+  }
   Result<std::vector<kv::ReplicateBatchResult>> results =
       kv::DecodeReplicateBatchAnswer(version, body, job.entries.size());
   if (!results.ok()) return results.status();
+  // A batch's answer holds a code per item and no text: an item refused goes again alone, so
+  // that a refusal that stands comes back with the replica's reason and the item's key.
   for (size_t k = 0; k < results->size(); ++k) {
     const kv::ReplicateBatchResult& r = (*results)[k];
     if (r.code == StatusCode::kOk || r.code == StatusCode::kVersionMismatch) continue;
-    return Status(r.code, "the replica refused a copied item (entry " + std::to_string(k + 1) +
-                              " of a batch of " + std::to_string(results->size()) + ")");
+    RDKV_RETURN_IF_ERROR(SendCopiedItem(channel, to, entries[job.entries[k]], epoch, primary));
   }
   return Status::Ok();
 }
@@ -335,9 +345,9 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
     }
     if (!batching.load() && !said_unbatched && progress) {
       said_unbatched = true;
-      progress("  copy: " + Name(joining, server) +
-               " refused a batch of copied items as too large (its --max_value_size is below " +
-               std::to_string(kCopyBatchBytes) + " bytes): one item per request from here");
+      progress("  copy: a batch of copied items is too large for " + Name(joining, server) +
+               " (its --max_value_size is below " + std::to_string(kCopyBatchBytes) +
+               " bytes): one item per request from here");
     }
     for (const kv::ScanEntry& e : entries) {
       ++report.items_copied;

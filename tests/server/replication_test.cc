@@ -57,10 +57,12 @@ class ReplicationTest : public ClusterTest {
     o.max_repair_bytes = max_repair_bytes_;
     o.max_pool_writes = max_pool_writes_;
     if (id == 1) o.before_replica_apply = before_apply_on_1_;
+    if (max_value_all_ != 0) o.max_value_bytes = max_value_all_;
     if (id == 2 && max_value_on_2_ != 0) o.max_value_bytes = max_value_on_2_;
     return o;
   }
-  // Server 2's --max_value_size when not 0 (set before StartReplicated).
+  // Every server's --max_value_size, then server 2's, when not 0 (set before StartReplicated).
+  size_t max_value_all_ = 0;
   size_t max_value_on_2_ = 0;
   // Server 1's ServerOptions::before_replica_apply (set before StartReplicated).
   std::function<void(std::string_view)> before_apply_on_1_;
@@ -750,6 +752,26 @@ TEST_F(ReplicationTest, ACopyIntoAServerWithSmallValuesFallsBackToSingleItems) {
   })) << "the fallback was not reported";
   Content primary = ScanOf(0, 0);
   EXPECT_EQ(primary.size(), static_cast<size_t>(kItems));
+  EXPECT_EQ(ScanOf(2, 0), primary) << "the new replica differs from the primary";
+}
+
+// A cluster with a small value limit: an item near the limit fills a scan page alone, and a
+// batch of one would take it over the limit with the batch's own bytes. It goes as a plain
+// REPLICATE, and everything is copied.
+TEST_F(ReplicationTest, ACopyOfItemsNearASmallValueLimitCopiesThemAll) {
+  constexpr size_t kLimit = 16 * 1024;
+  max_value_all_ = kLimit;
+  StartReplicated(2);
+  auto c = NewClient(0);
+  for (int i = 0; i < 12; ++i) {
+    ASSERT_TRUE(c->Put(KeyIn(0, i, "large"), std::string(kLimit - i, 'a' + i)).ok()) << i;
+  }
+  Admin admin(*c);
+  auto added = admin.AddReplica(0, 2, nullptr);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_GE(added->items_copied, 12u);
+  Content primary = ScanOf(0, 0);
+  EXPECT_EQ(primary.size(), 12u);
   EXPECT_EQ(ScanOf(2, 0), primary) << "the new replica differs from the primary";
 }
 
