@@ -1,7 +1,10 @@
 #include "server/allocator.h"
 
+#include <algorithm>
 #include <bit>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/kv/layout.h"
 
@@ -32,6 +35,7 @@ void Allocator::ReclaimLocked(Clock::time_point now) {
     limbo_.pop_front();
     limbo_units_ -= b.units;
     listed_units_ += b.units;
+    freed_since_merge_ += b.units;
     free_[ClassOf(b.units)].push_back(b.offset_units);
   }
 }
@@ -46,16 +50,9 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
   MutexLock lock(&mu_);
   const Clock::time_point now = Clock::now();
   ReclaimLocked(now);
-  if (!free_[cls].empty()) return TakeLocked(cls);
-  if (bump_ + size <= heap_units_) {
-    Block b{static_cast<uint32_t>(bump_), size};
-    bump_ += size;
-    used_ += size;
-    return b;
-  }
-  // A somewhat larger block wastes at most ~50% and beats failing.
-  for (uint32_t c = cls + 1; c < kClasses && c <= cls + 8; ++c) {
-    if (!free_[c].empty()) return TakeLocked(c);
+  if (std::optional<Block> b = TryAllocateLocked(cls, size)) return *b;
+  if (MergeLocked()) {
+    if (std::optional<Block> b = TryAllocateLocked(cls, size)) return *b;
   }
   if (retry_after != nullptr) {
     // Measured from the reclaim's `now`: the front's time is after it (or it would have been
@@ -69,16 +66,86 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
                             " bytes waiting out the reuse grace period)");
 }
 
+std::optional<Block> Allocator::TryAllocateLocked(uint32_t cls, uint32_t size) {
+  if (!free_[cls].empty()) return TakeLocked(cls);
+  if (bump_ + size <= heap_units_) {
+    Block b{static_cast<uint32_t>(bump_), size};
+    bump_ += size;
+    used_ += size;
+    return b;
+  }
+  // The carve run, then the smallest larger free block, which becomes the carve run: blocks
+  // are cut from its start one after another (as from the bump pointer), so that splitting a
+  // large block for many small items leaves at most one small rest, not one per item.
+  if (carve_units_ < size) {
+    uint32_t c = cls + 1;
+    while (c < kClasses && free_[c].empty()) ++c;
+    if (c == kClasses) return std::nullopt;
+    if (carve_units_ > 0) ListRunLocked(carve_offset_, carve_units_);
+    carve_offset_ = free_[c].back();
+    free_[c].pop_back();
+    carve_units_ = ClassUnits(c);
+    listed_units_ -= carve_units_;
+  }
+  Block b{static_cast<uint32_t>(carve_offset_), size};
+  carve_offset_ += size;
+  carve_units_ -= size;
+  used_ += size;
+  return b;
+}
+
+void Allocator::ListRunLocked(uint64_t offset, uint64_t units) {
+  const uint32_t largest = ClassUnits(kClasses - 1);
+  while (units > 0) {
+    uint32_t c = units >= largest ? kClasses - 1 : ClassOf(static_cast<uint32_t>(units));
+    if (ClassUnits(c) > units) --c;  // the largest class that fits (classes 0..kExact-1 exact)
+    const uint32_t n = ClassUnits(c);
+    free_[c].push_back(static_cast<uint32_t>(offset));
+    listed_units_ += n;
+    offset += n;
+    units -= n;
+  }
+}
+
+bool Allocator::MergeLocked() {
+  // Each pass sorts every listed block: it runs only once 1/64 of them were freed since the
+  // last, so that a heap that stays full does not pay for it on every refused write.
+  if (freed_since_merge_ == 0 || freed_since_merge_ * 64 < listed_units_) return false;
+  std::vector<std::pair<uint32_t, uint32_t>> blocks;  // offset, units
+  if (carve_units_ > 0) blocks.emplace_back(carve_offset_, carve_units_);
+  carve_units_ = 0;
+  for (uint32_t c = 0; c < kClasses; ++c) {
+    for (uint32_t off : free_[c]) blocks.emplace_back(off, ClassUnits(c));
+    free_[c].clear();
+  }
+  std::sort(blocks.begin(), blocks.end());
+  listed_units_ = 0;
+  freed_since_merge_ = 0;
+  ++merges_;
+  for (size_t i = 0; i < blocks.size();) {
+    const uint64_t start = blocks[i].first;
+    uint64_t end = start + blocks[i].second;
+    for (++i; i < blocks.size() && blocks[i].first == end; ++i) end += blocks[i].second;
+    if (end == bump_) {
+      bump_ = start;  // the last run: back to never carved
+    } else {
+      ListRunLocked(start, end - start);
+    }
+  }
+  return true;
+}
+
 bool Allocator::HasRoomNow(uint32_t units, uint64_t spare) {
   if (units == 0 || units > kv::kMaxItemUnits) return false;
   if (waiting_.load(std::memory_order_relaxed) > 0) return false;
   const uint32_t cls = ClassOf(units);
   MutexLock lock(&mu_);
   ReclaimLocked(Clock::now());
-  uint64_t blocks = (heap_units_ - bump_) / ClassUnits(cls);
-  // The classes Allocate takes from: its own, then up to 8 larger ones.
-  for (uint32_t c = cls; c < kClasses && c <= cls + 8 && blocks <= spare; ++c) {
-    blocks += free_[c].size();
+  const uint32_t size = ClassUnits(cls);
+  uint64_t blocks = (heap_units_ - bump_) / size + carve_units_ / size + free_[cls].size();
+  // A larger block is split into as many as it holds.
+  for (uint32_t c = cls + 1; c < kClasses && blocks <= spare; ++c) {
+    blocks += free_[c].size() * (ClassUnits(c) / size);
   }
   return blocks > spare;
 }
@@ -103,12 +170,14 @@ void Allocator::Release(Block b) {
   MutexLock lock(&mu_);
   used_ -= b.units;
   listed_units_ += b.units;
+  freed_since_merge_ += b.units;
   free_[ClassOf(b.units)].push_back(b.offset_units);
 }
 
 AllocatorStats Allocator::stats() const {
   MutexLock lock(&mu_);
-  return AllocatorStats{heap_units_, used_, limbo_units_, listed_units_ + (heap_units_ - bump_)};
+  return AllocatorStats{heap_units_, used_, limbo_units_,
+                        listed_units_ + carve_units_ + (heap_units_ - bump_), merges_};
 }
 
 }  // namespace rdkv::server

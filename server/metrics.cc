@@ -86,6 +86,10 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
           static_cast<double>(s.free_bytes));
   f.Gauge("rdkv_heap_limbo_bytes", "Heap bytes freed but waiting out the grace period",
           static_cast<double>(s.limbo_bytes));
+  f.Counter("rdkv_heap_merges_total",
+            "Passes of the allocator that merged adjacent free heap blocks (after an allocation "
+            "found no block; each sorts every free block under the allocator's lock)",
+            static_cast<double>(s.heap_merges));
   f.Gauge("rdkv_index_slots", "Slots of the hash index (one item each)",
           static_cast<double>(s.index_slots));
   f.Gauge("rdkv_index_slots_used", "Slots of the hash index holding an item",

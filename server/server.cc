@@ -176,6 +176,7 @@ class ServerImpl final : public Server {
     s.heap_bytes = as.heap_units * kv::kUnit;
     s.free_bytes = as.free_units * kv::kUnit;
     s.limbo_bytes = as.limbo_units * kv::kUnit;
+    s.heap_merges = as.merges;
     s.puts = c.puts.load();
     s.inserts = c.inserts.load();
     s.deletes = c.deletes.load();

@@ -103,6 +103,7 @@ struct ServerStats {
   uint64_t heap_bytes = 0;
   uint64_t free_bytes = 0;  // heap not in use by live items nor waiting in limbo
   uint64_t limbo_bytes = 0;
+  uint64_t heap_merges = 0;  // allocator passes that merged adjacent free blocks
   uint64_t puts = 0, inserts = 0, deletes = 0, cas = 0, stats = 0, pings = 0;
   uint64_t errors = 0;  // requests answered with an error status
   uint64_t protocol_errors = 0;

@@ -210,6 +210,7 @@ std::string Service::StatsJson() const {
   j["used_bytes"] = as.used_units * kv::kUnit;
   j["free_bytes"] = as.free_units * kv::kUnit;
   j["limbo_bytes"] = as.limbo_units * kv::kUnit;
+  j["heap_merges"] = as.merges;
   j["index_buckets"] = store_->header().bucket_count;
   j["version_counter"] = store_->version_counter();
   j["ops"] = {{"put", load(counters_.puts)},

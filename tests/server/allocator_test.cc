@@ -4,6 +4,7 @@
 
 #include <set>
 #include <thread>
+#include <vector>
 
 namespace rdkv::server {
 namespace {
@@ -73,8 +74,8 @@ TEST(AllocatorTest, AFullHeapWithBlocksInLimboAlwaysSaysAPositiveWait) {
   EXPECT_GT(failures, 0);
 }
 
-// HasRoomNow counts the blocks an item of that size can take, not free bytes in general, and
-// says no while a writer waits for limbo.
+// HasRoomNow counts the blocks an item of that size can take without merging, not free bytes
+// in general, and says no while a writer waits for limbo. Allocate merges.
 TEST(AllocatorTest, HasRoomNowCountsOnlyBlocksTheItemCanTake) {
   Allocator a(200, std::chrono::milliseconds(0));
   std::vector<Block> ones;
@@ -88,13 +89,127 @@ TEST(AllocatorTest, HasRoomNowCountsOnlyBlocksTheItemCanTake) {
   EXPECT_EQ(a.stats().free_units, 200u);
   EXPECT_TRUE(a.HasRoomNow(1, 64));
   EXPECT_FALSE(a.HasRoomNow(1, 200)) << "200 blocks, none to spare";
-  EXPECT_FALSE(a.HasRoomNow(20, 0)) << "200 free units, but no block of 20";
-  EXPECT_FALSE(a.Allocate(20).ok());
+  EXPECT_FALSE(a.HasRoomNow(20, 0)) << "200 free units, but no block of 20 before a merge";
   {
     Allocator::WaitScope waiting(a);
     EXPECT_FALSE(a.HasRoomNow(1, 0)) << "a writer waits for limbo";
   }
   EXPECT_TRUE(a.HasRoomNow(1, 0));
+  EXPECT_TRUE(a.Allocate(20).ok()) << "the 200 adjacent free units merge";
+  EXPECT_TRUE(a.HasRoomNow(20, 8)) << "180 units at the bump pointer";
+  EXPECT_FALSE(a.HasRoomNow(20, 9));
+}
+
+// Space freed by small items serves large ones: adjacent free blocks merge, and the run that
+// reaches the bump pointer gives it back.
+TEST(AllocatorTest, FreedSmallBlocksMergeIntoLargeOnes) {
+  Allocator a(1000, std::chrono::milliseconds(0));
+  std::vector<Block> small;
+  for (;;) {
+    Result<Block> b = a.Allocate(3);
+    if (!b.ok()) break;
+    small.push_back(*b);
+  }
+  ASSERT_GE(small.size(), 330u);
+  EXPECT_FALSE(a.Allocate(100).ok()) << "full";
+  for (const Block& b : small) a.Release(b);
+  Result<Block> large = a.Allocate(512);
+  ASSERT_TRUE(large.ok()) << large.status().ToString();
+  EXPECT_EQ(a.stats().merges, 1u);
+  EXPECT_EQ(large->offset_units, 0u) << "the whole heap was one free run";
+  Result<Block> second = a.Allocate(480);  // 992 units in all: both are class sizes
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_TRUE(a.Allocate(8).ok());
+  EXPECT_EQ(a.stats().used_units, 1000u);
+}
+
+// Only adjacent free blocks merge: a free block between two used ones stays on its own.
+TEST(AllocatorTest, OnlyAdjacentFreeBlocksMerge) {
+  Allocator a(100, std::chrono::milliseconds(0));
+  std::vector<Block> tens;
+  for (int i = 0; i < 10; ++i) {
+    Result<Block> b = a.Allocate(10);
+    ASSERT_TRUE(b.ok());
+    tens.push_back(*b);
+  }
+  for (int i = 0; i < 10; i += 2) a.Release(tens[i]);  // 0, 20, 40, 60, 80 free
+  EXPECT_FALSE(a.Allocate(20).ok()) << "50 units free, no two of them adjacent";
+  a.Release(tens[3]);  // 20..49 free now
+  Result<Block> thirty = a.Allocate(30);
+  ASSERT_TRUE(thirty.ok()) << thirty.status().ToString();
+  EXPECT_EQ(thirty->offset_units, 20u);
+}
+
+// A free block larger than asked is split, its rest kept: small items fill space a large one
+// left, all of it.
+TEST(AllocatorTest, ALargeFreeBlockIsSplitForSmallItems) {
+  Allocator a(1024, std::chrono::milliseconds(0));
+  Result<Block> large = a.Allocate(992);  // a class size, as is 32
+  ASSERT_TRUE(large.ok());
+  Result<Block> rest = a.Allocate(32);
+  ASSERT_TRUE(rest.ok());
+  a.Release(*large);
+  uint64_t got = 0;
+  std::set<uint32_t> units;
+  for (;;) {
+    Result<Block> b = a.Allocate(3);
+    if (!b.ok()) break;
+    for (uint32_t u = 0; u < b->units; ++u) ASSERT_TRUE(units.insert(b->offset_units + u).second);
+    got += b->units;
+  }
+  EXPECT_EQ(got, 990u) << "330 blocks of 3 in the 992 units freed";
+  for (uint32_t u : units) ASSERT_LT(u, 992u) << "a block outside the freed space";
+}
+
+// Random allocations and frees: blocks never overlap or leave the heap, the counts add up, and
+// once everything is freed the whole heap is one block again.
+TEST(AllocatorTest, RandomAllocationsNeverOverlapAndAFreedHeapIsWhole) {
+  constexpr uint32_t kHeap = 8192;
+  Allocator a(kHeap, std::chrono::milliseconds(0));
+  std::vector<bool> taken(kHeap, false);
+  std::vector<Block> live;
+  uint64_t live_units = 0, failures = 0;
+  uint64_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(seed >> 33);
+  };
+  for (int op = 0; op < 40000; ++op) {
+    if (!live.empty() && next() % 100 < 45) {
+      const size_t i = next() % live.size();
+      const Block b = live[i];
+      live[i] = live.back();
+      live.pop_back();
+      for (uint32_t u = 0; u < b.units; ++u) taken[b.offset_units + u] = false;
+      live_units -= b.units;
+      a.Release(b);
+      continue;
+    }
+    const uint32_t want = 1 + (next() % 8 == 0 ? next() % 600 : next() % 40);
+    Result<Block> b = a.Allocate(want);
+    if (!b.ok()) {
+      ASSERT_EQ(b.status().code(), StatusCode::kOutOfSpace);
+      ++failures;
+      continue;
+    }
+    ASSERT_GE(b->units, want);
+    ASSERT_LE(uint64_t{b->offset_units} + b->units, kHeap) << "a block past the heap";
+    for (uint32_t u = 0; u < b->units; ++u) {
+      ASSERT_FALSE(taken[b->offset_units + u]) << "overlap at unit " << b->offset_units + u;
+      taken[b->offset_units + u] = true;
+    }
+    live.push_back(*b);
+    live_units += b->units;
+    const AllocatorStats st = a.stats();
+    ASSERT_EQ(st.used_units, live_units);
+    ASSERT_EQ(st.used_units + st.free_units + st.limbo_units, uint64_t{kHeap});
+  }
+  EXPECT_GT(failures, 0u) << "the heap never filled: the test did not reach the merge";
+  EXPECT_GT(a.stats().merges, 0u);
+  for (const Block& b : live) a.Release(b);
+  Result<Block> whole = a.Allocate(kHeap);
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->offset_units, 0u);
 }
 
 TEST(AllocatorTest, RetiredBlocksWaitOutTheGracePeriod) {

@@ -269,6 +269,51 @@ TEST_F(StoreTest, FullRegionFailsWithoutHarmingStoredData) {
   EXPECT_TRUE(store_->Put("after-delete", std::string(1000, 'z')).ok());
 }
 
+// The heap is not carved for good: after the region filled with small items and they were
+// deleted, it takes large items in their space (free blocks merge once out of limbo), and
+// small items again after those (a large free block is split).
+TEST_F(StoreTest, SpaceOfDeletedSmallItemsTakesLargeItemsAndBack) {
+  StoreOptions o;
+  o.max_value_bytes = 8192;
+  o.grace = std::chrono::milliseconds(5);
+  Make(512 << 10, o);
+  auto fill = [&](const std::string& prefix, size_t value_bytes) {
+    std::vector<std::string> keys;
+    for (int i = 0;; ++i) {
+      std::string key = prefix + std::to_string(i);
+      Result<uint64_t> r = store_->Put(key, std::string(value_bytes, 'v'));
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), StatusCode::kOutOfSpace) << r.status().ToString();
+        break;
+      }
+      keys.push_back(key);
+    }
+    return keys;
+  };
+  auto drop = [&](const std::vector<std::string>& keys) {
+    for (const std::string& k : keys) ASSERT_TRUE(store_->Delete(k).ok()) << k;
+  };
+  const std::vector<std::string> small = fill("small-", 40);
+  ASSERT_GT(small.size(), 500u);
+  drop(small);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // out of limbo
+  const std::vector<std::string> large = fill("large-", 6000);
+  // The heap is the region less the index: the large items fill most of what the small ones
+  // took (each of those took 96 bytes; each large one about 6.1 KiB).
+  EXPECT_GE(large.size() * 6000, small.size() * 96 * 8 / 10)
+      << large.size() << " large items where " << small.size() << " small ones were";
+  for (const std::string& k : large) {
+    std::string got;
+    uint64_t ver;
+    ASSERT_EQ(ClientRead(k, &got, &ver), kv::ItemCheck::kOk) << k;
+    ASSERT_EQ(got, std::string(6000, 'v'));
+  }
+  drop(large);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::vector<std::string> again = fill("again-", 40);
+  EXPECT_GE(again.size(), small.size() * 9 / 10) << "small items after the large ones";
+}
+
 // Issue 13: with uniformly random 16-byte keys the two-choice index takes writes until at least
 // 90% of its slots are used; the first refusal is a clear kOutOfSpace that changes nothing.
 TEST_F(StoreTest, IndexFillsToNinetyPercentBeforeTheFirstRefusal) {
