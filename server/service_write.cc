@@ -677,12 +677,21 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   bool changed = false;
   Status s = ApplyReplica(*m, shard, joining, &version, &changed);
   if (!s.ok()) return AnswerNow(ex, s, version);
+  // Answered once durable in sync mode, like the primary's own write.
+  const bool deferred = persister_ != nullptr && persister_->durability() == Durability::kSync;
+  if (!changed && deferred) {
+    // Nothing applied: this server has the version already (a forward sent again by a repair
+    // or a promoted primary's resend), but its first copy may still wait for its WAL sync. A
+    // marker enqueued now is synced after it: the answer waits for that.
+    RecordReplicaApplied(*m);
+    persister_->EnqueueMaxVersion(m->version, [answer = AnswerLater(ex), v = m->version](
+                                                  const Status& st) { answer(st, v, {}); });
+    return false;
+  }
   if (persister_ == nullptr || !changed) {
     RecordReplicaApplied(*m);
     return AnswerNow(ex, Status::Ok(), m->version);
   }
-  // Answered once durable in sync mode, like the primary's own write.
-  const bool deferred = persister_->durability() == Durability::kSync;
   persistence::Persister::Completion done;
   if (deferred) {
     done = [answer = AnswerLater(ex), v = m->version](const Status& st) { answer(st, v, {}); };
@@ -752,7 +761,16 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
   const auto encode = EncodeReplicateResults;
   std::vector<kv::ReplicateBatchResult> results(n);
   std::shared_ptr<Pending> pending;
+  auto start_pending = [&] {
+    if (pending != nullptr) return;
+    pending = std::make_shared<Pending>();
+    pending->answer = AnswerLater(ex);
+    MutexLock lock(&pending->mu);
+    pending->results.assign(n, {StatusCode::kOk, 0});  // completions write failures here
+  };
   const bool sync = persister_ != nullptr && persister_->durability() == Durability::kSync;
+  std::vector<size_t> unchanged;  // sync mode: entries this server had already
+  uint64_t unchanged_max = 0;
   for (size_t i = 0; i < n; ++i) {
     const kv::ReplicateRequest& m = batch->entries[i];
     const uint32_t shard = store_->ShardOfKey(m.key);
@@ -772,16 +790,17 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
     if (!s.ok()) continue;
     if (persister_ == nullptr || !changed) {
       RecordReplicaApplied(m);
+      // Nothing applied in sync mode: the entry's first copy may still wait for its WAL sync.
+      // One marker after the loop, synced after every such copy, holds the answer back.
+      if (sync) {
+        unchanged.push_back(i);
+        unchanged_max = std::max(unchanged_max, m.version);
+      }
       continue;
     }
     persistence::Persister::Completion done;
     if (sync) {
-      if (pending == nullptr) {
-        pending = std::make_shared<Pending>();
-        pending->answer = AnswerLater(ex);
-        MutexLock lock(&pending->mu);
-        pending->results.assign(n, {StatusCode::kOk, 0});  // completions write failures here
-      }
+      start_pending();
       {
         MutexLock lock(&pending->mu);
         ++pending->waiting;
@@ -798,6 +817,26 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
       };
     }
     PersistReplica(m, std::move(done));
+  }
+  if (!unchanged.empty()) {
+    start_pending();
+    {
+      MutexLock lock(&pending->mu);
+      ++pending->waiting;
+    }
+    persister_->EnqueueMaxVersion(
+        unchanged_max, [pending, encode, unchanged = std::move(unchanged)](const Status& st) {
+          std::vector<kv::ReplicateBatchResult> out;
+          {
+            MutexLock lock(&pending->mu);
+            if (!st.ok()) {
+              for (size_t i : unchanged) pending->results[i] = {st.code(), 0};
+            }
+            if (--pending->waiting > 0) return;
+            out = std::move(pending->results);
+          }
+          pending->answer(Status::Ok(), out.size(), encode(out));
+        });
   }
   if (pending == nullptr) return AnswerNow(ex, Status::Ok(), n, encode(results));
   std::vector<kv::ReplicateBatchResult> out;

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -21,6 +22,8 @@
 #include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
 #include "rdkv/admin.h"
+#include "server/persistence/persister.h"
+#include "tests/persistence/fault_fs.h"
 #include "tests/support/cluster_fixture.h"
 
 namespace rdkv {
@@ -58,9 +61,16 @@ class ReplicationTest : public ClusterTest {
     o.max_pool_writes = max_pool_writes_;
     if (id == 1) o.before_replica_apply = before_apply_on_1_;
     if (max_value_all_ != 0) o.max_value_bytes = max_value_all_;
+    if (id == 1 && faults_on_1_ != nullptr) {
+      o.persist.durability = server::persistence::Durability::kSync;
+      o.persist.env = faults_on_1_->env.get();
+    }
     if (id == 2 && max_value_on_2_ != 0) o.max_value_bytes = max_value_on_2_;
     return o;
   }
+  // Server 1 in sync mode over this fault-injecting file system, when set.
+  // (A member: the servers, stopped in TearDown, use it to the end.)
+  std::unique_ptr<testing::FaultInjection> faults_on_1_;
   // Every server's --max_value_size, then server 2's, when not 0 (set before StartReplicated).
   size_t max_value_all_ = 0;
   size_t max_value_on_2_ = 0;
@@ -705,6 +715,64 @@ TEST_F(ReplicationTest, AddReplicaCatchesUpUnderWritesAndRemoveReplicaDrops) {
   // Promoting a server that is no in-sync backup is refused.
   auto bad = admin.Promote(0, 1, nullptr);
   EXPECT_FALSE(bad.ok());
+}
+
+// A backup in sync mode that gets a forward again (a repair, or a promoted primary's resend)
+// while its first copy still waits for the WAL sync answers the second only once the first is
+// durable: the primary counts that answer as the write being on this backup, which a crash of
+// the backup must not take back. Found by review: the second was answered at once, single or
+// in a batch.
+TEST_F(ReplicationTest, ABackupConfirmsAForwardSentAgainOnlyOnceItIsDurable) {
+  faults_on_1_ = std::make_unique<testing::FaultInjection>();
+  testing::FaultInjection& faults = *faults_on_1_;
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const std::string key = KeyIn(0, 1, "again"), other = KeyIn(0, 2, "again");
+  const uint64_t v = cluster::EpochVersionFloor(1) + 5000;
+  for (const bool batch : {false, true}) {
+    SCOPED_TRACE(batch ? "in a batch" : "single");
+    const uint64_t version = v + (batch ? 10 : 0);
+    kv::ReplicateRequest m = ForwardOf(key, batch ? "b" : "s", version);
+    kv::ReplicateRequest o = ForwardOf(other, "o", version);
+    std::string body;
+    kv::Request request = kv::EncodeReplicate(m);
+    kv::ReplicateBatchBuilder builder(64 * 1024);
+    if (batch) {
+      ASSERT_TRUE(builder.Add(o));
+      ASSERT_TRUE(builder.Add(m));
+      request = builder.Encode(1, 0);
+    }
+    faults.fs->sync_delay_us = 400000;  // every WAL sync takes 400 ms
+    const auto t0 = std::chrono::steady_clock::now();
+    std::atomic<int64_t> first_ms{-1};
+    std::thread first([&] {
+      auto c = Raw(1);
+      std::vector<uint8_t> buf;
+      kv::Response r = testing::CallRaw(*c, request, &buf);
+      EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+      first_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - t0)
+                     .count();
+    });
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(50));  // applied by now, waiting for its sync
+    auto c = Raw(1);
+    std::vector<uint8_t> buf;
+    kv::Response again = testing::CallRaw(*c, request, &buf);
+    const auto again_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
+    first.join();
+    faults.fs->sync_delay_us = 0;
+    ASSERT_TRUE(again.status.ok()) << again.status.ToString();
+    EXPECT_GE(again_ms, 300) << "the forward sent again was confirmed after " << again_ms
+                             << " ms, before its first copy was durable (the first answer came "
+                             << first_ms.load() << " ms after it was sent)";
+    if (batch) {
+      auto results = kv::DecodeReplicateBatchAnswer(again.version, again.body, 2);
+      ASSERT_TRUE(results.ok()) << results.status().ToString();
+      for (const auto& r : *results) EXPECT_EQ(r.code, StatusCode::kOk);
+    }
+  }
 }
 
 // The catch-up copy carries many items per REPLICATE (a batch), not one: the joining server
