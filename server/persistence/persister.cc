@@ -14,8 +14,12 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "server/persistence/persister_impl.h"
+#include "server/persistence/recovery.h"
 
 namespace rdkv::server::persistence {
 
@@ -151,6 +155,39 @@ Status InstallSnapshot(const fs::path& snap, const fs::path& data_dir, const fs:
   fs::rename(staging, db_dir, ec);
   if (ec) return FsError("cannot rename " + staging.string() + " to " + db_dir.string(), ec);
   return FsyncPath(data_dir, true);
+}
+
+// In the data dir: the snapshot the database was last restored from (RestoreIdOf).
+constexpr const char* kRestoredFromFile = "restored_from";
+
+// A small file's bytes ("" when it is missing or unreadable).
+std::string ReadSmallFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return s.size() > (64u << 10) ? "" : s;
+}
+
+// Writes `bytes` to `path` through a temporary file, synced and renamed into place.
+Status WriteSmallFile(const fs::path& path, const std::string& bytes) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << bytes;
+    if (!out) return Status::IoError("cannot write " + tmp.string());
+  }
+  RDKV_RETURN_IF_ERROR(FsyncPath(tmp, false));
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return FsError("cannot rename " + tmp.string() + " to " + path.string(), ec);
+  return FsyncPath(path.parent_path(), true);
+}
+
+// A snapshot's identity: its absolute path and its marker's contents.
+std::string RestoreIdOf(const std::string& snapshot) {
+  std::error_code ec;
+  const fs::path abs = fs::weakly_canonical(fs::absolute(snapshot, ec), ec);
+  return "snapshot=" + abs.string() + "\n" + ReadSmallFile(fs::path(snapshot) / kSnapshotMarker);
 }
 
 // Creates an empty database holding only the meta keys, in a staging directory renamed into
@@ -332,7 +369,9 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
               << " MiB) in " << r->seconds << " s ("
               << static_cast<uint64_t>(r->keys / std::max(r->seconds, 1e-9)) << " keys/s, "
               << static_cast<uint64_t>(mib / std::max(r->seconds, 1e-9)) << " MiB/s, " << r->threads
-              << " threads); versions continue above " << r->max_version;
+              << " threads); the largest version it remembers is " << r->max_version
+              << ", new versions start above " << r->max_version + kVersionGapAfterRecovery
+              << " (a gap of 2^32 for versions given out but not persisted)";
     if (recovered) *recovered = *r;
     return r;
   };
@@ -369,12 +408,45 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
 
   uint64_t expected_sequence = 0;
   uint64_t max_version = 0;
-  if (!options.restore_from.empty()) {
+  // What identifies a restore: the snapshot's path and its marker (name, sequence, time).
+  const fs::path restored_note = data_dir / kRestoredFromFile;
+  std::string restore_id;
+  bool restore = !options.restore_from.empty();
+  if (restore) {
+    restore_id = RestoreIdOf(options.restore_from);
+    if (HasDatabase(db_dir.string()) && ReadSmallFile(restored_note) == restore_id) {
+      // The flag was left on after the restore it asked for: restoring again would throw away
+      // every write since.
+      LOG(WARNING) << "restore: " << db_dir << " was already restored from " << options.restore_from
+                   << "; not restoring it again (that would drop every write since). Drop "
+                      "--restore_from; to go back to that snapshot once more, remove "
+                   << restored_note;
+      restore = false;
+    }
+  }
+  if (restore) {
     RDKV_ASSIGN_OR_RETURN(RecoveryStats r, load(options.restore_from));
+    // The database being replaced may have handed out versions above the snapshot's (writes
+    // after it, restarts): none of them is handed out again.
+    uint64_t replaced_max = 0;
+    if (HasDatabase(db_dir.string())) {
+      Result<uint64_t> m = ReadRememberedMaxVersion(db_dir.string(), options.env);
+      if (m.ok()) {
+        replaced_max = *m;
+      } else {
+        LOG(WARNING) << "restore: cannot read the largest version of the database being "
+                        "replaced ("
+                     << m.status().ToString()
+                     << "): versions it handed out after the snapshot may be handed out again";
+      }
+    }
     RDKV_RETURN_IF_ERROR(InstallSnapshot(options.restore_from, data_dir, db_dir));
+    RDKV_RETURN_IF_ERROR(WriteSmallFile(restored_note, restore_id));
     LOG(INFO) << "restore: " << options.restore_from << " installed as " << db_dir;
     expected_sequence = r.sequence;
-    max_version = r.max_version;
+    max_version = std::max(r.max_version, replaced_max);
+    if (replaced_max > r.max_version)
+      store->EnsureVersionAbove(replaced_max + kVersionGapAfterRecovery);
   } else if (HasDatabase(db_dir.string())) {
     RDKV_ASSIGN_OR_RETURN(RecoveryStats r, load(db_dir.string()));
     expected_sequence = r.sequence;

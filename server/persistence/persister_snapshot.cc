@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "server/persistence/persister_impl.h"
+#include "server/persistence/recovery.h"
 
 namespace rdkv::server::persistence {
 
@@ -116,6 +117,18 @@ Result<std::string> Persister::Impl::TakeSnapshot(const std::string& name) {
   if (!s.ok()) {
     fs::remove_all(tmp, ec);
     return FromRocks("snapshot " + name, s);
+  }
+  // The live WAL was copied up to its size at one instant, maybe inside a record that a write
+  // after the flush was appending: such a torn end would make a restore refuse the snapshot.
+  uint64_t cut = 0;
+  if (Status trimmed = TrimTornWalTail(tmp.string(), &cut); !trimmed.ok()) {
+    fs::remove_all(tmp, ec);
+    return Status(trimmed.code(), "snapshot " + name + ": " + trimmed.message());
+  }
+  if (cut > 0) {
+    LOG(INFO) << "snapshot " << name << ": cut the torn last " << cut
+              << " bytes of its copied write-ahead log (a write that came after the snapshot "
+                 "was asked for)";
   }
   {
     std::ofstream m(tmp / kSnapshotMarker);

@@ -6,11 +6,15 @@
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -331,6 +335,12 @@ Result<WalScan> ScanWalFiles(const std::string& db_dir) {
         stem.size() > 19) {
       continue;
     }
+    // A FIFO or a device under a WAL's name would block or never end the read below.
+    std::error_code type_ec;
+    if (!e.is_regular_file(type_ec)) {
+      return Status::IoError(e.path().string() +
+                             " is not a regular file (a WAL file's name on something else)");
+    }
     files.emplace_back(std::stoull(stem), e.path());
   }
   if (ec) return Status::IoError("cannot list " + db_dir + ": " + ec.message());
@@ -370,6 +380,63 @@ double ThreadCpuSeconds() {
 }
 
 }  // namespace
+
+Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::Env* env) {
+  RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, env, RocksDbTuning{}));
+  return rodb.meta_max_version;
+}
+
+Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
+  *cut = 0;
+  RDKV_ASSIGN_OR_RETURN(WalScan scan, ScanWalFiles(db_dir));
+  if (!scan.damaged) return Status::Ok();
+  if (!scan.damage_at_tail) {
+    return Status::Corruption("the write-ahead log copied into " + db_dir +
+                              " is damaged before its end: " + scan.Describe());
+  }
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(scan.damaged_file, ec);
+  if (ec)
+    return Status::IoError("cannot read the size of " + scan.damaged_file + ": " + ec.message());
+  if (scan.damaged_offset > size) {
+    return Status::Internal("damage past the end of " + scan.damaged_file);
+  }
+  // A file shared with another directory (a hard link into the live database) is copied
+  // first: only this directory's copy may be cut.
+  if (std::filesystem::hard_link_count(scan.damaged_file, ec) > 1 && !ec) {
+    const std::string own = scan.damaged_file + ".own";
+    std::filesystem::copy_file(scan.damaged_file, own,
+                               std::filesystem::copy_options::overwrite_existing, ec);
+    if (!ec) std::filesystem::rename(own, scan.damaged_file, ec);
+    if (ec) return Status::IoError("cannot copy " + scan.damaged_file + ": " + ec.message());
+  }
+  if (ec) return Status::IoError("cannot stat " + scan.damaged_file + ": " + ec.message());
+  std::filesystem::resize_file(scan.damaged_file, scan.damaged_offset, ec);
+  if (ec) return Status::IoError("cannot truncate " + scan.damaged_file + ": " + ec.message());
+  const int fd = ::open(scan.damaged_file.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    return Status::IoError("cannot sync " + scan.damaged_file + ": " + std::strerror(err));
+  }
+  ::close(fd);
+  // The directory too, for a copy renamed over a shared link.
+  const int dir_fd = ::open(db_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
+    const int err = errno;
+    if (dir_fd >= 0) ::close(dir_fd);
+    return Status::IoError("cannot sync " + db_dir + ": " + std::strerror(err));
+  }
+  ::close(dir_fd);
+  *cut = size - scan.damaged_offset;
+  // Again: what is left must be whole.
+  RDKV_ASSIGN_OR_RETURN(WalScan again, ScanWalFiles(db_dir));
+  if (again.damaged) {
+    return Status::Corruption("the write-ahead log copied into " + db_dir +
+                              " is still damaged after its torn end was cut: " + again.Describe());
+  }
+  return Status::Ok();
+}
 
 bool HasDatabase(const std::string& db_dir) {
   std::error_code ec;

@@ -48,6 +48,18 @@ struct WalScan {
 // fragments). Read-only. kIoError when a file cannot be read. Thread-safe (plain function).
 Result<WalScan> ScanWalFiles(const std::string& db_dir);
 
+// The largest version the database in `db_dir` remembers handing out (its meta key; the
+// persister writes it with every group), from a read-only open: nothing changes.
+Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::Env* env);
+
+// For a snapshot just copied from a live database (a RocksDB checkpoint): the newest WAL file
+// is copied up to its size at one instant, which can fall inside a record that a concurrent
+// write was appending. Such a torn last record is cut off (the file truncated where it starts,
+// and synced); the snapshot's promise (everything acknowledged before it was asked for) does
+// not depend on it: those writes were flushed into table files first. Damage with intact
+// records after it is kCorruption (nothing changed). *cut gets the bytes removed (0: none).
+Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut);
+
 struct RecoveryStats {
   uint64_t keys = 0;
   uint64_t bytes = 0;        // key + value bytes loaded

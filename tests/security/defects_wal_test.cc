@@ -93,6 +93,45 @@ TEST_F(WalDamageTest, TruncatedIsRefusedWithFileAndOffset) {
   ExpectRefusedUntouched("truncated");
 }
 
+// A snapshot's copied WAL may end inside a record a concurrent write was appending: the
+// snapshot cuts that torn end (TrimTornWalTail), and the database then opens whole.
+TEST_F(WalDamageTest, ATornEndIsCutAndTheDatabaseOpensWhole) {
+  fs::resize_file(wal_, wal_size_ / 2 + 17);
+  // A hard link elsewhere (as a checkpoint may share a file with the live database) is left
+  // whole: only this directory's copy is cut.
+  TempDir elsewhere;
+  const std::string shared = elsewhere.path() + "/shared.log";
+  fs::create_hard_link(wal_, shared);
+  uint64_t cut = 0;
+  Status trimmed = server::persistence::TrimTornWalTail(dir_.path() + "/db", &cut);
+  ASSERT_TRUE(trimmed.ok()) << trimmed.ToString();
+  EXPECT_GT(cut, 0u);
+  EXPECT_LT(cut, 32768u) << "more than the torn record was cut";
+  EXPECT_EQ(fs::file_size(wal_), wal_size_ / 2 + 17 - cut);
+  EXPECT_EQ(fs::file_size(shared), wal_size_ / 2 + 17) << "the other link was cut too";
+  EXPECT_EQ(fs::hard_link_count(wal_), 1u);
+  Result<WalScan> scan = ScanWalFiles(dir_.path() + "/db");
+  ASSERT_TRUE(scan.ok());
+  EXPECT_FALSE(scan->damaged) << scan->Describe();
+  {
+    Result<std::unique_ptr<Node>> n = Node::Start(Opts(dir_.path()));  // refuse mode: opens
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_GT((*n)->store().counters().items, 0u);
+    EXPECT_LT((*n)->store().counters().items, static_cast<uint64_t>(kKeys));
+  }
+}
+
+// Damage with intact records after it is no torn end: refused, and the file is not touched.
+TEST_F(WalDamageTest, DamageBeforeTheEndIsNotCut) {
+  Garble(wal_size_ / 2);
+  const auto before = Fingerprint(dir_.path());
+  uint64_t cut = 0;
+  Status trimmed = server::persistence::TrimTornWalTail(dir_.path() + "/db", &cut);
+  EXPECT_EQ(trimmed.code(), StatusCode::kCorruption) << trimmed.ToString();
+  EXPECT_EQ(cut, 0u);
+  EXPECT_EQ(Fingerprint(dir_.path()), before) << "the data dir changed";
+}
+
 TEST_F(WalDamageTest, ZeroedBlockFollowedByRecordsIsRefused) {
   // RocksDB itself skips a zeroed block silently; the scan does not.
   std::fstream f(wal_, std::ios::in | std::ios::out | std::ios::binary);
