@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -157,7 +158,8 @@ DEFINE_int32(snapshot_keep, 5,
 DEFINE_string(restore_from, "",
               "Start from this snapshot directory: it is loaded, then copied "
               "to <data_dir>/db (a database already there is renamed db.pre-restore-<time>). "
-              "A one-time action: drop the flag afterwards.");
+              "A one-time action: a later start with the same snapshot finds "
+              "<data_dir>/restored_from and does not restore again; drop the flag afterwards.");
 DEFINE_string(rocksdb_compression, "lz4", "RocksDB block compression: none, snappy, lz4, zstd.");
 DEFINE_string(rocksdb_write_buffer, "64MiB", "RocksDB memtable size (up to 3 are kept).");
 DEFINE_string(rocksdb_block_cache, "32MiB",
@@ -523,8 +525,19 @@ int main(int argc, char** argv) {
     return fail("--durability=" + mode + " needs --data_dir");
   }
   if (p.durability == persistence::Durability::kNone && !p.data_dir.empty()) {
-    LOG(WARNING) << "--durability=none: --data_dir=" << p.data_dir << " holds no data, only "
-                 << "the cluster map this server was last sent (cluster_map.json)";
+    std::error_code ec;
+    const bool has_db =
+        std::filesystem::exists(std::filesystem::path(p.data_dir) / "db" / "CURRENT", ec);
+    if (has_db) {
+      LOG(WARNING) << "--durability=none: the database in --data_dir=" << p.data_dir
+                   << "/db is neither loaded nor written by this run (the server starts empty, "
+                      "and a later start in sync or async mode loads the database as it is "
+                      "now, without this run's writes and deletes); --data_dir keeps only the "
+                      "cluster map this server is sent (cluster_map.json)";
+    } else {
+      LOG(WARNING) << "--durability=none: --data_dir=" << p.data_dir << " holds no data, only "
+                   << "the cluster map this server was last sent (cluster_map.json)";
+    }
   }
   if (FLAGS_persist_lag_ms < 1) return fail("--persist_lag_ms must be positive");
   p.persist_lag = std::chrono::milliseconds(FLAGS_persist_lag_ms);

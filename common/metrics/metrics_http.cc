@@ -78,7 +78,11 @@ Result<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(
   try {
     http->exposer_ = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/1);
   } catch (const std::exception& e) {
-    return Status::Unavailable("cannot serve /metrics on " + bind + ": " + e.what());
+    // The HTTP library says "null context when constructing CivetServer" when it cannot bind.
+    return Status::Unavailable("cannot serve /metrics on " + bind +
+                               ": the address cannot be bound (the port is in use, e.g. by "
+                               "this server's own --port, or the host is not local) [" +
+                               e.what() + "]");
   }
   http->collector_ = std::move(collector);
   http->exposer_->RegisterCollectable(http->collector_);

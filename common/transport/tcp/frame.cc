@@ -95,8 +95,17 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const uint8_t> bytes, size_t max
   const uint8_t* p = bytes.data();
   uint32_t magic = Get32(p);
   if (magic != kFrameMagic) {
-    return Status::ProtocolError("bad frame magic " + Hex32(magic) + " (expected " +
-                                 Hex32(kFrameMagic) + ")");
+    // The first bytes as text when they are printable: another protocol's answer ("HTTP").
+    std::string text;
+    for (size_t i = 0; i < 4; ++i) {
+      const char c = static_cast<char>(p[i]);
+      text += (c >= 0x20 && c < 0x7f) ? c : '?';
+    }
+    const bool printable = text.find('?') == std::string::npos;
+    return Status::ProtocolError(
+        "bad frame magic " + Hex32(magic) + " (expected " + Hex32(kFrameMagic) + ")" +
+        (printable ? ": the peer is not an rdkv server (it sent \"" + text + "...\")"
+                   : ": the peer is not an rdkv server, or not one of this protocol"));
   }
   if (!KnownType(p[4])) {
     return Status::ProtocolError("unknown frame type " + std::to_string(p[4]));
