@@ -11,6 +11,7 @@
 #include <rocksdb/write_batch.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -157,7 +158,7 @@ Status InstallSnapshot(const fs::path& snap, const fs::path& data_dir, const fs:
   return FsyncPath(data_dir, true);
 }
 
-// In the data dir: the snapshot the database was last restored from (RestoreIdOf).
+// In the data dir: the snapshot the database was last restored from (RestoreNote).
 constexpr const char* kRestoredFromFile = "restored_from";
 
 // A small file's bytes ("" when it is missing or unreadable).
@@ -183,11 +184,16 @@ Status WriteSmallFile(const fs::path& path, const std::string& bytes) {
   return FsyncPath(path.parent_path(), true);
 }
 
-// A snapshot's identity: its absolute path and its marker's contents.
-std::string RestoreIdOf(const std::string& snapshot) {
+// In the data dir: the largest version a database replaced by a restore had handed out.
+constexpr const char* kVersionFloorFile = "version_floor";
+
+// A restore's note: the snapshot's absolute path and marker, and the installed database's
+// RocksDB identity.
+std::string RestoreNote(const std::string& snapshot, const fs::path& db_dir) {
   std::error_code ec;
   const fs::path abs = fs::weakly_canonical(fs::absolute(snapshot, ec), ec);
-  return "snapshot=" + abs.string() + "\n" + ReadSmallFile(fs::path(snapshot) / kSnapshotMarker);
+  return "snapshot=" + abs.string() + "\n" + ReadSmallFile(fs::path(snapshot) / kSnapshotMarker) +
+         "identity=" + ReadSmallFile(db_dir / "IDENTITY") + "\n";
 }
 
 // Creates an empty database holding only the meta keys, in a staging directory renamed into
@@ -408,13 +414,27 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
 
   uint64_t expected_sequence = 0;
   uint64_t max_version = 0;
-  // What identifies a restore: the snapshot's path and its marker (name, sequence, time).
+  // The largest version a database this data dir held before a restore had handed out
+  // (written by the restore): versions stay above it at every start.
+  const fs::path floor_file = data_dir / kVersionFloorFile;
+  uint64_t version_floor = 0;
+  if (const std::string f = ReadSmallFile(floor_file); !f.empty()) {
+    uint64_t v = 0;
+    const auto [end, err] = std::from_chars(f.data(), f.data() + f.size(), v);
+    if (err != std::errc() || end != f.data() + f.size() || v > kv::kMaxItemVersion) {
+      return Status::Corruption(floor_file.string() + " does not hold a version (" +
+                                std::to_string(f.size()) + " bytes) [nothing on disk was changed]");
+    }
+    version_floor = v;
+  }
+  // What identifies a restore: the snapshot's path and marker (name, sequence, time), and the
+  // RocksDB identity of the database it installed (a database created since is another one).
   const fs::path restored_note = data_dir / kRestoredFromFile;
-  std::string restore_id;
   bool restore = !options.restore_from.empty();
+  bool restored = false;
   if (restore) {
-    restore_id = RestoreIdOf(options.restore_from);
-    if (HasDatabase(db_dir.string()) && ReadSmallFile(restored_note) == restore_id) {
+    if (HasDatabase(db_dir.string()) &&
+        ReadSmallFile(restored_note) == RestoreNote(options.restore_from, db_dir)) {
       // The flag was left on after the restore it asked for: restoring again would throw away
       // every write since.
       LOG(WARNING) << "restore: " << db_dir << " was already restored from " << options.restore_from
@@ -440,13 +460,16 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
                      << "): versions it handed out after the snapshot may be handed out again";
       }
     }
+    // Kept in the data dir before anything is replaced, for this start and every later one.
+    if (replaced_max > version_floor) {
+      RDKV_RETURN_IF_ERROR(WriteSmallFile(floor_file, std::to_string(replaced_max)));
+      version_floor = replaced_max;
+    }
     RDKV_RETURN_IF_ERROR(InstallSnapshot(options.restore_from, data_dir, db_dir));
-    RDKV_RETURN_IF_ERROR(WriteSmallFile(restored_note, restore_id));
+    restored = true;  // noted once the database is open (and has its identity)
     LOG(INFO) << "restore: " << options.restore_from << " installed as " << db_dir;
     expected_sequence = r.sequence;
-    max_version = std::max(r.max_version, replaced_max);
-    if (replaced_max > r.max_version)
-      store->EnsureVersionAbove(replaced_max + kVersionGapAfterRecovery);
+    max_version = r.max_version;
   } else if (HasDatabase(db_dir.string())) {
     RDKV_ASSIGN_OR_RETURN(RecoveryStats r, load(db_dir.string()));
     expected_sequence = r.sequence;
@@ -463,11 +486,18 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     expected_sequence = kNoSequenceCheck;
   }
 
+  if (version_floor > max_version) {
+    store->EnsureVersionAbove(version_floor + kVersionGapAfterRecovery);
+    max_version = version_floor;
+  }
   dbo.create_if_missing = false;
   rocksdb::DB* raw = nullptr;
   rocksdb::Status s = rocksdb::DB::Open(dbo, db_dir.string(), &raw);
   if (!s.ok()) return FromRocks("cannot open " + db_dir.string() + " for writing", s);
   std::unique_ptr<rocksdb::DB> db(raw);
+  if (restored) {
+    RDKV_RETURN_IF_ERROR(WriteSmallFile(restored_note, RestoreNote(options.restore_from, db_dir)));
+  }
   if (expected_sequence != kNoSequenceCheck && db->GetLatestSequenceNumber() != expected_sequence) {
     return Status::Unavailable(db_dir.string() + " changed while it was being loaded (sequence " +
                                std::to_string(expected_sequence) + " loaded, " +

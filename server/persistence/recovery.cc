@@ -196,7 +196,9 @@ struct WalFileScan {
     if (scan->damaged) return;
     scan->damaged = true;
     scan->damaged_file = path;
-    scan->damaged_offset = offset;
+    // The first record that is not intact: a fragment cut inside a record of several
+    // fragments is damage of that record, from its first fragment on.
+    scan->damaged_offset = in_record && record_start < offset ? record_start : offset;
     scan->damage = std::move(what);
     scan->damage_at_tail = newest;  // cleared when an intact record follows
   }
@@ -382,7 +384,11 @@ double ThreadCpuSeconds() {
 }  // namespace
 
 Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::Env* env) {
-  RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, env, RocksDbTuning{}));
+  // Point in time: a database with a damaged WAL (the usual reason to restore) still gives
+  // the version its intact part remembers, a lower bound the recovery gap covers.
+  RocksDbTuning tuning;
+  tuning.wal_recovery = WalRecovery::kPointInTime;
+  RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, env, tuning));
   return rodb.meta_max_version;
 }
 

@@ -49,7 +49,8 @@ struct WalScan {
 Result<WalScan> ScanWalFiles(const std::string& db_dir);
 
 // The largest version the database in `db_dir` remembers handing out (its meta key; the
-// persister writes it with every group), from a read-only open: nothing changes.
+// persister writes it with every group), from a read-only open with point-in-time recovery
+// (a damaged WAL gives what its intact part holds): nothing changes.
 Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::Env* env);
 
 // For a snapshot just copied from a live database (a RocksDB checkpoint): the newest WAL file

@@ -601,20 +601,33 @@ TEST(Snapshot, ARestoreHappensOnceAndReusesNoVersion) {
   PersistOptions o = Opts(Durability::kSync, dir.sub("a"));
   o.restore_from = snap;
   {
-    auto n = MustStart(o);
+    auto n = MustStart(o);  // stopped before any write reaches the restored database
     EXPECT_EQ(GetValue(*n, "k"), "at-snapshot");
+  }
+  {
+    auto n = MustStart(o);  // the flag is still there
     Reply r = n->Put("k", "after-restore");
     ASSERT_TRUE(r.status.ok());
     EXPECT_GT(r.version, newest) << "a version the replaced database gave out is given again";
   }
   {
-    auto n = MustStart(o);  // the flag is still there
+    auto n = MustStart(o);
     EXPECT_EQ(GetValue(*n, "k"), "after-restore") << "restored a second time";
   }
   // Removing the note the restore left allows the same snapshot again.
   fs::remove(dir.sub("a") + "/restored_from");
+  {
+    auto n = MustStart(o);
+    EXPECT_EQ(GetValue(*n, "k"), "at-snapshot");
+  }
+  // A database created since (the old one removed) is not the restored one: restored again.
+  fs::remove_all(dir.sub("a") + "/db");
+  {
+    auto n = MustStart(Opts(Durability::kSync, dir.sub("a")));
+    ASSERT_TRUE(n->Put("k", "new-database").status.ok());
+  }
   auto n = MustStart(o);
-  EXPECT_EQ(GetValue(*n, "k"), "at-snapshot");
+  EXPECT_EQ(GetValue(*n, "k"), "at-snapshot") << "a new database was taken for the restored one";
 }
 
 // Snapshots taken while writers keep going: each one's WAL is whole (a torn end a write left

@@ -121,6 +121,40 @@ TEST_F(WalDamageTest, ATornEndIsCutAndTheDatabaseOpensWhole) {
   }
 }
 
+// A torn end inside a record of several fragments (a write larger than a 32 KiB block) is cut
+// from the record's first fragment: what is left is whole.
+TEST(WalTrimTest, ATornRecordOfSeveralFragmentsIsCutFromItsStart) {
+  TempDir dir;
+  {
+    auto n = Node::Start(Opts(dir.path()));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE((*n)->Put("small" + std::to_string(i), "v").status.ok());
+    Reply r = (*n)->Put("large", std::string(60000, 'x'));  // 2+ fragments of 32 KiB blocks
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  std::string wal;
+  uint64_t size = 0;
+  for (const auto& e : fs::directory_iterator(dir.path() + "/db")) {
+    if (e.path().extension() == ".log" && fs::file_size(e.path()) > size) {
+      wal = e.path().string();
+      size = fs::file_size(e.path());
+    }
+  }
+  ASSERT_GT(size, 60000u);
+  fs::resize_file(wal, size - 50);  // inside the large record's last fragment
+  uint64_t cut = 0;
+  Status trimmed = server::persistence::TrimTornWalTail(dir.path() + "/db", &cut);
+  ASSERT_TRUE(trimmed.ok()) << trimmed.ToString();
+  EXPECT_GT(cut, 55000u) << "the record's first fragments were left";
+  Result<WalScan> scan = ScanWalFiles(dir.path() + "/db");
+  ASSERT_TRUE(scan.ok());
+  EXPECT_FALSE(scan->damaged) << scan->Describe();
+  auto n = Node::Start(Opts(dir.path()));
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ((*n)->store().counters().items, 3u);
+}
+
 // Damage with intact records after it is no torn end: refused, and the file is not touched.
 TEST_F(WalDamageTest, DamageBeforeTheEndIsNotCut) {
   Garble(wal_size_ / 2);
