@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,8 +11,9 @@
 
 namespace rdkv::server {
 
-Allocator::Allocator(uint64_t heap_units, std::chrono::milliseconds grace)
-    : heap_units_(heap_units), grace_(grace), free_(kClasses) {}
+Allocator::Allocator(uint64_t heap_units, std::chrono::milliseconds grace,
+                     std::chrono::milliseconds merge_interval)
+    : heap_units_(heap_units), grace_(grace), merge_interval_(merge_interval), free_(kClasses) {}
 
 uint32_t Allocator::ClassOf(uint32_t units) {
   if (units <= kExact) return units == 0 ? 0 : units - 1;
@@ -108,10 +110,22 @@ void Allocator::ListRunLocked(uint64_t offset, uint64_t units) {
 }
 
 bool Allocator::MergeLocked() {
-  // Each pass sorts every listed block: it runs only once 1/64 of them were freed since the
-  // last, so that a heap that stays full does not pay for it on every refused write.
-  if (freed_since_merge_ == 0 || freed_since_merge_ * 64 < listed_units_) return false;
+  // Each pass sorts every listed block under the lock: it runs only when something was freed
+  // since the last and at most once per merge interval, so that a heap that stays full or
+  // fragmented does not pay for it on every refused write.
+  const Clock::time_point now = Clock::now();
+  if (freed_since_merge_ == 0 || (merges_ > 0 && now - last_merge_ < merge_interval_)) {
+    return false;
+  }
+  size_t count = carve_units_ > 0 ? 1 : 0;
+  for (uint32_t c = 0; c < kClasses; ++c) count += free_[c].size();
   std::vector<std::pair<uint32_t, uint32_t>> blocks;  // offset, units
+  try {
+    blocks.reserve(count);
+  } catch (const std::bad_alloc&) {
+    return false;  // nothing changed: the allocation fails as without a merge
+  }
+  last_merge_ = now;
   if (carve_units_ > 0) blocks.emplace_back(carve_offset_, carve_units_);
   carve_units_ = 0;
   for (uint32_t c = 0; c < kClasses; ++c) {

@@ -41,7 +41,10 @@ class Allocator {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Allocator(uint64_t heap_units, std::chrono::milliseconds grace);
+  // `merge_interval`: the least time between two merges of free blocks (each sorts every
+  // free block under the lock).
+  Allocator(uint64_t heap_units, std::chrono::milliseconds grace,
+            std::chrono::milliseconds merge_interval = std::chrono::seconds(1));
 
   // Size class helpers (public for tests): classes are exact up to 32 units (1 KiB), then 16
   // per doubling (each about 6.25% larger than the previous, so a 1 KB record wastes at most
@@ -51,8 +54,9 @@ class Allocator {
 
   // A block of at least `units` units: its class's free list, the bump pointer, the run left
   // of the last larger block it split, then the smallest larger free block, split. When none fits
-  // and enough was freed since the last merge (1/64 of the listed units), adjacent free blocks are
-  // merged and it looks again; a merge pass sorts every free block, under the lock. kOutOfSpace
+  // and something was freed since the last merge, at most once per merge interval, adjacent
+  // free blocks are merged and it looks again; a merge pass sorts every free block, under the
+  // lock. kOutOfSpace
   // when nothing fits, with *retry_after set when limbo holds blocks that will be free within that
   // time (zero duration when waiting cannot help).
   Result<Block> Allocate(uint32_t units, Clock::duration* retry_after = nullptr) EXCLUDES(mu_);
@@ -103,6 +107,7 @@ class Allocator {
 
   const uint64_t heap_units_;
   const Clock::duration grace_;
+  const Clock::duration merge_interval_;
   mutable Mutex mu_;
   uint64_t bump_ GUARDED_BY(mu_) = 0;  // units carved so far
   uint64_t used_ GUARDED_BY(mu_) = 0;
@@ -113,6 +118,7 @@ class Allocator {
   uint64_t carve_offset_ GUARDED_BY(mu_) = 0;
   uint64_t carve_units_ GUARDED_BY(mu_) = 0;
   uint64_t merges_ GUARDED_BY(mu_) = 0;
+  Clock::time_point last_merge_ GUARDED_BY(mu_);
   std::vector<std::vector<uint32_t>> free_ GUARDED_BY(mu_);  // per class: offsets
   struct Retired {
     Block block;

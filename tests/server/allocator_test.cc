@@ -77,7 +77,7 @@ TEST(AllocatorTest, AFullHeapWithBlocksInLimboAlwaysSaysAPositiveWait) {
 // HasRoomNow counts the blocks an item of that size can take without merging, not free bytes
 // in general, and says no while a writer waits for limbo. Allocate merges.
 TEST(AllocatorTest, HasRoomNowCountsOnlyBlocksTheItemCanTake) {
-  Allocator a(200, std::chrono::milliseconds(0));
+  Allocator a(200, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
   std::vector<Block> ones;
   for (;;) {
     Result<Block> b = a.Allocate(1);
@@ -103,7 +103,7 @@ TEST(AllocatorTest, HasRoomNowCountsOnlyBlocksTheItemCanTake) {
 // Space freed by small items serves large ones: adjacent free blocks merge, and the run that
 // reaches the bump pointer gives it back.
 TEST(AllocatorTest, FreedSmallBlocksMergeIntoLargeOnes) {
-  Allocator a(1000, std::chrono::milliseconds(0));
+  Allocator a(1000, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
   std::vector<Block> small;
   for (;;) {
     Result<Block> b = a.Allocate(3);
@@ -125,7 +125,7 @@ TEST(AllocatorTest, FreedSmallBlocksMergeIntoLargeOnes) {
 
 // Only adjacent free blocks merge: a free block between two used ones stays on its own.
 TEST(AllocatorTest, OnlyAdjacentFreeBlocksMerge) {
-  Allocator a(100, std::chrono::milliseconds(0));
+  Allocator a(100, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
   std::vector<Block> tens;
   for (int i = 0; i < 10; ++i) {
     Result<Block> b = a.Allocate(10);
@@ -143,7 +143,7 @@ TEST(AllocatorTest, OnlyAdjacentFreeBlocksMerge) {
 // A free block larger than asked is split, its rest kept: small items fill space a large one
 // left, all of it.
 TEST(AllocatorTest, ALargeFreeBlockIsSplitForSmallItems) {
-  Allocator a(1024, std::chrono::milliseconds(0));
+  Allocator a(1024, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
   Result<Block> large = a.Allocate(992);  // a class size, as is 32
   ASSERT_TRUE(large.ok());
   Result<Block> rest = a.Allocate(32);
@@ -161,11 +161,61 @@ TEST(AllocatorTest, ALargeFreeBlockIsSplitForSmallItems) {
   for (uint32_t u : units) ASSERT_LT(u, 992u) << "a block outside the freed space";
 }
 
+// Merges are at most one per merge interval: a heap that stays fragmented does not sort its
+// free blocks on every refused allocation; once the interval has passed, the next one merges.
+TEST(AllocatorTest, MergesAreAtMostOnePerInterval) {
+  Allocator a(100, std::chrono::milliseconds(0), std::chrono::milliseconds(200));
+  std::vector<Block> tens;
+  for (int i = 0; i < 10; ++i) {
+    Result<Block> b = a.Allocate(10);
+    ASSERT_TRUE(b.ok());
+    tens.push_back(*b);
+  }
+  for (int i = 0; i < 10; i += 2) a.Release(tens[i]);
+  EXPECT_FALSE(a.Allocate(20).ok());
+  EXPECT_EQ(a.stats().merges, 1u);
+  a.Release(tens[3]);  // 20..49 free now
+  EXPECT_FALSE(a.Allocate(30).ok()) << "a second merge inside the interval";
+  EXPECT_EQ(a.stats().merges, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  Result<Block> thirty = a.Allocate(30);
+  ASSERT_TRUE(thirty.ok()) << thirty.status().ToString();
+  EXPECT_EQ(a.stats().merges, 2u);
+}
+
+// Retired blocks merge too, once out of limbo, and a run longer than the largest size class is
+// listed as several blocks: a heap of more than 2^16 units, freed through limbo, is whole again.
+TEST(AllocatorTest, RetiredBlocksMergeOnceOutOfLimboAndLongRunsAreListed) {
+  constexpr uint32_t kHeap = 3 * 65536 + 1000;
+  Allocator a(kHeap, std::chrono::milliseconds(20), std::chrono::milliseconds(0));
+  std::vector<Block> blocks;
+  for (;;) {
+    Result<Block> b = a.Allocate(100);
+    if (!b.ok()) break;
+    blocks.push_back(*b);
+  }
+  for (size_t i = 0; i + 1 < blocks.size(); ++i) a.Retire(blocks[i]);  // all but the last
+  EXPECT_FALSE(a.Allocate(65535).ok()) << "merged before the grace period";
+  std::this_thread::sleep_for(std::chrono::milliseconds(40));
+  std::vector<Block> large;
+  for (int i = 0; i < 3; ++i) {
+    Result<Block> b = a.Allocate(65535);  // the largest item: a block of 65536
+    ASSERT_TRUE(b.ok()) << i << ": " << b.status().ToString();
+    large.push_back(*b);
+  }
+  std::set<uint32_t> starts;
+  for (const Block& b : large) {
+    EXPECT_LE(uint64_t{b.offset_units} + b.units, blocks.back().offset_units);
+    starts.insert(b.offset_units);
+  }
+  EXPECT_EQ(starts.size(), 3u);
+}
+
 // Random allocations and frees: blocks never overlap or leave the heap, the counts add up, and
 // once everything is freed the whole heap is one block again.
 TEST(AllocatorTest, RandomAllocationsNeverOverlapAndAFreedHeapIsWhole) {
   constexpr uint32_t kHeap = 8192;
-  Allocator a(kHeap, std::chrono::milliseconds(0));
+  Allocator a(kHeap, std::chrono::milliseconds(0), std::chrono::milliseconds(0));
   std::vector<bool> taken(kHeap, false);
   std::vector<Block> live;
   uint64_t live_units = 0, failures = 0;
