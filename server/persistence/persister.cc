@@ -480,6 +480,17 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
                                   " holds files but no RocksDB database (no "
                                   "CURRENT file); move it away [nothing on disk was changed]");
     }
+    // No database, but a restore's staging: a restore stopped between moving the database
+    // aside and renaming the snapshot's copy into place. A new empty database here would
+    // hide both.
+    if (fs::exists(data_dir / "db.restore", ec)) {
+      return Status::Unavailable(
+          "an interrupted restore: " + data_dir.string() +
+          " has no database but holds db.restore (the snapshot's copy being installed); the "
+          "database it replaced, if any, is in a db.pre-restore-<time> directory. Start again "
+          "with the same --restore_from, or move one of them to " +
+          db_dir.string() + " [nothing on disk was changed]");
+    }
     fs::remove(db_dir, ec);  // an empty directory, if any
     RDKV_RETURN_IF_ERROR(CreateDatabase(data_dir, db_dir, dbo));
     LOG(INFO) << "created a new database in " << db_dir;

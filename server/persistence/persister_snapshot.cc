@@ -130,15 +130,23 @@ Result<std::string> Persister::Impl::TakeSnapshot(const std::string& name) {
               << " bytes of its copied write-ahead log (a write that came after the snapshot "
                  "was asked for)";
   }
+  // A failure from here leaves no .tmp- directory behind (docs/persistence.md, failure cases).
+  auto fail = [&](Status s) {
+    std::error_code remove_ec;
+    fs::remove_all(tmp, remove_ec);
+    return s;
+  };
   {
     std::ofstream m(tmp / kSnapshotMarker);
     m << "name=" << name << "\nformat=" << kFormatVersion << "\nsequence=" << sequence
       << "\ncreated_utc=" << UtcStamp() << "\n";
-    if (!m) return Status::IoError("cannot write " + (tmp / kSnapshotMarker).string());
+    if (!m) return fail(Status::IoError("cannot write " + (tmp / kSnapshotMarker).string()));
   }
-  RDKV_RETURN_IF_ERROR(FsyncPath(tmp / kSnapshotMarker, false));
+  if (Status synced = FsyncPath(tmp / kSnapshotMarker, false); !synced.ok()) return fail(synced);
+  if (Status synced = FsyncPath(tmp, true); !synced.ok())
+    return fail(synced);  // the marker's entry
   fs::rename(tmp, final_path, ec);
-  if (ec) return FsError("cannot rename " + tmp.string(), ec);
+  if (ec) return fail(FsError("cannot rename " + tmp.string(), ec));
   RDKV_RETURN_IF_ERROR(FsyncPath(dir, true));
   LOG(INFO) << "snapshot " << final_path << " taken (sequence " << sequence << ")";
   MutexLock l(&snap_mu_);

@@ -839,6 +839,34 @@ TEST(StartupErrorsNoDb, DataDirIsAFile) {
   EXPECT_EQ(n.status().code(), StatusCode::kInvalidArgument) << n.status().ToString();
 }
 
+// A restore stopped between moving the database aside and renaming the snapshot's copy into
+// place leaves no db but a db.restore: a start without --restore_from refuses (a new empty
+// database would hide both), and a start with it finishes the restore. Found by review.
+TEST(StartupErrorsNoDb, AnInterruptedRestoreIsNotTakenForAnEmptyDataDir) {
+  TempDir dir;
+  std::string snap;
+  {
+    auto n = MustStart(Opts(Durability::kSync, dir.sub("a")));
+    ASSERT_TRUE(n->Put("k", "v").status.ok());
+    Reply sr = n->Call(kv::Op::kSnapshot, "s");
+    ASSERT_TRUE(sr.status.ok()) << sr.status.ToString();
+    snap = sr.body;
+  }
+  // As the restore leaves it after its first rename.
+  fs::rename(dir.sub("a") + "/db", dir.sub("a") + "/db.pre-restore-20261207-000000-000");
+  fs::create_directory(dir.sub("a") + "/db.restore");
+  Result<std::unique_ptr<Node>> refused = Node::Start(Opts(Durability::kSync, dir.sub("a")));
+  ASSERT_FALSE(refused.ok()) << "started over an interrupted restore";
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("interrupted restore"), std::string::npos)
+      << refused.status().ToString();
+  EXPECT_FALSE(fs::exists(dir.sub("a") + "/db")) << "a database was created";
+  PersistOptions o = Opts(Durability::kSync, dir.sub("a"));
+  o.restore_from = snap;
+  auto n = MustStart(o);
+  EXPECT_EQ(GetValue(*n, "k"), "v");
+}
+
 // Keeps the log lines that start with `prefix` (glog calls send from any thread).
 class PrefixSink : public google::LogSink {
  public:
