@@ -56,16 +56,37 @@ Result<Block> Allocator::Allocate(uint32_t units, Clock::duration* retry_after) 
   if (MergeLocked()) {
     if (std::optional<Block> b = TryAllocateLocked(cls, size)) return *b;
   }
+  // A merge that is due but waits for its interval: the write may find room after it.
+  const Clock::duration merge_wait = MergeWaitLocked(now);
   if (retry_after != nullptr) {
     // Measured from the reclaim's `now`: the front's time is after it (or it would have been
     // reclaimed), so a wait is never zero or negative while limbo holds blocks.
     *retry_after = limbo_.empty() ? Clock::duration::zero() : limbo_.front().reusable_at - now;
+    if (merge_wait > Clock::duration::zero() &&
+        (*retry_after == Clock::duration::zero() || merge_wait < *retry_after)) {
+      *retry_after = merge_wait;
+    }
   }
+  const auto merge_ms = std::chrono::ceil<std::chrono::milliseconds>(merge_wait).count();
   return Status::OutOfSpace("no free block of " + std::to_string(uint64_t{size} * kv::kUnit) +
                             " bytes: the region's heap is full (" +
                             std::to_string(used_ * kv::kUnit) + " bytes in use, " +
                             std::to_string(limbo_units_ * kv::kUnit) +
-                            " bytes waiting out the reuse grace period)");
+                            " bytes waiting out the reuse grace period)" +
+                            (merge_wait > Clock::duration::zero()
+                                 ? "; freed blocks are merged in " + std::to_string(merge_ms) +
+                                       " ms: a retry then may fit"
+                                 : std::string()));
+}
+
+Allocator::Clock::duration Allocator::NextMergeLocked() const {
+  return std::max<Clock::duration>(merge_interval_, 10 * last_merge_cost_);
+}
+
+Allocator::Clock::duration Allocator::MergeWaitLocked(Clock::time_point now) const {
+  if (freed_since_merge_ == 0 || merges_ == 0) return Clock::duration::zero();
+  const Clock::time_point at = last_merge_ + NextMergeLocked();
+  return at > now ? at - now : Clock::duration::zero();
 }
 
 std::optional<Block> Allocator::TryAllocateLocked(uint32_t cls, uint32_t size) {
@@ -111,10 +132,11 @@ void Allocator::ListRunLocked(uint64_t offset, uint64_t units) {
 
 bool Allocator::MergeLocked() {
   // Each pass sorts every listed block under the lock: it runs only when something was freed
-  // since the last and at most once per merge interval, so that a heap that stays full or
-  // fragmented does not pay for it on every refused write.
+  // since the last, and no sooner than ten times the last one's duration after it (and the
+  // merge interval), so that merges take at most a tenth of the allocator's time however
+  // often writes are refused.
   const Clock::time_point now = Clock::now();
-  if (freed_since_merge_ == 0 || (merges_ > 0 && now - last_merge_ < merge_interval_)) {
+  if (freed_since_merge_ == 0 || (merges_ > 0 && now - last_merge_ < NextMergeLocked())) {
     return false;
   }
   size_t count = carve_units_ > 0 ? 1 : 0;
@@ -146,6 +168,7 @@ bool Allocator::MergeLocked() {
       ListRunLocked(start, end - start);
     }
   }
+  last_merge_cost_ = Clock::now() - now;
   return true;
 }
 

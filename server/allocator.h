@@ -42,9 +42,9 @@ class Allocator {
   using Clock = std::chrono::steady_clock;
 
   // `merge_interval`: the least time between two merges of free blocks (each sorts every
-  // free block under the lock).
+  // free block under the lock); a merge also waits ten times the last one's duration.
   Allocator(uint64_t heap_units, std::chrono::milliseconds grace,
-            std::chrono::milliseconds merge_interval = std::chrono::seconds(1));
+            std::chrono::milliseconds merge_interval = std::chrono::milliseconds(0));
 
   // Size class helpers (public for tests): classes are exact up to 32 units (1 KiB), then 16
   // per doubling (each about 6.25% larger than the previous, so a 1 KB record wastes at most
@@ -54,11 +54,11 @@ class Allocator {
 
   // A block of at least `units` units: its class's free list, the bump pointer, the run left
   // of the last larger block it split, then the smallest larger free block, split. When none fits
-  // and something was freed since the last merge, at most once per merge interval, adjacent
-  // free blocks are merged and it looks again; a merge pass sorts every free block, under the
-  // lock. kOutOfSpace
+  // and something was freed since the last merge, adjacent free blocks are merged (a pass
+  // sorts every free block, under the lock; passes are at least ten times the last one's
+  // duration apart) and it looks again. kOutOfSpace
   // when nothing fits, with *retry_after set when limbo holds blocks that will be free within that
-  // time (zero duration when waiting cannot help).
+  // time (zero duration when waiting cannot help); also set to the wait for a merge that is due.
   Result<Block> Allocate(uint32_t units, Clock::duration* retry_after = nullptr) EXCLUDES(mu_);
   // For a block that was published: reused no earlier than now + grace.
   void Retire(Block b) EXCLUDES(mu_);
@@ -102,6 +102,10 @@ class Allocator {
   // Merges adjacent listed blocks and lists the runs again; a run that ends at the bump
   // pointer moves it down. False (nothing done) unless enough was listed since the last one.
   bool MergeLocked() REQUIRES(mu_);
+  // The least time from one merge to the next; how long until the next merge may run when one
+  // is due (something was freed since the last), else zero.
+  Clock::duration NextMergeLocked() const REQUIRES(mu_);
+  Clock::duration MergeWaitLocked(Clock::time_point now) const REQUIRES(mu_);
   static constexpr uint32_t kExact = 32;
   static constexpr uint32_t kClasses = kExact + 16 * 11;  // enough for 2^16 units
 
@@ -119,6 +123,7 @@ class Allocator {
   uint64_t carve_units_ GUARDED_BY(mu_) = 0;
   uint64_t merges_ GUARDED_BY(mu_) = 0;
   Clock::time_point last_merge_ GUARDED_BY(mu_);
+  Clock::duration last_merge_cost_ GUARDED_BY(mu_){};
   std::vector<std::vector<uint32_t>> free_ GUARDED_BY(mu_);  // per class: offsets
   struct Retired {
     Block block;

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "server/persistence/persister_impl.h"
@@ -117,10 +118,31 @@ Status CheckNotInUse(const fs::path& db_dir, rocksdb::Env* env) {
 
 // Copies a snapshot (a RocksDB checkpoint) to <data_dir>/db: into a staging directory first,
 // synced, then renamed into place. An existing database is renamed aside, never deleted.
+Status CopySnapshotTo(const fs::path& snap, const fs::path& staging);
+
 Status InstallSnapshot(const fs::path& snap, const fs::path& data_dir, const fs::path& db_dir) {
   std::error_code ec;
   fs::path staging = data_dir / "db.restore";
   fs::remove_all(staging, ec);  // a leftover of an interrupted restore: ours
+  if (Status copied = CopySnapshotTo(snap, staging); !copied.ok()) {
+    std::error_code remove_ec;
+    fs::remove_all(staging, remove_ec);  // a partial copy is nobody's: db.restore exists only
+    return copied;                       // while a restore runs
+  }
+  if (fs::exists(db_dir, ec)) {
+    fs::path aside = data_dir / ("db.pre-restore-" + UtcStamp());
+    fs::rename(db_dir, aside, ec);
+    if (ec) return FsError("cannot move the current database aside", ec);
+    LOG(WARNING) << "restore: the database that was in " << db_dir << " is kept as " << aside;
+  }
+  fs::rename(staging, db_dir, ec);
+  if (ec) return FsError("cannot rename " + staging.string() + " to " + db_dir.string(), ec);
+  return FsyncPath(data_dir, true);
+}
+
+// The snapshot's files into `staging` (created here), synced.
+Status CopySnapshotTo(const fs::path& snap, const fs::path& staging) {
+  std::error_code ec;
   if (!fs::create_directory(staging, ec)) return FsError("cannot create " + staging.string(), ec);
   // The error_code forms only (also the increment and the entry's type): a failure is a
   // Status for the operator, not a throw out of the server's start.
@@ -146,16 +168,7 @@ Status InstallSnapshot(const fs::path& snap, const fs::path& data_dir, const fs:
     RDKV_RETURN_IF_ERROR(FsyncPath(to, false));
   }
   if (ec) return FsError("cannot list " + snap.string(), ec);
-  RDKV_RETURN_IF_ERROR(FsyncPath(staging, true));
-  if (fs::exists(db_dir, ec)) {
-    fs::path aside = data_dir / ("db.pre-restore-" + UtcStamp());
-    fs::rename(db_dir, aside, ec);
-    if (ec) return FsError("cannot move the current database aside", ec);
-    LOG(WARNING) << "restore: the database that was in " << db_dir << " is kept as " << aside;
-  }
-  fs::rename(staging, db_dir, ec);
-  if (ec) return FsError("cannot rename " + staging.string() + " to " + db_dir.string(), ec);
-  return FsyncPath(data_dir, true);
+  return FsyncPath(staging, true);
 }
 
 // In the data dir: the snapshot the database was last restored from (RestoreNote).
@@ -167,6 +180,25 @@ std::string ReadSmallFile(const fs::path& path) {
   if (!in) return "";
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return s.size() > (64u << 10) ? "" : s;
+}
+
+// A small file of the data dir that decides what a start does: nullopt when it does not
+// exist; kIoError (naming it) when it exists but cannot be read, is not a regular file or is
+// over 64 KiB, so that an unreadable note is never taken for a missing one.
+Result<std::optional<std::string>> ReadDataDirNote(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return std::optional<std::string>();
+  if (ec || st.type() != fs::file_type::regular) {
+    return Status::IoError(path.string() + " exists but is not a readable file" +
+                           (ec ? ": " + ec.message() : std::string()) +
+                           " [nothing on disk was changed]");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.eof() && !in) return Status::IoError("cannot read " + path.string());
+  if (s.size() > (64u << 10)) return Status::IoError(path.string() + " is larger than 64 KiB");
+  return std::optional<std::string>(std::move(s));
 }
 
 // Writes `bytes` to `path` through a temporary file, synced and renamed into place.
@@ -418,14 +450,22 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   // (written by the restore): versions stay above it at every start.
   const fs::path floor_file = data_dir / kVersionFloorFile;
   uint64_t version_floor = 0;
-  if (const std::string f = ReadSmallFile(floor_file); !f.empty()) {
+  RDKV_ASSIGN_OR_RETURN(std::optional<std::string> floor_text, ReadDataDirNote(floor_file));
+  if (floor_text) {
+    std::string f = *floor_text;
+    while (!f.empty() && (f.back() == '\n' || f.back() == ' ')) f.pop_back();
     uint64_t v = 0;
     const auto [end, err] = std::from_chars(f.data(), f.data() + f.size(), v);
-    if (err != std::errc() || end != f.data() + f.size() || v > kv::kMaxItemVersion) {
-      return Status::Corruption(floor_file.string() + " does not hold a version (" +
-                                std::to_string(f.size()) + " bytes) [nothing on disk was changed]");
+    if (f.empty() || err != std::errc() || end != f.data() + f.size() ||
+        v > kv::kMaxItemVersion - kVersionGapAfterRecovery) {
+      return Status::Corruption(floor_file.string() +
+                                " does not hold a version (a decimal number below " +
+                                std::to_string(kv::kMaxItemVersion - kVersionGapAfterRecovery) +
+                                ") [nothing on disk was changed]");
     }
     version_floor = v;
+    LOG(INFO) << "versions stay above " << v << " (" << floor_file
+              << ": the largest a database replaced by a restore gave out)";
   }
   // What identifies a restore: the snapshot's path and marker (name, sequence, time), and the
   // RocksDB identity of the database it installed (a database created since is another one).
@@ -433,8 +473,9 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   bool restore = !options.restore_from.empty();
   bool restored = false;
   if (restore) {
-    if (HasDatabase(db_dir.string()) &&
-        ReadSmallFile(restored_note) == RestoreNote(options.restore_from, db_dir)) {
+    RDKV_ASSIGN_OR_RETURN(std::optional<std::string> note, ReadDataDirNote(restored_note));
+    if (HasDatabase(db_dir.string()) && note &&
+        *note == RestoreNote(options.restore_from, db_dir)) {
       // The flag was left on after the restore it asked for: restoring again would throw away
       // every write since.
       LOG(WARNING) << "restore: " << db_dir << " was already restored from " << options.restore_from
@@ -486,10 +527,10 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     if (fs::exists(data_dir / "db.restore", ec)) {
       return Status::Unavailable(
           "an interrupted restore: " + data_dir.string() +
-          " has no database but holds db.restore (the snapshot's copy being installed); the "
-          "database it replaced, if any, is in a db.pre-restore-<time> directory. Start again "
-          "with the same --restore_from, or move one of them to " +
-          db_dir.string() + " [nothing on disk was changed]");
+          " has no database but holds db.restore (the snapshot's copy being installed). Start "
+          "again with the same --restore_from (it copies the snapshot again); the database it "
+          "replaced, if there was one, is the newest db.pre-restore-<time> directory [nothing "
+          "on disk was changed]");
     }
     fs::remove(db_dir, ec);  // an empty directory, if any
     RDKV_RETURN_IF_ERROR(CreateDatabase(data_dir, db_dir, dbo));
@@ -514,6 +555,21 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
                                std::to_string(expected_sequence) + " loaded, " +
                                std::to_string(db->GetLatestSequenceNumber()) +
                                " now): is another kvserver using it?");
+  }
+  // The counter starts above what the database remembers (the recovery gap, the floor): that
+  // base is made durable before anything is served, so that a restart whose writes are all
+  // lost (async mode, a WAL dropped point in time) does not start again from the same base and
+  // give the versions those writes had to other writes.
+  if (const uint64_t base = store->version_counter(); base > max_version) {
+    char v[kVersionBytes];
+    EncodeVersion(base, v);
+    rocksdb::WriteOptions sync;
+    sync.sync = true;
+    rocksdb::Status put =
+        db->Put(sync, rocksdb::Slice(kMetaMaxVersion.data(), kMetaMaxVersion.size()),
+                rocksdb::Slice(v, kVersionBytes));
+    if (!put.ok()) return FromRocks("cannot record the version counter in " + db_dir.string(), put);
+    max_version = base;
   }
   // Leftovers of snapshots interrupted by a crash.
   fs::path snap_dir =

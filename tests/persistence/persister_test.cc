@@ -292,6 +292,25 @@ TEST(PersistSync, ARetryIsNotAcknowledgedBeforeTheFirstAttemptIsDurable) {
   fi.fs->sync_delay_us = 0;
 }
 
+// A start's version base (above what the database remembers) is on disk before anything is
+// served: a start whose writes are all lost does not hand the next start the same base, and
+// with it the versions those writes had. Found by review.
+TEST(PersistSync, AStartsVersionBaseIsDurableBeforeAnyWrite) {
+  TempDir dir;
+  { ASSERT_TRUE(MustStart(Opts(Durability::kSync, dir.path()))->Put("k", "v").status.ok()); }
+  uint64_t base = 0;
+  {
+    auto n = MustStart(Opts(Durability::kSync, dir.path()));
+    base = n->store().version_counter();
+  }
+  Result<uint64_t> remembered =
+      server::persistence::ReadRememberedMaxVersion(dir.path() + "/db", nullptr);
+  ASSERT_TRUE(remembered.ok()) << remembered.status().ToString();
+  EXPECT_GE(*remembered, base) << "the base of a start without writes was not recorded";
+  auto n = MustStart(Opts(Durability::kSync, dir.path()));
+  EXPECT_GT(n->store().version_counter(), base);
+}
+
 TEST(PersistSync, GroupCommitSharesSyncs) {
   TempDir dir;
   FaultInjection fi;
