@@ -424,6 +424,10 @@ class Service {
   // More stripes than writes in flight by far: an asynchronous write holds its stripe for a
   // round trip to its backups, and a write that finds its stripe taken waits on a thread.
   static constexpr size_t kKeyStripes = 4096;
+  // The most entries of a REPLICATE batch applied on the receiving thread (holding a replica
+  // stripe per entry at once); larger batches go to a worker. Also below the 64 locks one
+  // thread may hold under ThreadSanitizer's deadlock detector.
+  static constexpr size_t kMaxEntriesOnReceivingThread = 32;
   // Serialize writers of one key across the store and the persister; guard no member.
   std::array<TransferableLock, kKeyStripes> key_stripes_;
   // The same for forwarded writes applied as a backup (HandleReplicate): apart from

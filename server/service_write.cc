@@ -569,6 +569,10 @@ bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<ui
     if (!m.ok()) return false;
     entries.push_back(*m);
   }
+  // A larger batch (a catch-up copy's, a deep pipeline's) goes to a worker, which takes each
+  // entry's stripe in turn: this thread would hold a stripe per entry at once, and also serves
+  // READs meanwhile.
+  if (entries.size() > kMaxEntriesOnReceivingThread) return false;
   // All or nothing, so that a worker can take the whole request instead: room in the heap for
   // every entry, and every entry's replica stripe free now (held across the request; TryLock
   // never waits, so the order they are taken in does not matter).
