@@ -6,15 +6,11 @@
 #include <rocksdb/metadata.h>
 #include <rocksdb/options.h>
 
-#include <fcntl.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -419,21 +415,8 @@ Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
   if (ec) return Status::IoError("cannot stat " + scan.damaged_file + ": " + ec.message());
   std::filesystem::resize_file(scan.damaged_file, scan.damaged_offset, ec);
   if (ec) return Status::IoError("cannot truncate " + scan.damaged_file + ": " + ec.message());
-  const int fd = ::open(scan.damaged_file.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) ::close(fd);
-    return Status::IoError("cannot sync " + scan.damaged_file + ": " + std::strerror(err));
-  }
-  ::close(fd);
-  // The directory too, for a copy renamed over a shared link.
-  const int dir_fd = ::open(db_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
-    const int err = errno;
-    if (dir_fd >= 0) ::close(dir_fd);
-    return Status::IoError("cannot sync " + db_dir + ": " + std::strerror(err));
-  }
-  ::close(dir_fd);
+  RDKV_RETURN_IF_ERROR(FsyncPath(scan.damaged_file, false));
+  RDKV_RETURN_IF_ERROR(FsyncPath(db_dir, true));  // for a copy renamed over a shared link
   *cut = size - scan.damaged_offset;
   // Again: what is left must be whole.
   RDKV_ASSIGN_OR_RETURN(WalScan again, ScanWalFiles(db_dir));
