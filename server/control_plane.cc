@@ -1,4 +1,5 @@
 #include "server/control_plane.h"
+#include "common/util/thread_name.h"
 
 #include <glog/logging.h>
 
@@ -102,8 +103,14 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::Start(ControlPlaneOptions op
         self->PublishEpochs(e, installed);
       });
   RDKV_RETURN_IF_ERROR(cp->StartWatch(map_revision + 1));
-  cp->apply_thread_ = std::thread([self] { self->ApplyLoop(); });
-  cp->fence_thread_ = std::thread([self] { self->FenceLoop(); });
+  cp->apply_thread_ = std::thread([self] {
+    rdkv::util::NameThisThread("rdkv-map-apply");
+    self->ApplyLoop();
+  });
+  cp->fence_thread_ = std::thread([self] {
+    rdkv::util::NameThisThread("rdkv-fence");
+    self->FenceLoop();
+  });
   LOG(INFO) << "control plane: server " << cp->options_.server_id << " registered in etcd ("
             << cp->client_->current_endpoint() << ") for cluster '" << cp->options_.cluster_name
             << "', lease TTL " << cp->options_.lease_ttl_seconds << " s; watching "

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "common/kv/admin_wire.h"
+#include "common/util/thread_name.h"
 #include "server/service.h"
 
 namespace rdkv::server {
@@ -128,7 +129,10 @@ void Service::set_replicator(replication::Replicator* replicator) {
   if (replicator_ == nullptr) return;
   replicator_->set_max_value_bytes(limits_.max_value_bytes);
   if (cluster_ != nullptr && !repair_thread_.joinable()) {
-    repair_thread_ = std::thread([this] { RepairLoop(); });
+    repair_thread_ = std::thread([this] {
+      rdkv::util::NameThisThread("rdkv-repair");
+      RepairLoop();
+    });
   }
 }
 

@@ -1,5 +1,6 @@
 // LeaseKeeper: grant, the keepalive loop, the validity deadline and the lost callback.
 #include "common/etcd/lease_keeper.h"
+#include "common/util/thread_name.h"
 
 #include <algorithm>
 
@@ -29,7 +30,10 @@ Result<std::unique_ptr<LeaseKeeper>> LeaseKeeper::Start(EtcdOptions etcd,
       sent + std::chrono::seconds(std::min(lease.ttl_seconds, options.ttl_seconds));
   std::unique_ptr<LeaseKeeper> k(new LeaseKeeper(std::move(client), lease, valid_until, options,
                                                  interval, std::move(on_lost)));
-  k->thread_ = std::thread([p = k.get()] { p->Run(); });
+  k->thread_ = std::thread([p = k.get()] {
+    rdkv::util::NameThisThread("rdkv-etcd-lease");
+    p->Run();
+  });
   return k;
 }
 

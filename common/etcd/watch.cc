@@ -5,6 +5,7 @@
 
 #include "common/etcd/codec.h"
 #include "common/etcd/http.h"
+#include "common/util/thread_name.h"
 
 namespace rdkv::etcd {
 
@@ -19,7 +20,10 @@ Result<std::unique_ptr<Watch>> Watch::Start(EtcdOptions etcd, WatchOptions optio
   // EtcdClient::Create checks and normalizes the endpoints the same way.
   RDKV_ASSIGN_OR_RETURN(auto client, EtcdClient::Create(etcd));
   std::unique_ptr<Watch> w(new Watch(client->options(), std::move(options), std::move(callback)));
-  w->thread_ = std::thread([p = w.get()] { p->Run(); });
+  w->thread_ = std::thread([p = w.get()] {
+    rdkv::util::NameThisThread("rdkv-etcd-watch");
+    p->Run();
+  });
   return w;
 }
 

@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 
+#include "common/util/thread_name.h"
 #include "server/persistence/persister_impl.h"
 #include "server/persistence/recovery.h"
 
@@ -276,9 +277,20 @@ Persister::Impl::Impl(const PersistOptions& o, const rocksdb::Options& db_option
   snapshot_dir_ =
       o.snapshot_dir.empty() ? (fs::path(o.data_dir) / "snapshots").string() : o.snapshot_dir;
   last_sync_ = Clock::now();
-  thread_ = std::thread([this] { Run(); });
-  if (!sync_) sync_thread_ = std::thread([this] { SyncLoop(); });
-  snap_thread_ = std::thread([this] { SnapshotLoop(); });
+  thread_ = std::thread([this] {
+    rdkv::util::NameThisThread("rdkv-persist");
+    Run();
+  });
+  if (!sync_) {
+    sync_thread_ = std::thread([this] {
+      rdkv::util::NameThisThread("rdkv-wal-sync");
+      SyncLoop();
+    });
+  }
+  snap_thread_ = std::thread([this] {
+    rdkv::util::NameThisThread("rdkv-snapshot");
+    SnapshotLoop();
+  });
 }
 
 Persister::Impl::~Impl() {

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/kv/wire.h"
+#include "common/util/thread_name.h"
 #include "common/util/units.h"
 
 namespace rdkv::server::replication {
@@ -154,7 +155,10 @@ Replicator::Replicator(transport::Fabric* fabric, ReplicatorOptions options)
     max_batch_bytes_ = std::min(max_batch_bytes_, options_.max_message_size - kv::kMessageSlack);
   }
   for (int i = 0; i < std::max(1, options_.sender_threads); ++i) {
-    writers_.emplace_back([this] { WriterLoop(); });
+    writers_.emplace_back([this] {
+      rdkv::util::NameThisThread("rdkv-repl-write");
+      WriterLoop();
+    });
   }
 }
 
@@ -221,7 +225,10 @@ std::shared_ptr<Replicator::Peer> Replicator::PeerFor(uint32_t id, const std::st
   p->who = "backup server " + std::to_string(id) + " (" + address + ")";
   p->max_in_flight = static_cast<size_t>(std::max(1, options_.batches_in_flight));
   p->pipeline_min_writes = std::max<size_t>(1, options_.pipeline_min_writes);
-  p->sender = std::thread([this, peer = p] { SenderLoop(peer); });
+  p->sender = std::thread([this, peer = p] {
+    rdkv::util::NameThisThread("rdkv-repl-send");
+    SenderLoop(peer);
+  });
   return p;
 }
 

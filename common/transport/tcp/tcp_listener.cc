@@ -27,6 +27,7 @@
 #include "common/util/cpu_contention.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_annotations.h"
+#include "common/util/thread_name.h"
 #include "common/util/units.h"
 
 namespace rdkv::transport::tcp {
@@ -396,7 +397,10 @@ class NicThread {
     if (epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev) != 0) {
       return Status::FromErrno("epoll_ctl", errno);
     }
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this] {
+      rdkv::util::NameThisThread("rdkv-nic");
+      Run();
+    });
     return Status::Ok();
   }
 
@@ -1283,9 +1287,15 @@ class TcpListener final : public Listener {
       RDKV_RETURN_IF_ERROR(nics_.back()->Start());
     }
     for (int i = 0; i < core_->options.worker_threads; ++i) {
-      workers_.emplace_back([this] { WorkerLoop(); });
+      workers_.emplace_back([this] {
+        rdkv::util::NameThisThread("rdkv-worker");
+        WorkerLoop();
+      });
     }
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
+    accept_thread_ = std::thread([this] {
+      rdkv::util::NameThisThread("rdkv-accept");
+      AcceptLoop();
+    });
     LOG(INFO) << core_->name << ": serving " << core_->options.regions.size() << " region(s) with "
               << kNicThreads << " NIC thread(s) and " << core_->options.worker_threads
               << " worker(s)"

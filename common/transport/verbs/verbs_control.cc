@@ -16,6 +16,7 @@
 #include "common/transport/memory.h"
 #include "common/transport/verbs/verbs_internal.h"
 #include "common/util/resolve.h"
+#include "common/util/thread_name.h"
 #include "common/util/units.h"
 
 namespace rdkv::transport::verbs {
@@ -331,6 +332,7 @@ void VerbsFabric::UnregisterCmSink(rdma_cm_id* id) {
 }
 
 void VerbsFabric::ThreadMain() {
+  rdkv::util::NameThisThread("rdkv-verbs-ctl");
   while (!stop_.load()) {
     pollfd pfd[3] = {
         {cm_channel_.fd(), POLLIN, 0}, {ctx_->async_fd, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
@@ -1390,6 +1392,7 @@ void VerbsListener::ApplyRotation() {
 }
 
 void VerbsListener::CmThreadMain() {
+  rdkv::util::NameThisThread("rdkv-verbs-cm");
   while (!cm_stop_.load()) {
     pollfd pfd[2] = {{channel_.fd(), POLLIN, 0}, {cm_wake_.fd(), POLLIN, 0}};
     if (poll(pfd, 2, 100) < 0 && errno != EINTR) {

@@ -14,6 +14,7 @@
 
 #include "common/transport/auth.h"
 #include "common/transport/verbs/verbs_internal.h"
+#include "common/util/thread_name.h"
 
 namespace rdkv::transport::verbs {
 
@@ -1136,6 +1137,7 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
 }
 
 void VerbsListener::WorkerMain() {
+  rdkv::util::NameThisThread("rdkv-worker");
   Ready ready[kWorkerBatch];
   Scratch scratch;
   while (true) {
