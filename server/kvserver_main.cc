@@ -166,11 +166,15 @@ DEFINE_string(rocksdb_block_cache, "32MiB",
               "RocksDB block cache (reads come from the region, so "
               "it only helps compactions and recovery; 0 disables it).");
 DEFINE_int32(rocksdb_background_jobs, 2, "RocksDB flush + compaction threads.");
-DEFINE_string(wal_recovery, "refuse",
-              "A damaged write-ahead log at start: refuse (default: the server does not start, "
-              "names the file and offset, changes nothing on disk) or point_in_time (recover "
-              "the writes before the damage and drop the rest permanently, reporting what was "
-              "dropped; use only after deciding the loss is acceptable).");
+DEFINE_string(wal_recovery, "torn_tail",
+              "A damaged write-ahead log at start. torn_tail (default): the newest WAL file "
+              "ending inside its last record at a page boundary (a write cut off by a crash, "
+              "never acknowledged in sync mode) is cut, its bytes kept in "
+              "<data_dir>/torn-wal-tails/, and the start goes on; any other damage is refused "
+              "as with refuse. refuse: the server does not start, names the file and offset, "
+              "changes nothing on disk. point_in_time: recover the writes before the damage "
+              "and drop the rest permanently, reporting what was dropped; use only after "
+              "deciding the loss is acceptable.");
 
 namespace {
 // Set by SIGTERM/SIGINT from the first line of main: recovery checks it between items, the

@@ -33,9 +33,10 @@ Status FromRocks(std::string_view what, const rocksdb::Status& s) {
 
 Result<WalRecovery> ParseWalRecovery(std::string_view name) {
   if (name == "refuse") return WalRecovery::kRefuse;
+  if (name == "torn_tail") return WalRecovery::kTornTail;
   if (name == "point_in_time") return WalRecovery::kPointInTime;
   return Status::InvalidArgument("unknown WAL recovery '" + std::string(name) +
-                                 "' (refuse, point_in_time)");
+                                 "' (torn_tail, refuse, point_in_time)");
 }
 
 Status MakeDbOptions(const RocksDbTuning& tuning, rocksdb::Env* env, rocksdb::Options* out) {

@@ -66,11 +66,16 @@ enum class WalRecovery : uint8_t {
   // Refuse to start, naming the damaged file and offset; nothing on disk is changed. A WAL
   // holds acknowledged writes: recovering only what precedes the damage would lose them.
   kRefuse,
+  // As kRefuse, except for the one damage a crash leaves: the newest WAL file ending, at a
+  // page boundary, inside its last record (a write() stopped by SIGKILL). That record is cut
+  // (its bytes kept in <data_dir>/torn-wal-tails/) and the start goes on: in sync mode it was
+  // never acknowledged (CutTornWalTail in recovery.h; docs/persistence.md, Recovery step 0).
+  kTornTail,
   // The operator accepts losing what follows the damage: recover the writes before it
   // (RocksDB's point-in-time recovery) and report what was dropped. The loss is permanent.
   kPointInTime,
 };
-// "refuse" | "point_in_time"; kInvalidArgument otherwise.
+// "refuse" | "torn_tail" | "point_in_time"; kInvalidArgument otherwise.
 Result<WalRecovery> ParseWalRecovery(std::string_view name);
 
 // The tuning flags. Reads come from the region, never from RocksDB, so the cache is small and
@@ -79,8 +84,8 @@ struct RocksDbTuning {
   std::string compression = "lz4";            // none | snappy | lz4 | zstd
   uint64_t write_buffer_bytes = 64ull << 20;  // per memtable; up to 3 memtables
   uint64_t block_cache_bytes = 32ull << 20;
-  int background_jobs = 2;  // flushes + compactions
-  WalRecovery wal_recovery = WalRecovery::kRefuse;
+  int background_jobs = 2;                            // flushes + compactions
+  WalRecovery wal_recovery = WalRecovery::kTornTail;  // kvserver's --wal_recovery default
 };
 
 // RocksDB options for a kvserver database into *out. kInvalidArgument for an unknown or

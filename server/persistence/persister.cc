@@ -217,6 +217,9 @@ Status WriteSmallFile(const fs::path& path, const std::string& bytes) {
   return FsyncPath(path.parent_path(), true);
 }
 
+// In the data dir: the bytes of torn WAL records cut at starts (--wal_recovery=torn_tail).
+constexpr const char* kTornTailDir = "torn-wal-tails";
+
 // In the data dir: the largest version a database replaced by a restore had handed out.
 constexpr const char* kVersionFloorFile = "version_floor";
 
@@ -524,7 +527,31 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     expected_sequence = r.sequence;
     max_version = r.max_version;
   } else if (HasDatabase(db_dir.string())) {
-    RDKV_ASSIGN_OR_RETURN(RecoveryStats r, load(db_dir.string()));
+    TornTailCut torn_tail_cut;
+    if (options.tuning.wal_recovery == WalRecovery::kTornTail) {
+      // The one WAL damage a crash leaves (a write cut off between pages) is cut before the
+      // load; any other damage is left for the load to refuse.
+      RDKV_ASSIGN_OR_RETURN(TornTailCut cut,
+                            CutTornWalTail(db_dir.string(), (data_dir / kTornTailDir).string()));
+      if (cut.bytes > 0) {
+        LOG(WARNING) << "recovery: the write-ahead log " << cut.file
+                     << " ended inside its last record (a write cut off by a crash): cut "
+                     << cut.bytes << " bytes from byte " << cut.offset
+                     << " (that record's write was never acknowledged in sync mode; in async "
+                        "mode it is the group a crash loses); the bytes are kept in "
+                     << cut.kept << " (--wal_recovery=torn_tail)";
+        torn_tail_cut = cut;
+      }
+    }
+    Result<RecoveryStats> loaded = load(db_dir.string());
+    if (!loaded.ok() && torn_tail_cut.bytes > 0) {
+      return Status(loaded.status().code(), loaded.status().message() +
+                                                " (except the WAL's torn last record, cut before "
+                                                "the load; its bytes are in " +
+                                                torn_tail_cut.kept + ")");
+    }
+    RDKV_ASSIGN_OR_RETURN(RecoveryStats r, std::move(loaded));
+    if (recovered) recovered->torn_tail_cut = torn_tail_cut;
     expected_sequence = r.sequence;
     max_version = r.max_version;
   } else {

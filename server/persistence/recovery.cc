@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -186,7 +187,8 @@ struct WalFileScan {
   std::string head;                    // the logical record's first bytes (its WriteBatch header)
   uint64_t zero_start = ~uint64_t{0};  // zeroed headers seen since the last intact record
 
-  void Damage(uint64_t offset, std::string what) {
+  // `torn`: the file ends inside the record (nothing written there checked out wrong).
+  void Damage(uint64_t offset, std::string what, bool torn = false) {
     if (damaged_here) return;
     damaged_here = true;
     if (scan->damaged) return;
@@ -197,6 +199,7 @@ struct WalFileScan {
     scan->damaged_offset = in_record && record_start < offset ? record_start : offset;
     scan->damage = std::move(what);
     scan->damage_at_tail = newest;  // cleared when an intact record follows
+    scan->torn_end = torn;
   }
   void FinishRecord() {
     if (head.size() >= 12) {
@@ -213,12 +216,14 @@ struct WalFileScan {
   void Feed(const uint8_t* chunk, size_t size, uint64_t base);
   void End() {
     if (in_record)
-      Damage(record_start, "truncated record (the file ends before its last fragment)");
+      Damage(record_start, "truncated record (the file ends before its last fragment)", true);
   }
 };
 
 void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
-  auto damage = [this, base](size_t pos, std::string what) { Damage(base + pos, std::move(what)); };
+  auto damage = [this, base](size_t pos, std::string what, bool torn = false) {
+    Damage(base + pos, std::move(what), torn);
+  };
   auto finish_record = [this] { FinishRecord(); };
   size_t pos = 0;
   while (pos < size) {
@@ -229,7 +234,7 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
     }
     if (size - pos < kWalHeader) {
       bool zeros = std::all_of(chunk + pos, chunk + size, [](uint8_t b) { return b == 0; });
-      if (!zeros) damage(pos, "truncated record header (the file ends inside it)");
+      if (!zeros) damage(pos, "truncated record header (the file ends inside it)", true);
       break;
     }
     const uint8_t* h = chunk + pos;
@@ -253,7 +258,7 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
       continue;
     }
     if (size - pos < header + length) {
-      damage(pos, "truncated record (the file ends inside it)");
+      damage(pos, "truncated record (the file ends inside it)", true);
       break;
     }
     uint32_t crc = Crc32cExtend(0, h + 6, header - 6);  // type [+ log number]
@@ -388,6 +393,52 @@ Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::En
   return rodb.meta_max_version;
 }
 
+namespace {
+
+// Truncates `file` (a WAL of the database in `db_dir`) to `offset` bytes and syncs it and the
+// directory. A file shared by hard link with another directory is copied first: only this
+// directory's copy is cut. *size gets the file's size before the cut.
+Status CutWalFile(const std::string& db_dir, const std::string& file, uint64_t offset,
+                  uint64_t* size) {
+  std::error_code ec;
+  *size = std::filesystem::file_size(file, ec);
+  if (ec) return Status::IoError("cannot read the size of " + file + ": " + ec.message());
+  if (offset > *size) return Status::Internal("damage past the end of " + file);
+  if (std::filesystem::hard_link_count(file, ec) > 1 && !ec) {
+    const std::string own = file + ".own";
+    std::filesystem::copy_file(file, own, std::filesystem::copy_options::overwrite_existing, ec);
+    if (!ec) std::filesystem::rename(own, file, ec);
+    if (ec) return Status::IoError("cannot copy " + file + ": " + ec.message());
+  }
+  if (ec) return Status::IoError("cannot stat " + file + ": " + ec.message());
+  std::filesystem::resize_file(file, offset, ec);
+  if (ec) return Status::IoError("cannot truncate " + file + ": " + ec.message());
+  RDKV_RETURN_IF_ERROR(FsyncPath(file, false));
+  return FsyncPath(db_dir, true);  // for a copy renamed over a shared link
+}
+
+// Copies bytes [offset, end of file) of `file` into `to`, synced with its directory.
+Status KeepTail(const std::string& file, uint64_t offset, const std::filesystem::path& to) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in.is_open()) return Status::IoError("cannot open " + file);
+  in.seekg(static_cast<std::streamoff>(offset));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Status::IoError("cannot read " + file);
+  std::error_code ec;
+  std::filesystem::create_directories(to.parent_path(), ec);
+  if (ec)
+    return Status::IoError("cannot create " + to.parent_path().string() + ": " + ec.message());
+  {
+    std::ofstream out(to, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) return Status::IoError("cannot write " + to.string());
+  }
+  RDKV_RETURN_IF_ERROR(FsyncPath(to, false));
+  return FsyncPath(to.parent_path(), true);
+}
+
+}  // namespace
+
 Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
   *cut = 0;
   RDKV_ASSIGN_OR_RETURN(WalScan scan, ScanWalFiles(db_dir));
@@ -396,27 +447,8 @@ Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
     return Status::Corruption("the write-ahead log copied into " + db_dir +
                               " is damaged before its end: " + scan.Describe());
   }
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(scan.damaged_file, ec);
-  if (ec)
-    return Status::IoError("cannot read the size of " + scan.damaged_file + ": " + ec.message());
-  if (scan.damaged_offset > size) {
-    return Status::Internal("damage past the end of " + scan.damaged_file);
-  }
-  // A file shared with another directory (a hard link into the live database) is copied
-  // first: only this directory's copy may be cut.
-  if (std::filesystem::hard_link_count(scan.damaged_file, ec) > 1 && !ec) {
-    const std::string own = scan.damaged_file + ".own";
-    std::filesystem::copy_file(scan.damaged_file, own,
-                               std::filesystem::copy_options::overwrite_existing, ec);
-    if (!ec) std::filesystem::rename(own, scan.damaged_file, ec);
-    if (ec) return Status::IoError("cannot copy " + scan.damaged_file + ": " + ec.message());
-  }
-  if (ec) return Status::IoError("cannot stat " + scan.damaged_file + ": " + ec.message());
-  std::filesystem::resize_file(scan.damaged_file, scan.damaged_offset, ec);
-  if (ec) return Status::IoError("cannot truncate " + scan.damaged_file + ": " + ec.message());
-  RDKV_RETURN_IF_ERROR(FsyncPath(scan.damaged_file, false));
-  RDKV_RETURN_IF_ERROR(FsyncPath(db_dir, true));  // for a copy renamed over a shared link
+  uint64_t size = 0;
+  RDKV_RETURN_IF_ERROR(CutWalFile(db_dir, scan.damaged_file, scan.damaged_offset, &size));
   *cut = size - scan.damaged_offset;
   // Again: what is left must be whole.
   RDKV_ASSIGN_OR_RETURN(WalScan again, ScanWalFiles(db_dir));
@@ -427,14 +459,55 @@ Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
   return Status::Ok();
 }
 
+Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir) {
+  RDKV_ASSIGN_OR_RETURN(WalScan scan, ScanWalFiles(db_dir));
+  TornTailCut cut;
+  if (!scan.torn_tail()) return cut;
+  // A write() stopped by a signal stops between pages: the file then ends at a page boundary
+  // (Linux pages are multiples of 4 KiB). An end anywhere else is not what a killed process
+  // leaves, so it is left to the refusal.
+  std::error_code ec;
+  const uint64_t size_now = std::filesystem::file_size(scan.damaged_file, ec);
+  if (ec)
+    return Status::IoError("cannot read the size of " + scan.damaged_file + ": " + ec.message());
+  if (size_now % kTornWriteAlignment != 0) return cut;
+  cut.file = scan.damaged_file;
+  cut.offset = scan.damaged_offset;
+  if (!keep_dir.empty()) {
+    // One file per cut, named after the WAL and the offset, with the time so that a second
+    // crash at the same place keeps its own.
+    const std::filesystem::path wal(scan.damaged_file);
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+        std::chrono::system_clock::now().time_since_epoch());
+    const std::filesystem::path to =
+        std::filesystem::path(keep_dir) /
+        (wal.stem().string() + ".log-from-" + std::to_string(scan.damaged_offset) + "-cut-at-" +
+         std::to_string(now.count()));
+    RDKV_RETURN_IF_ERROR(KeepTail(scan.damaged_file, scan.damaged_offset, to));
+    cut.kept = to.string();
+  }
+  uint64_t size = 0;
+  RDKV_RETURN_IF_ERROR(CutWalFile(db_dir, scan.damaged_file, scan.damaged_offset, &size));
+  cut.bytes = size - scan.damaged_offset;
+  RDKV_ASSIGN_OR_RETURN(WalScan again, ScanWalFiles(db_dir));
+  if (again.damaged) {
+    return Status::Corruption(
+        "the write-ahead log of " + db_dir +
+        " is still damaged after its torn last record was cut: " + again.Describe());
+  }
+  return cut;
+}
+
 bool HasDatabase(const std::string& db_dir) {
   std::error_code ec;
   return std::filesystem::is_regular_file(std::filesystem::path(db_dir) / "CURRENT", ec);
 }
 
 Status ScanDatabase(const std::string& db_dir, rocksdb::Env* env, const ItemVisitor& item,
-                    uint64_t* max_version) {
-  RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, env, RocksDbTuning{}));
+                    uint64_t* max_version, WalRecovery wal_recovery) {
+  RocksDbTuning tuning;
+  tuning.wal_recovery = wal_recovery;
+  RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, env, tuning));
   if (max_version) *max_version = rodb.meta_max_version;
   return ForEachItem(rodb.db.get(), db_dir,
                      [&](std::string_view k, uint64_t version, std::string_view v) {
@@ -451,12 +524,25 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   WalScan wal;
   if (HasDatabase(db_dir)) {
     RDKV_ASSIGN_OR_RETURN(wal, ScanWalFiles(db_dir));
-    if (wal.damaged && options.tuning.wal_recovery == WalRecovery::kRefuse) {
-      std::string tail =
-          wal.damage_at_tail
-              ? " The damage is the end of the newest WAL file: a truncated file, or the torn "
-                "last write of a crash (in sync mode such a write was never acknowledged)."
-              : " Intact records follow the damage: acknowledged writes would be lost.";
+    if (wal.damaged && options.tuning.wal_recovery != WalRecovery::kPointInTime) {
+      std::string tail;
+      if (!wal.damage_at_tail) {
+        tail = " Intact records follow the damage: acknowledged writes would be lost.";
+      } else if (!wal.torn_end) {
+        tail =
+            " The damage is the end of the newest WAL file, but not a record the file ends "
+            "inside of (what a crash leaves): the bytes there are wrong.";
+      } else if (options.tuning.wal_recovery == WalRecovery::kTornTail) {
+        tail =
+            " The newest WAL file ends inside its last record, but not at a page boundary, "
+            "where a write stopped by a crash ends: a truncated file, which may have lost "
+            "acknowledged writes.";
+      } else {
+        tail =
+            " The damage is the end of the newest WAL file: a truncated file, or the torn "
+            "last write of a crash (in sync mode such a write was never acknowledged; "
+            "--wal_recovery=torn_tail cuts it when the file ends at a page boundary).";
+      }
       return Status::Corruption(
           "the write-ahead log of " + db_dir + " is damaged: " + wal.Describe() +
           ". The WAL holds writes up to sequence " + std::to_string(wal.max_sequence) +

@@ -38,6 +38,15 @@ struct WalScan {
   std::string damage;           // what is wrong there, e.g. "checksum mismatch"
   bool damage_at_tail = false;  // the damage is the end of the newest WAL file (a torn or
                                 // truncated last record), nothing intact follows it
+  bool torn_end = false;        // the first damage is the file ending inside a record (its header,
+                                // its body, or before its last fragment): every byte there checked
+                                // out, the rest was never written
+
+  // A torn tail: the newest WAL file ends inside its last record, every fragment before that
+  // point intact, nothing after it. What a write cut off by a crash leaves (SIGKILL stops a
+  // write() between pages; power loss drops pages not yet synced), and what a file truncated
+  // at that point looks like too.
+  bool torn_tail() const { return damaged && damage_at_tail && torn_end; }
 
   // "<file> at byte <offset>: <damage>", or "" when not damaged.
   std::string Describe() const;
@@ -61,6 +70,30 @@ Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::En
 // records after it is kCorruption (nothing changed). *cut gets the bytes removed (0: none).
 Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut);
 
+// A write() that a signal stops ends at a page boundary of the file; every Linux page size is
+// a multiple of this.
+inline constexpr uint64_t kTornWriteAlignment = 4096;
+
+// What CutTornWalTail did: bytes 0 when the WAL had no torn tail (nothing was changed).
+struct TornTailCut {
+  std::string file;     // the WAL file cut
+  uint64_t offset = 0;  // where its torn last record started: the file's new size
+  uint64_t bytes = 0;   // bytes removed
+  std::string kept;     // the file that holds the removed bytes ("" when kept nowhere)
+};
+
+// For a start of the data dir's own database (--wal_recovery=torn_tail): when the WAL's only
+// damage is a torn tail (WalScan::torn_tail) and the file ends at a multiple of
+// kTornWriteAlignment (where a write() stopped by SIGKILL ends), copies the torn record's bytes
+// into a new file in `keep_dir` (synced; "" keeps none), then truncates the WAL file where that
+// record starts and syncs it and its directory. A WAL file shared by hard link with another
+// directory (a snapshot) is copied first, so only this database's copy is cut. Any other damage, or
+// none, changes nothing (bytes 0): the caller's LoadDatabase judges it. kIoError when a file cannot
+// be read or written; kCorruption when the WAL is not whole after the cut.
+// In sync mode such a record was never acknowledged: a write group is answered only after its
+// record is whole in the file and synced (docs/persistence.md, Recovery step 0).
+Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir);
+
 struct RecoveryStats {
   uint64_t keys = 0;
   uint64_t bytes = 0;        // key + value bytes loaded
@@ -73,6 +106,8 @@ struct RecoveryStats {
   // and the last sequence number the WAL holds, above `sequence` when writes were dropped.
   std::string wal_damage;
   uint64_t wal_max_sequence = 0;
+  // --wal_recovery=torn_tail: the torn last record cut before the load (bytes 0: none).
+  TornTailCut torn_tail_cut;
 };
 
 struct LoadOptions {
@@ -115,7 +150,10 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
 // databases. *max_version (optional) receives the meta max_version.
 using ItemVisitor =
     std::function<void(std::string_view key, uint64_t version, std::string_view value)>;
+// `wal_recovery` kPointInTime reads what precedes a damaged WAL record (what a start recovers
+// after cutting a torn tail); any other value refuses a damaged WAL.
 Status ScanDatabase(const std::string& db_dir, rocksdb::Env* env, const ItemVisitor& item,
-                    uint64_t* max_version = nullptr);
+                    uint64_t* max_version = nullptr,
+                    WalRecovery wal_recovery = WalRecovery::kRefuse);
 
 }  // namespace rdkv::server::persistence

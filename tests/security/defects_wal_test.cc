@@ -3,6 +3,9 @@
 // a RocksDB warning and rewrote the data dir, making the loss permanent. Now the start is
 // refused with the file and offset named and nothing on disk changed; only an explicit
 // --wal_recovery=point_in_time recovers around the damage, and it reports what was dropped.
+// The one exception (the default --wal_recovery=torn_tail): a newest WAL file that ends inside
+// its last record at a page boundary, what SIGKILL leaves in a write() of several pages. That
+// record was never acknowledged; it is cut, its bytes kept, and the start goes on.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -64,9 +67,9 @@ class WalDamageTest : public ::testing::Test {
     f.write(b, sizeof(b));
   }
   // The start is refused naming the WAL file and a byte offset, and the data dir is unchanged.
-  void ExpectRefusedUntouched(const std::string& words) {
+  void ExpectRefusedUntouched(const std::string& words, WalRecovery mode = WalRecovery::kRefuse) {
     auto before = Fingerprint(dir_.path());
-    Result<std::unique_ptr<Node>> n = Node::Start(Opts(dir_.path()));
+    Result<std::unique_ptr<Node>> n = Node::Start(Opts(dir_.path(), mode));
     ASSERT_FALSE(n.ok()) << "started with " << (*n)->store().counters().items << " of " << kKeys
                          << " acknowledged keys";
     const std::string m = n.status().message();
@@ -153,6 +156,88 @@ TEST(WalTrimTest, ATornRecordOfSeveralFragmentsIsCutFromItsStart) {
   auto n = Node::Start(Opts(dir.path()));
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ((*n)->store().counters().items, 3u);
+}
+
+// A kill -9 under load can stop the write() of the newest WAL record between two pages: the
+// file then ends inside that record at a page boundary. The default --wal_recovery=torn_tail
+// cuts that record (never acknowledged in sync mode) before the load, keeps its bytes, and the
+// server starts; a second start finds nothing more to cut.
+TEST_F(WalDamageTest, ATornTailAtAPageBoundaryIsCutAtStartAndItsBytesKept) {
+  const uint64_t end = (wal_size_ / 2) / server::persistence::kTornWriteAlignment *
+                       server::persistence::kTornWriteAlignment;
+  std::string torn;  // the bytes the record had in the file from its start to `end`
+  fs::resize_file(wal_, end);
+  Result<WalScan> scan = ScanWalFiles(dir_.path() + "/db");
+  ASSERT_TRUE(scan.ok());
+  ASSERT_TRUE(scan->torn_tail()) << "the cut is expected inside a record: " << scan->Describe();
+  const uint64_t record_start = scan->damaged_offset;
+  {
+    std::ifstream in(wal_, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(record_start));
+    torn.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_EQ(torn.size(), end - record_start);
+  uint64_t items = 0;
+  {
+    Result<std::unique_ptr<Node>> n = Node::Start(Opts(dir_.path(), WalRecovery::kTornTail));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    items = (*n)->store().counters().items;
+    EXPECT_GT(items, 0u);
+    EXPECT_LT(items, static_cast<uint64_t>(kKeys));
+    const server::persistence::TornTailCut& cut = (*n)->recovered().torn_tail_cut;
+    EXPECT_EQ(cut.file, wal_);
+    EXPECT_EQ(cut.offset, record_start);
+    EXPECT_EQ(cut.bytes, end - record_start);
+    ASSERT_FALSE(cut.kept.empty());
+    EXPECT_EQ(fs::path(cut.kept).parent_path(), fs::path(dir_.path()) / "torn-wal-tails");
+    std::ifstream kept(cut.kept, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(kept)), std::istreambuf_iterator<char>());
+    EXPECT_TRUE(bytes == torn) << "the kept bytes are not the torn record's";
+    // Every key before the torn record is there, whole.
+    for (uint64_t i = 0; i < items; ++i) {
+      uint64_t version = 0;
+      Result<std::string> v = (*n)->store().Get("key" + std::to_string(i), &version);
+      ASSERT_TRUE(v.ok()) << i << ": " << v.status().ToString();
+      EXPECT_EQ(*v, std::string(4000, static_cast<char>('a' + i)));
+    }
+  }
+  {
+    Result<std::unique_ptr<Node>> n = Node::Start(Opts(dir_.path(), WalRecovery::kTornTail));
+    ASSERT_TRUE(n.ok()) << n.status().ToString();
+    EXPECT_EQ((*n)->store().counters().items, items);
+    EXPECT_EQ((*n)->recovered().torn_tail_cut.bytes, 0u) << "cut again";
+  }
+  size_t kept_files = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir_.path() + "/torn-wal-tails")) {
+    ++kept_files;
+  }
+  EXPECT_EQ(kept_files, 1u);
+}
+
+// The strict mode refuses the same torn tail and changes nothing.
+TEST_F(WalDamageTest, RefuseModeRefusesATornTailToo) {
+  fs::resize_file(wal_, (wal_size_ / 2) / 4096 * 4096);
+  ExpectRefusedUntouched("torn_tail cuts it", WalRecovery::kRefuse);
+}
+
+// A file that ends inside a record anywhere but at a page boundary is not what a killed
+// write() leaves: refused in the default mode too, nothing changed.
+TEST_F(WalDamageTest, ATruncationOffAPageBoundaryIsRefusedByDefault) {
+  fs::resize_file(wal_, (wal_size_ / 2) / 4096 * 4096 + 17);
+  ExpectRefusedUntouched("not at a page boundary", WalRecovery::kTornTail);
+  EXPECT_FALSE(fs::exists(dir_.path() + "/torn-wal-tails"));
+}
+
+// Wrong bytes in the last record are damage, not a torn write: refused in the default mode.
+TEST_F(WalDamageTest, AGarbledLastRecordIsRefusedByDefault) {
+  Garble(wal_size_ - 100);
+  ExpectRefusedUntouched("the bytes there are wrong", WalRecovery::kTornTail);
+}
+
+// And damage with intact records after it is refused in the default mode as before.
+TEST_F(WalDamageTest, DamageInTheMiddleIsRefusedByDefault) {
+  Garble(wal_size_ / 2);
+  ExpectRefusedUntouched("Intact records follow the damage", WalRecovery::kTornTail);
 }
 
 // Damage with intact records after it is no torn end: refused, and the file is not touched.
