@@ -166,15 +166,17 @@ DEFINE_string(rocksdb_block_cache, "32MiB",
               "RocksDB block cache (reads come from the region, so "
               "it only helps compactions and recovery; 0 disables it).");
 DEFINE_int32(rocksdb_background_jobs, 2, "RocksDB flush + compaction threads.");
-DEFINE_string(wal_recovery, "torn_tail",
-              "A damaged write-ahead log at start. torn_tail (default): the newest WAL file "
-              "ending inside its last record at a page boundary (a write cut off by a crash, "
-              "never acknowledged in sync mode) is cut, its bytes kept in "
-              "<data_dir>/torn-wal-tails/, and the start goes on; any other damage is refused "
-              "as with refuse. refuse: the server does not start, names the file and offset, "
-              "changes nothing on disk. point_in_time: recover the writes before the damage "
-              "and drop the rest permanently, reporting what was dropped; use only after "
-              "deciding the loss is acceptable.");
+DEFINE_string(
+    wal_recovery, "torn_tail",
+    "A damaged write-ahead log at start. torn_tail (default): the newest WAL file "
+    "ending inside its last record where a write cut off by a crash ends (never "
+    "acknowledged in sync mode) is cut, its bytes kept in "
+    "<data_dir>/torn-wal-tails/, and the start goes on (storage that lost synced "
+    "bytes at such a point looks the same, and is logged); any other damage is "
+    "refused as with refuse. refuse: the server does not start, names the file and offset, "
+    "changes nothing on disk. point_in_time: recover the writes before the damage "
+    "and drop the rest permanently, reporting what was dropped; use only after "
+    "deciding the loss is acceptable.");
 
 namespace {
 // Set by SIGTERM/SIGINT from the first line of main: recovery checks it between items, the
@@ -581,8 +583,11 @@ int main(int argc, char** argv) {
   rdkv::Result<std::unique_ptr<rdkv::server::Server>> server = rdkv::server::Server::Start(o);
   if (!server.ok() && g_stop.load()) {
     // Stopped by SIGTERM/SIGINT while starting (e.g. during recovery): a clean stop.
-    LOG(INFO) << "kvserver stopped by a signal before serving: " << server.status().ToString()
-              << " [nothing on disk was changed]";
+    const std::string why = server.status().ToString();
+    LOG(INFO) << "kvserver stopped by a signal before serving: " << why
+              << (why.find("torn last record") == std::string::npos
+                      ? " [nothing on disk was changed]"
+                      : "");
     return 0;
   }
   if (!server.ok()) return fail("cannot start: " + server.status().ToString());

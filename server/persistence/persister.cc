@@ -531,8 +531,9 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     if (options.tuning.wal_recovery == WalRecovery::kTornTail) {
       // The one WAL damage a crash leaves (a write cut off between pages) is cut before the
       // load; any other damage is left for the load to refuse.
-      RDKV_ASSIGN_OR_RETURN(TornTailCut cut,
-                            CutTornWalTail(db_dir.string(), (data_dir / kTornTailDir).string()));
+      RDKV_ASSIGN_OR_RETURN(
+          TornTailCut cut,
+          CutTornWalTail(db_dir.string(), (data_dir / kTornTailDir).string(), dbo.env));
       if (cut.bytes > 0) {
         LOG(WARNING) << "recovery: the write-ahead log " << cut.file
                      << " ended inside its last record (a write cut off by a crash): cut "

@@ -187,8 +187,10 @@ struct WalFileScan {
   std::string head;                    // the logical record's first bytes (its WriteBatch header)
   uint64_t zero_start = ~uint64_t{0};  // zeroed headers seen since the last intact record
 
-  // `torn`: the file ends inside the record (nothing written there checked out wrong).
-  void Damage(uint64_t offset, std::string what, bool torn = false) {
+  // How the file ends at a damage: not at all (wrong bytes), inside a record, or inside a
+  // record right after an intact fragment or fragment header.
+  enum class Torn { kNo, kInside, kAtBoundary };
+  void Damage(uint64_t offset, std::string what, Torn torn = Torn::kNo) {
     if (damaged_here) return;
     damaged_here = true;
     if (scan->damaged) return;
@@ -199,7 +201,8 @@ struct WalFileScan {
     scan->damaged_offset = in_record && record_start < offset ? record_start : offset;
     scan->damage = std::move(what);
     scan->damage_at_tail = newest;  // cleared when an intact record follows
-    scan->torn_end = torn;
+    scan->torn_end = torn != Torn::kNo;
+    scan->torn_at_boundary = torn == Torn::kAtBoundary;
   }
   void FinishRecord() {
     if (head.size() >= 12) {
@@ -216,12 +219,13 @@ struct WalFileScan {
   void Feed(const uint8_t* chunk, size_t size, uint64_t base);
   void End() {
     if (in_record)
-      Damage(record_start, "truncated record (the file ends before its last fragment)", true);
+      Damage(record_start, "truncated record (the file ends before its last fragment)",
+             Torn::kAtBoundary);
   }
 };
 
 void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
-  auto damage = [this, base](size_t pos, std::string what, bool torn = false) {
+  auto damage = [this, base](size_t pos, std::string what, Torn torn = Torn::kNo) {
     Damage(base + pos, std::move(what), torn);
   };
   auto finish_record = [this] { FinishRecord(); };
@@ -234,7 +238,7 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
     }
     if (size - pos < kWalHeader) {
       bool zeros = std::all_of(chunk + pos, chunk + size, [](uint8_t b) { return b == 0; });
-      if (!zeros) damage(pos, "truncated record header (the file ends inside it)", true);
+      if (!zeros) damage(pos, "truncated record header (the file ends inside it)", Torn::kInside);
       break;
     }
     const uint8_t* h = chunk + pos;
@@ -258,7 +262,8 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
       continue;
     }
     if (size - pos < header + length) {
-      damage(pos, "truncated record (the file ends inside it)", true);
+      damage(pos, "truncated record (the file ends inside it)",
+             size - pos == header ? Torn::kAtBoundary : Torn::kInside);
       break;
     }
     uint32_t crc = Crc32cExtend(0, h + 6, header - 6);  // type [+ log number]
@@ -368,6 +373,7 @@ Result<WalScan> ScanWalFiles(const std::string& db_dir) {
       if (got < chunk.size()) break;  // the end of the file
     }
     file.End();
+    if (file.damaged_here && scan.damaged_file == file.path) scan.damaged_file_size = base;
     ++scan.files;
     scan.bytes += base;
   }
@@ -396,18 +402,26 @@ Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::En
 namespace {
 
 // Truncates `file` (a WAL of the database in `db_dir`) to `offset` bytes and syncs it and the
-// directory. A file shared by hard link with another directory is copied first: only this
-// directory's copy is cut. *size gets the file's size before the cut.
+// directory, if it still has `expected_size` bytes (kUnavailable otherwise: something appends
+// to it). A file shared by hard link with another directory is copied first (synced before
+// it replaces the link): only this directory's copy is cut.
 Status CutWalFile(const std::string& db_dir, const std::string& file, uint64_t offset,
-                  uint64_t* size) {
+                  uint64_t expected_size) {
   std::error_code ec;
-  *size = std::filesystem::file_size(file, ec);
+  const uint64_t size = std::filesystem::file_size(file, ec);
   if (ec) return Status::IoError("cannot read the size of " + file + ": " + ec.message());
-  if (offset > *size) return Status::Internal("damage past the end of " + file);
+  if (size != expected_size) {
+    return Status::Unavailable(file + " changed size while its torn end was being cut (" +
+                               std::to_string(expected_size) + " bytes scanned, " +
+                               std::to_string(size) + " now): is another kvserver using it?");
+  }
+  if (offset > size) return Status::Internal("damage past the end of " + file);
   if (std::filesystem::hard_link_count(file, ec) > 1 && !ec) {
     const std::string own = file + ".own";
     std::filesystem::copy_file(file, own, std::filesystem::copy_options::overwrite_existing, ec);
-    if (!ec) std::filesystem::rename(own, file, ec);
+    if (ec) return Status::IoError("cannot copy " + file + ": " + ec.message());
+    RDKV_RETURN_IF_ERROR(FsyncPath(own, false));
+    std::filesystem::rename(own, file, ec);
     if (ec) return Status::IoError("cannot copy " + file + ": " + ec.message());
   }
   if (ec) return Status::IoError("cannot stat " + file + ": " + ec.message());
@@ -417,7 +431,8 @@ Status CutWalFile(const std::string& db_dir, const std::string& file, uint64_t o
   return FsyncPath(db_dir, true);  // for a copy renamed over a shared link
 }
 
-// Copies bytes [offset, end of file) of `file` into `to`, synced with its directory.
+// Copies bytes [offset, end of file) of `file` into `to` (a new file), synced, with its
+// directory and that directory's own entry.
 Status KeepTail(const std::string& file, uint64_t offset, const std::filesystem::path& to) {
   std::ifstream in(file, std::ios::binary);
   if (!in.is_open()) return Status::IoError("cannot open " + file);
@@ -425,16 +440,23 @@ Status KeepTail(const std::string& file, uint64_t offset, const std::filesystem:
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return Status::IoError("cannot read " + file);
   std::error_code ec;
-  std::filesystem::create_directories(to.parent_path(), ec);
-  if (ec)
-    return Status::IoError("cannot create " + to.parent_path().string() + ": " + ec.message());
+  const std::filesystem::path dir = to.parent_path();
+  const bool new_dir = !std::filesystem::exists(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError("cannot create " + dir.string() + ": " + ec.message());
+  if (new_dir) RDKV_RETURN_IF_ERROR(FsyncPath(dir.parent_path(), true));
   {
     std::ofstream out(to, std::ios::binary | std::ios::trunc);
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.close();  // a buffered write fails here (a full disk), not in write()
     if (!out) return Status::IoError("cannot write " + to.string());
   }
+  std::error_code size_ec;
+  if (std::filesystem::file_size(to, size_ec) != bytes.size() || size_ec) {
+    return Status::IoError("cannot write " + to.string() + " whole");
+  }
   RDKV_RETURN_IF_ERROR(FsyncPath(to, false));
-  return FsyncPath(to.parent_path(), true);
+  return FsyncPath(dir, true);
 }
 
 }  // namespace
@@ -447,9 +469,9 @@ Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
     return Status::Corruption("the write-ahead log copied into " + db_dir +
                               " is damaged before its end: " + scan.Describe());
   }
-  uint64_t size = 0;
-  RDKV_RETURN_IF_ERROR(CutWalFile(db_dir, scan.damaged_file, scan.damaged_offset, &size));
-  *cut = size - scan.damaged_offset;
+  RDKV_RETURN_IF_ERROR(
+      CutWalFile(db_dir, scan.damaged_file, scan.damaged_offset, scan.damaged_file_size));
+  *cut = scan.damaged_file_size - scan.damaged_offset;
   // Again: what is left must be whole.
   RDKV_ASSIGN_OR_RETURN(WalScan again, ScanWalFiles(db_dir));
   if (again.damaged) {
@@ -459,18 +481,34 @@ Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
   return Status::Ok();
 }
 
-Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir) {
-  RDKV_ASSIGN_OR_RETURN(WalScan scan, ScanWalFiles(db_dir));
+Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir,
+                                   rocksdb::Env* env) {
   TornTailCut cut;
-  if (!scan.torn_tail()) return cut;
-  // A write() stopped by a signal stops between pages: the file then ends at a page boundary
-  // (Linux pages are multiples of 4 KiB). An end anywhere else is not what a killed process
-  // leaves, so it is left to the refusal.
-  std::error_code ec;
-  const uint64_t size_now = std::filesystem::file_size(scan.damaged_file, ec);
-  if (ec)
-    return Status::IoError("cannot read the size of " + scan.damaged_file + ": " + ec.message());
-  if (size_now % kTornWriteAlignment != 0) return cut;
+  RDKV_ASSIGN_OR_RETURN(WalScan first, ScanWalFiles(db_dir));
+  if (!first.crash_torn_tail()) return cut;  // nothing to cut, or for the load to refuse
+  // Under the database's lock: a kvserver that opened it since would be appending to the file.
+  if (env == nullptr) env = rocksdb::Env::Default();
+  rocksdb::FileLock* lock = nullptr;
+  const std::string lock_path = db_dir + "/LOCK";
+  rocksdb::Status locked = env->LockFile(lock_path, &lock);
+  if (!locked.ok()) {
+    return Status::Unavailable(db_dir + " is in use (" + locked.ToString() +
+                               "): is another kvserver using this --data_dir?");
+  }
+  struct Unlock {
+    rocksdb::Env* env;
+    rocksdb::FileLock* lock;
+    ~Unlock() { env->UnlockFile(lock).PermitUncheckedError(); }
+  } unlock{env, lock};
+  RDKV_ASSIGN_OR_RETURN(WalScan scan, ScanWalFiles(db_dir));  // again, under the lock
+  if (!scan.crash_torn_tail()) return cut;
+  // Only an rdkv database of this format is changed: a read-only open checks the format key
+  // (point in time: the torn record is what it would stop at), and changes nothing.
+  {
+    RocksDbTuning tuning;
+    tuning.wal_recovery = WalRecovery::kPointInTime;
+    RDKV_ASSIGN_OR_RETURN(ReadOnlyDb rodb, OpenValidated(db_dir, env, tuning));
+  }
   cut.file = scan.damaged_file;
   cut.offset = scan.damaged_offset;
   if (!keep_dir.empty()) {
@@ -486,9 +524,9 @@ Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string&
     RDKV_RETURN_IF_ERROR(KeepTail(scan.damaged_file, scan.damaged_offset, to));
     cut.kept = to.string();
   }
-  uint64_t size = 0;
-  RDKV_RETURN_IF_ERROR(CutWalFile(db_dir, scan.damaged_file, scan.damaged_offset, &size));
-  cut.bytes = size - scan.damaged_offset;
+  RDKV_RETURN_IF_ERROR(
+      CutWalFile(db_dir, scan.damaged_file, scan.damaged_offset, scan.damaged_file_size));
+  cut.bytes = scan.damaged_file_size - scan.damaged_offset;
   RDKV_ASSIGN_OR_RETURN(WalScan again, ScanWalFiles(db_dir));
   if (again.damaged) {
     return Status::Corruption(
@@ -532,16 +570,21 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
         tail =
             " The damage is the end of the newest WAL file, but not a record the file ends "
             "inside of (what a crash leaves): the bytes there are wrong.";
+      } else if (!wal.crash_torn_tail()) {
+        tail =
+            " The newest WAL file ends inside its last record, but neither at a page boundary "
+            "nor after a whole fragment, where a write cut off by a crash ends: a truncated "
+            "file, which may have lost acknowledged writes.";
       } else if (options.tuning.wal_recovery == WalRecovery::kTornTail) {
         tail =
-            " The newest WAL file ends inside its last record, but not at a page boundary, "
-            "where a write stopped by a crash ends: a truncated file, which may have lost "
-            "acknowledged writes.";
+            " The newest WAL file ends inside its last record as a write cut off by a crash "
+            "leaves it; a start of a data dir's own database cuts such a record "
+            "(--wal_recovery=torn_tail), a snapshot given to --restore_from is never changed.";
       } else {
         tail =
             " The damage is the end of the newest WAL file: a truncated file, or the torn "
             "last write of a crash (in sync mode such a write was never acknowledged; "
-            "--wal_recovery=torn_tail cuts it when the file ends at a page boundary).";
+            "--wal_recovery=torn_tail cuts it).";
       }
       return Status::Corruption(
           "the write-ahead log of " + db_dir + " is damaged: " + wal.Describe() +

@@ -27,26 +27,41 @@ class Env;
 
 namespace rdkv::server::persistence {
 
+// A write() that a signal stops ends at a page boundary of the file; every Linux page size is
+// a multiple of this.
+inline constexpr uint64_t kTornWriteAlignment = 4096;
+
 // What ScanWalFiles found in a database's write-ahead log files.
 struct WalScan {
   uint64_t files = 0;         // WAL files read
   uint64_t bytes = 0;         // their total size
   uint64_t max_sequence = 0;  // the last sequence number of any intact record, damage or not
   bool damaged = false;
-  std::string damaged_file;     // the first damaged WAL file (a path in the database directory)
-  uint64_t damaged_offset = 0;  // byte offset in it of the first record that is not intact
-  std::string damage;           // what is wrong there, e.g. "checksum mismatch"
-  bool damage_at_tail = false;  // the damage is the end of the newest WAL file (a torn or
-                                // truncated last record), nothing intact follows it
-  bool torn_end = false;        // the first damage is the file ending inside a record (its header,
-                                // its body, or before its last fragment): every byte there checked
-                                // out, the rest was never written
+  std::string damaged_file;        // the first damaged WAL file (a path in the database directory)
+  uint64_t damaged_offset = 0;     // byte offset in it of the first record that is not intact
+  std::string damage;              // what is wrong there, e.g. "checksum mismatch"
+  uint64_t damaged_file_size = 0;  // the damaged file's size when it was scanned
+  bool damage_at_tail = false;     // the damage is the end of the newest WAL file (a torn or
+                                   // truncated last record), nothing intact follows it
+  // The first damage is the file ending inside a record (its header, its body, or before its
+  // last fragment): every byte there checked out, the rest was never written.
+  bool torn_end = false;
+  // ... and it ends right after an intact fragment, or right after an intact fragment header:
+  // where RocksDB's file writer may end one write() and start the next (a record larger than
+  // its buffer, 1 MiB, is written in several).
+  bool torn_at_boundary = false;
 
   // A torn tail: the newest WAL file ends inside its last record, every fragment before that
-  // point intact, nothing after it. What a write cut off by a crash leaves (SIGKILL stops a
-  // write() between pages; power loss drops pages not yet synced), and what a file truncated
-  // at that point looks like too.
+  // point intact, nothing after it. What a write cut off by a crash leaves, and what a file
+  // truncated at that point looks like too.
   bool torn_tail() const { return damaged && damage_at_tail && torn_end; }
+  // A torn tail that ends where a write() cut off by a crash ends: at a page boundary (the
+  // kernel copies a write into the page cache a page at a time and stops between pages for
+  // SIGKILL), or where the file writer starts a write() of its own (torn_at_boundary). A
+  // truncation anywhere else is not what a crash leaves.
+  bool crash_torn_tail() const {
+    return torn_tail() && (torn_at_boundary || damaged_file_size % kTornWriteAlignment == 0);
+  }
 
   // "<file> at byte <offset>: <damage>", or "" when not damaged.
   std::string Describe() const;
@@ -70,10 +85,6 @@ Result<uint64_t> ReadRememberedMaxVersion(const std::string& db_dir, rocksdb::En
 // records after it is kCorruption (nothing changed). *cut gets the bytes removed (0: none).
 Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut);
 
-// A write() that a signal stops ends at a page boundary of the file; every Linux page size is
-// a multiple of this.
-inline constexpr uint64_t kTornWriteAlignment = 4096;
-
 // What CutTornWalTail did: bytes 0 when the WAL had no torn tail (nothing was changed).
 struct TornTailCut {
   std::string file;     // the WAL file cut
@@ -83,16 +94,20 @@ struct TornTailCut {
 };
 
 // For a start of the data dir's own database (--wal_recovery=torn_tail): when the WAL's only
-// damage is a torn tail (WalScan::torn_tail) and the file ends at a multiple of
-// kTornWriteAlignment (where a write() stopped by SIGKILL ends), copies the torn record's bytes
-// into a new file in `keep_dir` (synced; "" keeps none), then truncates the WAL file where that
-// record starts and syncs it and its directory. A WAL file shared by hard link with another
-// directory (a snapshot) is copied first, so only this database's copy is cut. Any other damage, or
-// none, changes nothing (bytes 0): the caller's LoadDatabase judges it. kIoError when a file cannot
-// be read or written; kCorruption when the WAL is not whole after the cut.
+// damage is a torn tail a crash leaves (WalScan::crash_torn_tail) and the database is an rdkv
+// database of this format (a read-only open checks that first), copies the torn record's bytes
+// into a new file in `keep_dir` (synced, with its directory; "" keeps none), then truncates
+// the WAL file where that record starts and syncs it and its directory. All of it under the
+// database's RocksDB LOCK (kUnavailable while another process uses the database), and only
+// while the file still has the size it was scanned with. A WAL file shared by hard link with
+// another directory (a snapshot) is copied first, so only this database's copy is cut. Any
+// other damage, or none, changes nothing (bytes 0): the caller's LoadDatabase judges it.
+// kIoError when a file cannot be read or written; kCorruption when the WAL is not whole after
+// the cut; LoadDatabase's format errors. `env` may be null (the default Env).
 // In sync mode such a record was never acknowledged: a write group is answered only after its
 // record is whole in the file and synced (docs/persistence.md, Recovery step 0).
-Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir);
+Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir,
+                                   rocksdb::Env* env);
 
 struct RecoveryStats {
   uint64_t keys = 0;

@@ -453,8 +453,9 @@ int main(int argc, char** argv) {
     conns.clear();
     uint64_t before = totals.acked.load();
     // On disk, read-only, before anything restarts: what the next start recovers. The one WAL
-    // damage a kill may leave is a torn last record ending at a page boundary, which the start
-    // cuts (--wal_recovery=torn_tail): then read what precedes it. Any other damage fails.
+    // damage a kill may leave is a torn last record (WalScan::crash_torn_tail), which the
+    // start cuts (--wal_recovery=torn_tail): then read what precedes it. Any other damage
+    // fails the read, and the test. The restart below must serve exactly what was read.
     namespace persistence = rdkv::server::persistence;
     rdkv::Result<persistence::WalScan> wal = persistence::ScanWalFiles(data_dir + "/db");
     if (!wal.ok()) {
@@ -462,8 +463,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     persistence::WalRecovery read_mode = persistence::WalRecovery::kRefuse;
-    if (wal->torn_tail() &&
-        fs::file_size(wal->damaged_file) % persistence::kTornWriteAlignment == 0) {
+    if (wal->crash_torn_tail()) {
       ++torn_tails;
       Log("cycle " + std::to_string(cycle) + ": torn WAL tail " + wal->Describe());
       read_mode = persistence::WalRecovery::kPointInTime;

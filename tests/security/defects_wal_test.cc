@@ -220,11 +220,61 @@ TEST_F(WalDamageTest, RefuseModeRefusesATornTailToo) {
   ExpectRefusedUntouched("torn_tail cuts it", WalRecovery::kRefuse);
 }
 
+// A record larger than RocksDB's 1 MiB file buffer is written in several write()s; a crash
+// between two of them leaves the file ending right after a fragment's header (the buffer is
+// flushed before the payload that does not fit), off any page boundary. That is cut too; one
+// byte of payload later is not what a crash leaves, and is refused.
+TEST(WalTornTailTest, AnEndRightAfterAFragmentHeaderIsCutOneByteLaterIsRefused) {
+  for (const bool after_header : {true, false}) {
+    SCOPED_TRACE(after_header ? "right after the header" : "one byte into the payload");
+    TempDir dir;
+    {
+      auto n = Node::Start(Opts(dir.path(), WalRecovery::kTornTail));
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      for (int i = 0; i < 3; ++i)
+        ASSERT_TRUE((*n)->Put("small" + std::to_string(i), "v").status.ok());
+      Reply r = (*n)->Put("large", std::string(60000, 'x'));  // 2+ fragments of 32 KiB blocks
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    }
+    std::string wal;
+    uint64_t size = 0;
+    for (const auto& e : fs::directory_iterator(dir.path() + "/db")) {
+      if (e.path().extension() == ".log" && fs::file_size(e.path()) > size) {
+        wal = e.path().string();
+        size = fs::file_size(e.path());
+      }
+    }
+    ASSERT_GT(size, 32768u + 8);
+    // The large record's second fragment starts at the second block (32 KiB): its header is the
+    // block's first 7 bytes.
+    const uint64_t end = 32768 + 7 + (after_header ? 0 : 1);
+    fs::resize_file(wal, end);
+    Result<WalScan> scan = ScanWalFiles(dir.path() + "/db");
+    ASSERT_TRUE(scan.ok());
+    ASSERT_TRUE(scan->torn_tail()) << scan->Describe();
+    EXPECT_EQ(scan->crash_torn_tail(), after_header) << scan->Describe();
+    const auto before = Fingerprint(dir.path());
+    Result<std::unique_ptr<Node>> n = Node::Start(Opts(dir.path(), WalRecovery::kTornTail));
+    if (after_header) {
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      EXPECT_EQ((*n)->store().counters().items, 3u);
+      EXPECT_EQ((*n)->recovered().torn_tail_cut.offset, scan->damaged_offset);
+      EXPECT_EQ((*n)->recovered().torn_tail_cut.bytes, end - scan->damaged_offset);
+      EXPECT_LT(scan->damaged_offset, 32768u) << "cut from the record's first fragment";
+    } else {
+      ASSERT_FALSE(n.ok());
+      EXPECT_NE(n.status().message().find("neither at a page boundary"), std::string::npos)
+          << n.status().ToString();
+      EXPECT_EQ(Fingerprint(dir.path()), before) << "the data dir changed";
+    }
+  }
+}
+
 // A file that ends inside a record anywhere but at a page boundary is not what a killed
 // write() leaves: refused in the default mode too, nothing changed.
 TEST_F(WalDamageTest, ATruncationOffAPageBoundaryIsRefusedByDefault) {
   fs::resize_file(wal_, (wal_size_ / 2) / 4096 * 4096 + 17);
-  ExpectRefusedUntouched("not at a page boundary", WalRecovery::kTornTail);
+  ExpectRefusedUntouched("neither at a page boundary", WalRecovery::kTornTail);
   EXPECT_FALSE(fs::exists(dir_.path() + "/torn-wal-tails"));
 }
 
