@@ -4,15 +4,21 @@
 // persister_snapshot.cc (server/persistence/persister_impl.h lists them).
 #include "server/persistence/persister.h"
 
+#include <fcntl.h>
 #include <glog/logging.h>
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +36,7 @@ namespace fs = std::filesystem;
 using persister_internal::Clock;
 using persister_internal::FsError;
 using persister_internal::kSnapshotMarker;
+using persister_internal::SnapshotDirLock;
 using persister_internal::UtcStamp;
 
 Result<Durability> ParseDurability(std::string_view name) {
@@ -269,12 +276,59 @@ constexpr uint64_t kNoSequenceCheck = ~uint64_t{0};
 
 // ---------------------------------------------------------------------------------------------
 
+namespace persister_internal {
+
+Result<std::unique_ptr<SnapshotDirLock>> SnapshotDirLock::Take(const std::string& dir,
+                                                               const std::string& data_dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const fs::path path = fs::path(dir) / ".kvserver-lock";
+  int fd = ec ? -1 : open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    LOG(WARNING) << "cannot lock the snapshot dir " << dir << " ("
+                 << (ec ? ec.message() : std::string(std::strerror(errno)))
+                 << "): another kvserver given the same --snapshot_dir would not be noticed";
+    return std::unique_ptr<SnapshotDirLock>(new SnapshotDirLock(-1));
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string holder;
+    {
+      std::ifstream in(path);
+      std::getline(in, holder);
+    }
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return Status::Unavailable("the snapshot dir " + dir + " is in use by another kvserver" +
+                                 (holder.empty() ? "" : " (" + holder + ")") +
+                                 ": give each server its own --snapshot_dir (servers sharing "
+                                 "one would delete each other's snapshots)");
+    }
+    return Status::IoError("cannot lock " + path.string() + ": " + std::strerror(err));
+  }
+  // Who holds it, for the next one's error message.
+  const std::string who = "pid " + std::to_string(getpid()) + ", --data_dir=" + data_dir + "\n";
+  if (ftruncate(fd, 0) == 0) {
+    ssize_t n = pwrite(fd, who.data(), who.size(), 0);
+    (void)n;  // only a hint in another server's error
+  }
+  return std::unique_ptr<SnapshotDirLock>(new SnapshotDirLock(fd));
+}
+
+SnapshotDirLock::~SnapshotDirLock() {
+  if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace persister_internal
+
 Persister::Impl::Impl(const PersistOptions& o, const rocksdb::Options& db_options,
-                      std::string db_dir, std::unique_ptr<rocksdb::DB> db, uint64_t max_version)
+                      std::string db_dir, std::unique_ptr<rocksdb::DB> db, uint64_t max_version,
+                      std::unique_ptr<SnapshotDirLock> snapshot_dir_lock)
     : o_(o),
       db_options_(db_options),
       db_dir_(std::move(db_dir)),
       sync_(o.durability == Durability::kSync),
+      snapshot_dir_lock_(std::move(snapshot_dir_lock)),
       db_(std::move(db)),
       max_version_(max_version) {
   snapshot_dir_ =
@@ -611,9 +665,13 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     if (!put.ok()) return FromRocks("cannot record the version counter in " + db_dir.string(), put);
     max_version = base;
   }
-  // Leftovers of snapshots interrupted by a crash.
-  fs::path snap_dir =
+  // The snapshot dir is this server's alone from here on (taken after every check of the
+  // start, which leave the data dir as it was); then the leftovers of its own snapshots
+  // interrupted by a crash go.
+  const fs::path snap_dir =
       options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
+  RDKV_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotDirLock> snap_lock,
+                        SnapshotDirLock::Take(snap_dir.string(), options.data_dir));
   for (fs::directory_iterator it(snap_dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->path().filename().string().rfind(".tmp-", 0) == 0) {
       std::error_code remove_ec;
@@ -625,8 +683,8 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     }
   }
   LOG(INFO) << PromiseText(options);
-  return std::unique_ptr<Persister>(new Persister(
-      std::make_unique<Impl>(options, dbo, db_dir.string(), std::move(db), max_version)));
+  return std::unique_ptr<Persister>(new Persister(std::make_unique<Impl>(
+      options, dbo, db_dir.string(), std::move(db), max_version, std::move(snap_lock))));
 }
 
 }  // namespace rdkv::server::persistence

@@ -46,6 +46,26 @@ Status FsError(const std::string& what, const std::error_code& ec);
 // The file that marks a directory as a complete snapshot.
 inline constexpr const char* kSnapshotMarker = "RDKV_SNAPSHOT";
 
+// An exclusive flock(2) on <snapshot dir>/.kvserver-lock for the persister's life: two servers
+// given one --snapshot_dir would delete each other's unfinished snapshots at start and prune
+// each other's periodic ones. Released (the descriptor closed) by the destructor.
+class SnapshotDirLock {
+ public:
+  // Creates the directory if needed. kUnavailable naming the holder when another process (or
+  // another persister of this one) holds the lock. A directory that cannot be created or a
+  // lock file that cannot be opened is not an error (a snapshot would report it): a lock
+  // without a descriptor, and a warning in the log.
+  static Result<std::unique_ptr<SnapshotDirLock>> Take(const std::string& dir,
+                                                       const std::string& data_dir);
+  ~SnapshotDirLock();
+  SnapshotDirLock(const SnapshotDirLock&) = delete;
+  SnapshotDirLock& operator=(const SnapshotDirLock&) = delete;
+
+ private:
+  explicit SnapshotDirLock(int fd) : fd_(fd) {}
+  int fd_;
+};
+
 }  // namespace persister_internal
 
 class Persister::Impl {
@@ -54,7 +74,8 @@ class Persister::Impl {
 
   // persister.cc
   Impl(const PersistOptions& o, const rocksdb::Options& db_options, std::string db_dir,
-       std::unique_ptr<rocksdb::DB> db, uint64_t max_version);
+       std::unique_ptr<rocksdb::DB> db, uint64_t max_version,
+       std::unique_ptr<persister_internal::SnapshotDirLock> snapshot_dir_lock);
   ~Impl();
 
   Durability durability() const { return o_.durability; }
@@ -128,6 +149,7 @@ class Persister::Impl {
   const std::string db_dir_;
   const bool sync_;
   std::string snapshot_dir_;  // set by the constructor, then constant
+  const std::unique_ptr<persister_internal::SnapshotDirLock> snapshot_dir_lock_;
 
   // Replaced by the persister thread alone (RecoverDb, exclusive); the persister thread, the
   // WAL syncer and the snapshot thread use it under a shared lock.

@@ -849,6 +849,34 @@ TEST_F(StartupErrors, DataDirInUseByAnotherServer) {
   EXPECT_TRUE(a->Put("still", "serving").status.ok());
 }
 
+// Two servers given one --snapshot_dir would delete each other's unfinished snapshots at start
+// and prune each other's periodic ones: the second is refused, naming the first, and starts
+// once the first has stopped. The first's unfinished snapshot survives the refused start.
+TEST(StartupErrorsNoDb, ASnapshotDirSharedWithARunningServerIsRefused) {
+  TempDir dir;
+  PersistOptions oa = Opts(Durability::kSync, dir.sub("a"));
+  oa.snapshot_dir = dir.sub("shared-snapshots");
+  PersistOptions ob = Opts(Durability::kSync, dir.sub("b"));
+  ob.snapshot_dir = oa.snapshot_dir;
+  auto a = MustStart(oa);
+  ASSERT_TRUE(a);
+  fs::create_directories(oa.snapshot_dir + "/.tmp-of-a");  // as a snapshot of a in progress
+  Result<std::unique_ptr<Node>> b = Node::Start(ob);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kUnavailable) << b.status().ToString();
+  EXPECT_NE(b.status().message().find("in use by another kvserver"), std::string::npos)
+      << b.status().ToString();
+  EXPECT_NE(b.status().message().find(dir.sub("a")), std::string::npos)
+      << "the holder's data dir is named: " << b.status().ToString();
+  EXPECT_TRUE(fs::exists(oa.snapshot_dir + "/.tmp-of-a")) << "b removed a's unfinished snapshot";
+  EXPECT_TRUE(a->Put("still", "serving").status.ok());
+  ASSERT_TRUE(a->persister()->SnapshotNow("of-a").ok());
+  a.reset();
+  Result<std::unique_ptr<Node>> again = Node::Start(ob);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(fs::exists(oa.snapshot_dir + "/of-a/RDKV_SNAPSHOT"));
+}
+
 TEST(StartupErrorsNoDb, DataDirIsAFile) {
   TempDir dir;
   std::string file = dir.sub("file");
