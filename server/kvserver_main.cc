@@ -388,7 +388,10 @@ int main(int argc, char** argv) {
 
   auto fail = [](const std::string& what) {
     LOG(ERROR) << what;
-    std::fprintf(stderr, "kvserver: %s\n", what.c_str());
+    // glog copies errors to stderr already unless they go only to its log files: say it once.
+    const bool glog_wrote_stderr =
+        FLAGS_logtostderr || FLAGS_alsologtostderr || FLAGS_stderrthreshold <= google::GLOG_ERROR;
+    if (!glog_wrote_stderr) std::fprintf(stderr, "kvserver: %s\n", what.c_str());
     return kExitUsage;
   };
   rdkv::server::ServerOptions o;

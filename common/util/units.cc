@@ -29,9 +29,14 @@ Result<uint64_t> ParseByteSize(std::string_view text) {
     shift = 30;
   else if (suffix == "t" || suffix == "tb" || suffix == "tib")
     shift = 40;
+  else if (suffix == "p" || suffix == "pb" || suffix == "pib")
+    shift = 50;
   else
     return bad();
-  if (shift > 0 && n > (UINT64_MAX >> shift)) return bad();
+  if (shift > 0 && n > (UINT64_MAX >> shift)) {
+    return Status::InvalidArgument("'" + std::string(text) +
+                                   "' is larger than a 64-bit byte count (16 EiB)");
+  }
   return n << shift;
 }
 

@@ -10,8 +10,9 @@
 
 namespace rdkv {
 
-// Accepts a decimal integer with an optional suffix: K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB
-// (all binary: 1K = 1024), case-insensitive. kInvalidArgument with the input quoted otherwise.
+// Accepts a decimal integer with an optional suffix: K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB,
+// P/PB/PiB (all binary: 1K = 1024), case-insensitive. kInvalidArgument with the input quoted
+// otherwise, and for a size beyond 64 bits.
 Result<uint64_t> ParseByteSize(std::string_view text);
 
 // Splits "host:port" or "[ipv6]:port" (port 1..65535; IPv6 hosts come back without the
