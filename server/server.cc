@@ -1,16 +1,21 @@
 #include "server/server.h"
 
 #include <glog/logging.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <system_error>
 
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "common/metrics/metrics_http.h"
+#include "common/util/resolve.h"
+#include "common/util/units.h"
 #include "server/control_plane.h"
 #include "server/metrics.h"
 #include "server/saved_map.h"
@@ -21,6 +26,36 @@ namespace rdkv::server {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Whether a TCP listener could bind host:port now (0: any port, always). Checked before the
+// data dir is loaded or restored, which can take long and, for a restore, replaces the
+// database: a port another process holds is found first. kUnavailable naming the port when
+// it is in use; the bind error otherwise. The real bind comes later and can still lose a race.
+Status CheckPortFree(const std::string& what, const std::string& host, uint16_t port) {
+  if (port == 0) return Status::Ok();
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, true));
+  int error = 0;
+  for (const ResolvedAddress& ai : addresses) {
+    const int fd = socket(ai.family, ai.socktype | SOCK_CLOEXEC, ai.protocol);
+    if (fd < 0) {
+      error = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the listeners do
+    const bool bound = bind(fd, ai.sockaddr_ptr(), ai.length) == 0;
+    error = bound ? 0 : errno;
+    close(fd);
+    if (bound) return Status::Ok();
+  }
+  const std::string where = FormatHostPort(host.empty() ? "0.0.0.0" : host, port);
+  if (error == EADDRINUSE) {
+    return Status::Unavailable(what + " " + where +
+                               " is in use by another process (checked before the data dir "
+                               "is loaded); choose another port or stop that process");
+  }
+  return Status::FromErrno(what + ": bind " + where, error);
+}
 
 // The largest request or response payload this server's transport accepts (and the most it
 // sends to a client that accepts more). Without a map it follows max_value_bytes
@@ -374,6 +409,13 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
             << (region->huge_pages() ? " on huge pages" : "") << ", " << h.bucket_count
             << " index buckets (" << h.bucket_count * kv::kSlotsPerBucket << " slots), heap "
             << (h.heap_bytes >> 20) << " MiB, fabric " << fabric->Describe();
+  if (fabric->kind() == transport::TransportKind::kTcp) {
+    RDKV_RETURN_IF_ERROR(CheckPortFree("--port", options.host, options.port));
+  }
+  if (options.metrics_port) {
+    RDKV_RETURN_IF_ERROR(
+        CheckPortFree("--metrics_port", options.metrics_host, *options.metrics_port));
+  }
   // Load what is on disk before listening: GETs never see a half-loaded table.
   persistence::PersistOptions po = options.persist;
   po.max_value_bytes = options.max_value_bytes;
