@@ -413,6 +413,11 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
     RDKV_RETURN_IF_ERROR(CheckPortFree("--port", options.host, options.port));
   }
   if (options.metrics_port) {
+    if (*options.metrics_port != 0 && *options.metrics_port == options.port &&
+        options.metrics_host == options.host && fabric->kind() == transport::TransportKind::kTcp) {
+      return Status::InvalidArgument("--metrics_port " + std::to_string(options.port) +
+                                     " is this server's own --port; give /metrics another one");
+    }
     RDKV_RETURN_IF_ERROR(
         CheckPortFree("--metrics_port", options.metrics_host, *options.metrics_port));
   }

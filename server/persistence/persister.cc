@@ -278,11 +278,36 @@ constexpr uint64_t kNoSequenceCheck = ~uint64_t{0};
 
 namespace persister_internal {
 
+namespace {
+
+Status InUse(const std::string& dir, const fs::path& lock_file) {
+  std::string holder;
+  {
+    std::ifstream in(lock_file);
+    std::getline(in, holder);
+  }
+  return Status::Unavailable("the snapshot dir " + dir + " is in use by another kvserver" +
+                             (holder.empty() ? "" : " (" + holder + ")") +
+                             ": give each server its own --snapshot_dir (servers sharing one "
+                             "would delete each other's snapshots)");
+}
+
+}  // namespace
+
+Status SnapshotDirLock::Probe(const std::string& dir) {
+  const fs::path path = fs::path(dir) / kLockFile;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);  // never creates it
+  if (fd < 0) return Status::Ok();  // no lock file yet, or none readable: Take decides
+  const bool held = flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  close(fd);  // releases the lock, if this took it
+  return held ? InUse(dir, path) : Status::Ok();
+}
+
 Result<std::unique_ptr<SnapshotDirLock>> SnapshotDirLock::Take(const std::string& dir,
                                                                const std::string& data_dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const fs::path path = fs::path(dir) / ".kvserver-lock";
+  const fs::path path = fs::path(dir) / kLockFile;
   int fd = ec ? -1 : open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     LOG(WARNING) << "cannot lock the snapshot dir " << dir << " ("
@@ -292,19 +317,13 @@ Result<std::unique_ptr<SnapshotDirLock>> SnapshotDirLock::Take(const std::string
   }
   if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    std::string holder;
-    {
-      std::ifstream in(path);
-      std::getline(in, holder);
-    }
     close(fd);
-    if (err == EWOULDBLOCK) {
-      return Status::Unavailable("the snapshot dir " + dir + " is in use by another kvserver" +
-                                 (holder.empty() ? "" : " (" + holder + ")") +
-                                 ": give each server its own --snapshot_dir (servers sharing "
-                                 "one would delete each other's snapshots)");
-    }
-    return Status::IoError("cannot lock " + path.string() + ": " + std::strerror(err));
+    if (err == EWOULDBLOCK) return InUse(dir, path);
+    // A file system without locks (NFS without lockd): the same as a dir that cannot be
+    // locked at all, a warning.
+    LOG(WARNING) << "cannot lock the snapshot dir " << dir << " (" << std::strerror(err)
+                 << "): another kvserver given the same --snapshot_dir would not be noticed";
+    return std::unique_ptr<SnapshotDirLock>(new SnapshotDirLock(-1));
   }
   // Who holds it, for the next one's error message.
   const std::string who = "pid " + std::to_string(getpid()) + ", --data_dir=" + data_dir + "\n";
@@ -512,6 +531,12 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     if (ec) return FsError("cannot create --data_dir=" + options.data_dir, ec);
   }
   RDKV_RETURN_IF_ERROR(CheckNotInUse(db_dir, dbo.env));
+  const fs::path snap_dir =
+      options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
+  // A snapshot dir another running server holds is refused before anything here changes (the
+  // lock itself is taken once the start has passed its checks: creating it would change the
+  // data dir of a start refused later).
+  RDKV_RETURN_IF_ERROR(SnapshotDirLock::Probe(snap_dir.string()));
 
   uint64_t expected_sequence = 0;
   uint64_t max_version = 0;
@@ -668,8 +693,6 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   // The snapshot dir is this server's alone from here on (taken after every check of the
   // start, which leave the data dir as it was); then the leftovers of its own snapshots
   // interrupted by a crash go.
-  const fs::path snap_dir =
-      options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotDirLock> snap_lock,
                         SnapshotDirLock::Take(snap_dir.string(), options.data_dir));
   for (fs::directory_iterator it(snap_dir, ec), end; !ec && it != end; it.increment(ec)) {

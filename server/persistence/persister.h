@@ -101,7 +101,8 @@ class Persister {
   //   else <data_dir>/db exists: loads it read-only first, then opens it read-write and
   //     checks nobody changed it in between;
   //   else creates a new database.
-  // A failure before the load completes changes nothing on disk. In none mode returns
+  // A failure before the load completes changes nothing on disk, except a torn WAL tail cut
+  // before the load (--wal_recovery=torn_tail; its message says so). In none mode returns
   // nullptr (after loading --restore_from, if set, read-only: nothing is written).
   static Result<std::unique_ptr<Persister>> Start(const PersistOptions& options, Store* store,
                                                   RecoveryStats* recovered = nullptr);

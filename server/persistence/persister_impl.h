@@ -52,11 +52,15 @@ inline constexpr const char* kSnapshotMarker = "RDKV_SNAPSHOT";
 class SnapshotDirLock {
  public:
   // Creates the directory if needed. kUnavailable naming the holder when another process (or
-  // another persister of this one) holds the lock. A directory that cannot be created or a
-  // lock file that cannot be opened is not an error (a snapshot would report it): a lock
-  // without a descriptor, and a warning in the log.
+  // another persister of this one) holds the lock. A directory that cannot be created, a
+  // lock file that cannot be opened, or a file system without flock (ENOLCK) is not an error
+  // (a snapshot would report it): a lock without a descriptor, and a warning in the log.
   static Result<std::unique_ptr<SnapshotDirLock>> Take(const std::string& dir,
                                                        const std::string& data_dir);
+  // kUnavailable naming the holder when another process holds the lock now; creates nothing
+  // (no lock file yet: OK). Take still decides: a server may take the lock in between.
+  static Status Probe(const std::string& dir);
+  static constexpr const char* kLockFile = ".kvserver-lock";
   ~SnapshotDirLock();
   SnapshotDirLock(const SnapshotDirLock&) = delete;
   SnapshotDirLock& operator=(const SnapshotDirLock&) = delete;

@@ -186,6 +186,7 @@ struct WalFileScan {
   uint64_t record_start = 0;
   std::string head;                    // the logical record's first bytes (its WriteBatch header)
   uint64_t zero_start = ~uint64_t{0};  // zeroed headers seen since the last intact record
+  bool zeros_at_end = false;           // the file ends in a zeroed partial header
 
   // How the file ends at a damage: not at all (wrong bytes), inside a record, or inside a
   // record right after an intact fragment or fragment header.
@@ -218,9 +219,11 @@ struct WalFileScan {
   // except for the file's last chunk.
   void Feed(const uint8_t* chunk, size_t size, uint64_t base);
   void End() {
+    // Right after a whole fragment, unless zeros came after it (not where a write ends).
+    const bool clean = zero_start == ~uint64_t{0} && !zeros_at_end;
     if (in_record)
       Damage(record_start, "truncated record (the file ends before its last fragment)",
-             Torn::kAtBoundary);
+             clean ? Torn::kAtBoundary : Torn::kInside);
   }
 };
 
@@ -239,6 +242,7 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
     if (size - pos < kWalHeader) {
       bool zeros = std::all_of(chunk + pos, chunk + size, [](uint8_t b) { return b == 0; });
       if (!zeros) damage(pos, "truncated record header (the file ends inside it)", Torn::kInside);
+      zeros_at_end = zeros;
       break;
     }
     const uint8_t* h = chunk + pos;
@@ -262,8 +266,13 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
       continue;
     }
     if (size - pos < header + length) {
+      // A whole header and no payload: where the file writer may flush between the two, if
+      // the header's type fits (its checksum covers the payload, so nothing else checks it).
+      const uint8_t kind = recyclable ? static_cast<uint8_t>(type - 4) : type;
+      const bool fits = in_record ? (kind == kWalMiddle || kind == kWalLast)
+                                  : (kind == kWalFull || kind == kWalFirst);
       damage(pos, "truncated record (the file ends inside it)",
-             size - pos == header ? Torn::kAtBoundary : Torn::kInside);
+             size - pos == header && fits ? Torn::kAtBoundary : Torn::kInside);
       break;
     }
     uint32_t crc = Crc32cExtend(0, h + 6, header - 6);  // type [+ log number]
@@ -490,6 +499,8 @@ Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string&
   if (env == nullptr) env = rocksdb::Env::Default();
   rocksdb::FileLock* lock = nullptr;
   const std::string lock_path = db_dir + "/LOCK";
+  std::error_code lock_ec;
+  if (!std::filesystem::exists(lock_path, lock_ec)) return cut;  // not RocksDB's: the load judges
   rocksdb::Status locked = env->LockFile(lock_path, &lock);
   if (!locked.ok()) {
     return Status::Unavailable(db_dir + " is in use (" + locked.ToString() +
@@ -511,6 +522,12 @@ Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string&
   }
   cut.file = scan.damaged_file;
   cut.offset = scan.damaged_offset;
+  std::error_code size_ec;
+  if (std::filesystem::file_size(scan.damaged_file, size_ec) != scan.damaged_file_size || size_ec) {
+    return Status::Unavailable(scan.damaged_file +
+                               " changed size while its torn end was being cut: is another "
+                               "kvserver using it?");
+  }
   if (!keep_dir.empty()) {
     // One file per cut, named after the WAL and the offset, with the time so that a second
     // crash at the same place keeps its own.

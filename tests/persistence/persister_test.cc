@@ -869,6 +869,7 @@ TEST(StartupErrorsNoDb, ASnapshotDirSharedWithARunningServerIsRefused) {
   EXPECT_NE(b.status().message().find(dir.sub("a")), std::string::npos)
       << "the holder's data dir is named: " << b.status().ToString();
   EXPECT_TRUE(fs::exists(oa.snapshot_dir + "/.tmp-of-a")) << "b removed a's unfinished snapshot";
+  EXPECT_FALSE(fs::exists(dir.sub("b") + "/db")) << "refused only after creating a database";
   EXPECT_TRUE(a->Put("still", "serving").status.ok());
   ASSERT_TRUE(a->persister()->SnapshotNow("of-a").ok());
   a.reset();

@@ -95,6 +95,23 @@ TEST_F(StartupPortTest, ABusyMetricsPortIsFoundBeforeTheDataDirIsRestored) {
       << s.status().ToString();
 }
 
+TEST_F(StartupPortTest, AMetricsPortEqualToTheServersPortIsRefusedBeforeTheLoad) {
+  uint16_t port = 0;
+  {
+    HeldPort probe;
+    port = probe.port();
+  }
+  server::ServerOptions o = Options();
+  o.port = port;
+  o.metrics_port = port;
+  o.persist.restore_from = dir_ + "/no-such-snapshot";
+  auto s = server::Server::Start(o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status().ToString();
+  EXPECT_NE(s.status().message().find("is this server's own --port"), std::string::npos)
+      << s.status().ToString();
+}
+
 TEST_F(StartupPortTest, AFreePortStarts) {
   uint16_t port = 0;
   {
