@@ -35,6 +35,36 @@ PersistOptions Opts(const std::string& dir, WalRecovery wal = WalRecovery::kRefu
   return o;
 }
 
+// The largest WAL file of the database in `db_dir` ("" when none), its size in *size.
+std::string LargestWal(const std::string& db_dir, uint64_t* size) {
+  std::string wal;
+  *size = 0;
+  for (const auto& e : fs::directory_iterator(db_dir)) {
+    if (e.path().extension() == ".log" && fs::file_size(e.path()) > *size) {
+      wal = e.path().string();
+      *size = fs::file_size(e.path());
+    }
+  }
+  return wal;
+}
+
+// A database in `dir` whose WAL holds three small records and then one of 60,000 bytes (two
+// fragments: the rest of the first 32 KiB block, then the second block). Its WAL's path.
+std::string SmallRecordsThenALargeOne(const std::string& dir, WalRecovery mode,
+                                      uint64_t* wal_size) {
+  {
+    auto n = Node::Start(Opts(dir, mode));
+    EXPECT_TRUE(n.ok()) << n.status().ToString();
+    if (!n.ok()) return "";
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE((*n)->Put("small" + std::to_string(i), "v").status.ok());
+    }
+    Reply r = (*n)->Put("large", std::string(60000, 'x'));
+    EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  return LargestWal(dir + "/db", wal_size);
+}
+
 class WalDamageTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,12 +76,7 @@ class WalDamageTest : public ::testing::Test {
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
     }
     n->reset();
-    for (const auto& e : fs::directory_iterator(dir_.path() + "/db")) {
-      if (e.path().extension() == ".log" && fs::file_size(e.path()) > wal_size_) {
-        wal_ = e.path().string();
-        wal_size_ = fs::file_size(e.path());
-      }
-    }
+    wal_ = LargestWal(dir_.path() + "/db", &wal_size_);
     ASSERT_GT(wal_size_, 70000u) << "the writes are expected in the WAL";
     Result<WalScan> scan = ScanWalFiles(dir_.path() + "/db");
     ASSERT_TRUE(scan.ok()) << scan.status().ToString();
@@ -128,22 +153,8 @@ TEST_F(WalDamageTest, ATornEndIsCutAndTheDatabaseOpensWhole) {
 // from the record's first fragment: what is left is whole.
 TEST(WalTrimTest, ATornRecordOfSeveralFragmentsIsCutFromItsStart) {
   TempDir dir;
-  {
-    auto n = Node::Start(Opts(dir.path()));
-    ASSERT_TRUE(n.ok()) << n.status().ToString();
-    for (int i = 0; i < 3; ++i)
-      ASSERT_TRUE((*n)->Put("small" + std::to_string(i), "v").status.ok());
-    Reply r = (*n)->Put("large", std::string(60000, 'x'));  // 2+ fragments of 32 KiB blocks
-    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  }
-  std::string wal;
   uint64_t size = 0;
-  for (const auto& e : fs::directory_iterator(dir.path() + "/db")) {
-    if (e.path().extension() == ".log" && fs::file_size(e.path()) > size) {
-      wal = e.path().string();
-      size = fs::file_size(e.path());
-    }
-  }
+  const std::string wal = SmallRecordsThenALargeOne(dir.path(), WalRecovery::kRefuse, &size);
   ASSERT_GT(size, 60000u);
   fs::resize_file(wal, size - 50);  // inside the large record's last fragment
   uint64_t cut = 0;
@@ -228,22 +239,8 @@ TEST(WalTornTailTest, AnEndRightAfterAFragmentHeaderIsCutOneByteLaterIsRefused) 
   for (const bool after_header : {true, false}) {
     SCOPED_TRACE(after_header ? "right after the header" : "one byte into the payload");
     TempDir dir;
-    {
-      auto n = Node::Start(Opts(dir.path(), WalRecovery::kTornTail));
-      ASSERT_TRUE(n.ok()) << n.status().ToString();
-      for (int i = 0; i < 3; ++i)
-        ASSERT_TRUE((*n)->Put("small" + std::to_string(i), "v").status.ok());
-      Reply r = (*n)->Put("large", std::string(60000, 'x'));  // 2+ fragments of 32 KiB blocks
-      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-    }
-    std::string wal;
     uint64_t size = 0;
-    for (const auto& e : fs::directory_iterator(dir.path() + "/db")) {
-      if (e.path().extension() == ".log" && fs::file_size(e.path()) > size) {
-        wal = e.path().string();
-        size = fs::file_size(e.path());
-      }
-    }
+    const std::string wal = SmallRecordsThenALargeOne(dir.path(), WalRecovery::kTornTail, &size);
     ASSERT_GT(size, 32768u + 8);
     // The large record's second fragment starts at the second block (32 KiB): its header is the
     // block's first 7 bytes.
