@@ -269,6 +269,20 @@ srv_ticks_each() {
   echo "$out"
 }
 
+# srv_thread_ticks: user + system ticks of every server thread, summed by thread name (kvserver
+# names its threads: rdkv-nic, rdkv-worker, rdkv-repl-send, ...), one "name ticks" per line.
+# A thread that exits during a run takes its ticks with it (the long-lived ones do not exit).
+srv_thread_ticks() {
+  local p t
+  for p in "${SRV_PID[@]}"; do
+    for t in /proc/"$p"/task/*; do
+      # stat's fields after the ")" that ends the name: utime is the 12th, stime the 13th.
+      printf '%s %s\n' "$(cat "$t/comm" 2>/dev/null)" \
+        "$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{print $12 + $13}')"
+    done
+  done | awk 'NF == 2 {s[$1] += $2} END {for (k in s) print k, s[k]}' | sort
+}
+
 # kvb NAME ARGS...: one kvbench run against SEED (its report to $OUT/NAME.txt); sets SRV_CPU and
 # CLI_CPU (CPU seconds of the servers and of kvbench during it), SRV_CPU_EACH (each server's,
 # space-separated), SRV_CSW (the servers' context switches during it) and WALL (its seconds).
@@ -278,6 +292,7 @@ kvb() {
   before=$(srv_ticks)
   each_before=$(srv_ticks_each)
   csw_before=$(srv_switches)
+  srv_thread_ticks >"$work/threads-before"
   local t0 t1
   t0=$(date +%s.%N)
   set +e
@@ -297,6 +312,9 @@ kvb() {
     n = split(a, x, " "); split(b, y, " ")
     for (i = 1; i <= n; i++) printf "%s%.3f", (i > 1 ? " " : ""), (y[i] - x[i]) / hz }')
   SRV_CSW=$(($(srv_switches) - csw_before))
+  # CPU seconds of each thread name during the run: $OUT/NAME.threads ("name seconds").
+  srv_thread_ticks | awk -v hz="$HZ" 'NR == FNR {b[$1] = $2; next} {printf "%s %.3f\n", $1, ($2 - b[$1]) / hz}' \
+    "$work/threads-before" - >"$OUT/$name.threads"
   # 3: the run finished but some operations failed; they are counted in the table's errors.
   if ((rc == 3)); then
     note "kvbench $name: some operations failed (see $OUT/$name.txt)"
@@ -318,6 +336,8 @@ echo "settings: $RECORDS records of 10 x 100 B, $OPS operations per run, $THREAD
 ROWS=$work/rows  # lines: workload op R round ops/s p50 p99 srv_us/op cli_us/op errors srv_csw/op
 #   srv_cores busiest_srv_cores cli_cores (CPUs busy: CPU seconds / wall seconds)
 : >"$ROWS"
+THREAD_ROWS=$work/thread-rows  # lines: R round thread-name us/op (100 % updates)
+: >"$THREAD_ROWS"
 WORKLOADS=(update "-P bench/workloads/workloada -p readproportion=0 -p updateproportion=1 -p requestdistribution=uniform"
   A "-P bench/workloads/workloada"
   C "-P bench/workloads/workloadc")
@@ -348,6 +368,11 @@ $(awk -v s="$SRV_CPU" -v e="$SRV_CPU_EACH" -v c="$CLI_CPU" -v w="$WALL" 'BEGIN {
   n = split(e, x, " "); m = 0; for (i = 1; i <= n; i++) if (x[i] + 0 > m) m = x[i] + 0
   printf "%.2f %.2f %.2f", s / w, m / w, c / w }')" >>"$ROWS"
       done
+      if [[ $wl == update ]]; then
+        # The servers' CPU per write by thread name: "R round name us/op".
+        awk -v r="$r" -v round="$round" -v n="$nops" '{printf "%s %s %s %.2f\n", r, round, $1, 1e6 * $2 / n}' \
+          "$OUT/$name.threads" >>"$THREAD_ROWS"
+      fi
       note "round $round R=$r $wl: $tput ops/s (servers ${SRV_CPU} CPU-s, client ${CLI_CPU} CPU-s)"
     done
   done
@@ -499,6 +524,33 @@ fi
   echo
   echo "ops/s: of that op type (its share of the run's throughput); p50/p99: kvbench's latency per op type;"
   echo "CPU: CPU microseconds per operation of the whole run (= ms per 1000 operations; servers: all 3 summed, from /proc/PID/stat; client: the kvbench process; 10 ms ticks); switches: context switches of all the servers' threads per operation; errors: failed operations over all rounds; CPUs busy: CPU seconds / wall seconds of the run (all servers, the busiest server, kvbench): a process near the CPUs it is pinned to bounds the run."
+  echo
+  echo "## the servers' CPU per write by thread, 100 % updates (us per write, all 3 servers, medians of $REPEAT round(s))"
+  awk '
+    function median(s,    n, i, j, t, a) {
+      n = split(s, a, " ")
+      for (i = 2; i <= n; i++) for (j = i; j > 1 && a[j - 1] + 0 > a[j] + 0; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+      return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+    }
+    { k = $1 SUBSEP $3; v[k] = (k in v) ? v[k] " " $4 : $4; names[$3] = 1; rs[$1] = 1 }
+    END {
+      nn = 0
+      for (x in names) list[++nn] = x
+      for (i = 2; i <= nn; i++) for (j = i; j > 1 && list[j - 1] > list[j]; j--) { t = list[j]; list[j] = list[j - 1]; list[j - 1] = t }
+      printf "| R |"; for (i = 1; i <= nn; i++) printf " %s |", list[i]; print " all |"
+      printf "|---:|"; for (i = 1; i <= nn; i++) printf "---:|"; print "---:|"
+      for (r = 1; r <= 3; r++) {
+        if (!(r in rs)) continue
+        printf "| %d |", r; sum = 0
+        for (i = 1; i <= nn; i++) {
+          k = r SUBSEP list[i]
+          m = (k in v) ? median(v[k]) : 0; sum += m
+          printf " %.2f |", m
+        }
+        printf " %.2f |\n", sum
+      }
+    }' "$THREAD_ROWS"
+  echo "(from /proc/PID/task/TID/stat of every server thread, by the name kvserver gives it; 10 ms ticks; a thread that exited during a run is missing)"
   if ((ROLES)); then
     echo
     echo "## role split: 100 % updates, every shard's primary on server 0, backups on 1..R-1 (medians of $REPEAT round(s))"

@@ -36,6 +36,15 @@ if ((rc != 0)); then
 fi
 out=$(cat "$work/stdout")
 
+# The servers' CPU per write by thread name: a row for each R, with the NIC threads' column.
+threads_head=$(grep -A1 "CPU per write by thread" <<<"$out" | tail -n 1)
+[[ $threads_head == *" rdkv-nic |"* && $threads_head == *" all |"* ]] ||
+  fail "no per-thread CPU table with an rdkv-nic column: $threads_head"
+for r in 1 2 3; do
+  grep -A6 "CPU per write by thread" <<<"$out" | grep -qE "^\| $r \|( [0-9.]+ \|)+$" ||
+    fail "no per-thread CPU row for R=$r"
+done
+
 # One row per workload, op type and R: | workload | op | R | ops/s | p50 | p99 | 3 ratios | CPU x2 |
 # switches | errors | CPUs busy x3 |
 for row in "update UPDATE" "A READ" "A UPDATE" "C READ"; do
