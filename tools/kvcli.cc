@@ -122,7 +122,9 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                Replace only if KEY's version is EXPECTED_VERSION (exit 1 on a
                                mismatch; the current version is printed).
   mget KEY...                  Print several keys, one "KEY<TAB>VALUE" line each (exit 1 if any
-                               is absent).
+                               is absent; its line reads KEY<TAB>(not found), which a value
+                               could too). For scripts use --json, where a missing key is
+                               "found":false and cannot be taken for a value.
   stats                        The server's statistics (JSON); in a cluster the totals over
                                every server and each server's own ("total", "per_server").
                                "latency": count, p50_us, p99_us per op since the server
