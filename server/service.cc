@@ -173,7 +173,10 @@ std::function<void(const Status&, uint64_t, std::string_view)> Service::AnswerLa
 void Service::CountError(const Status& status) {
   if (status.ok()) return;
   counters_.errors.fetch_add(1, std::memory_order_relaxed);
-  if (status.code() == StatusCode::kOutOfSpace) {
+  if (status.code() == StatusCode::kNotFound || status.code() == StatusCode::kVersionMismatch ||
+      status.code() == StatusCode::kAlreadyExists) {
+    counters_.outcomes.fetch_add(1, std::memory_order_relaxed);
+  } else if (status.code() == StatusCode::kOutOfSpace) {
     counters_.out_of_space.fetch_add(1, std::memory_order_relaxed);
   } else if (status.code() == StatusCode::kIoError) {
     counters_.io_errors.fetch_add(1, std::memory_order_relaxed);
@@ -222,7 +225,12 @@ std::string Service::StatsJson() const {
               {"snapshot", load(counters_.snapshots)},
               {"import", load(counters_.imports)},
               {"map_change", load(counters_.map_changes)}};
-  j["errors"] = {{"total", load(counters_.errors)},
+  // total: every answer that is not OK; outcomes: of those, a request's normal negative result
+  // (not found, version mismatch, already exists); failures: the rest.
+  const uint64_t errors_total = load(counters_.errors), outcomes = load(counters_.outcomes);
+  j["errors"] = {{"total", errors_total},
+                 {"outcomes", outcomes},
+                 {"failures", errors_total >= outcomes ? errors_total - outcomes : 0},
                  {"protocol", load(counters_.protocol_errors)},
                  {"out_of_space", load(counters_.out_of_space)},
                  {"io", load(counters_.io_errors)},

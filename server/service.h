@@ -58,6 +58,9 @@ struct OpCounters {
   std::atomic<uint64_t> snapshots{0};
   std::atomic<uint64_t> wrong_owner{0}, map_changes{0}, imports{0};
   std::atomic<uint64_t> errors{0}, protocol_errors{0}, out_of_space{0}, io_errors{0};
+  // Of `errors`: the answers that are a request's normal negative result (NotFound,
+  // VersionMismatch, AlreadyExists), not a failure of the server or of the request.
+  std::atomic<uint64_t> outcomes{0};
   // Replication: writes this primary forwarded, forwarded writes this backup applied, retried
   // writes answered from the retry table.
   std::atomic<uint64_t> replicated_writes{0}, replicas_applied{0}, retries_answered{0};

@@ -7,6 +7,7 @@
 #include <rocksdb/db.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <nlohmann/json.hpp>
 
 #include <atomic>
 #include <condition_variable>
@@ -190,6 +191,22 @@ TEST(PersistNone, WritesNothingAndRefusesSnapshots) {
   EXPECT_FALSE(fs::exists(data));
   auto n = MustStart(Opts(Durability::kNone, data));
   EXPECT_EQ(GetValue(*n, "k"), "<NotFound>");
+}
+
+// STATS counts every answer that is not OK in errors.total, and tells a request's normal
+// negative result (outcomes: not found, version mismatch, already exists) from a failure.
+TEST(PersistNone, StatsTellsOutcomesFromFailures) {
+  TempDir dir;
+  auto n = MustStart(Opts(Durability::kNone, dir.sub("unused")));
+  ASSERT_TRUE(n->Put("k", "v").status.ok());
+  EXPECT_EQ(n->Delete("missing").status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(n->Insert("k", "again").status.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(n->Cas("k", 12345, "w").status.code(), StatusCode::kVersionMismatch);
+  EXPECT_EQ(n->Call(kv::Op::kSnapshot, "s").status.code(), StatusCode::kNotSupported);
+  const nlohmann::json j = nlohmann::json::parse(n->service().StatsJson());
+  EXPECT_EQ(j["errors"]["total"], 4) << j["errors"].dump();
+  EXPECT_EQ(j["errors"]["outcomes"], 3) << j["errors"].dump();
+  EXPECT_EQ(j["errors"]["failures"], 1) << j["errors"].dump();
 }
 
 TEST(PersistSync, NeedsADataDir) {
