@@ -480,9 +480,11 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
   lo.progress_interval = options.progress_interval;
   lo.stop = options.stop;
   lo.test_item_delay = options.test_recovery_item_delay;
-  auto load = [&](const std::string& dir) -> Result<RecoveryStats> {
+  // `wal` (optional) receives the load's WAL check, also when the load refuses the WAL.
+  auto load = [&](const std::string& dir, WalScan* wal = nullptr) -> Result<RecoveryStats> {
     LOG(INFO) << "recovery: loading " << dir << " (read-only) into the region";
     LoadOptions dir_lo = lo;
+    dir_lo.wal_scan = wal;
     if (!options.restore_from.empty() && dir == options.restore_from) {
       dir_lo.progress_label = "restore";  // progress lines: "restore: 1.20M/5.00M keys (24%), ..."
     }
@@ -606,29 +608,33 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     expected_sequence = r.sequence;
     max_version = r.max_version;
   } else if (HasDatabase(db_dir.string())) {
+    WalScan wal;
+    Result<RecoveryStats> loaded = load(db_dir.string(), &wal);
     TornTailCut torn_tail_cut;
-    if (options.tuning.wal_recovery == WalRecovery::kTornTail) {
-      // The one WAL damage a crash leaves (a write cut off between pages) is cut before the
-      // load; any other damage is left for the load to refuse.
+    if (!loaded.ok() && options.tuning.wal_recovery == WalRecovery::kTornTail &&
+        wal.crash_torn_tail()) {
+      // The load refused (before reading anything) the one WAL damage a crash leaves, a write
+      // cut off inside its record: cut that record, then load again. Any other damage stays
+      // refused. An intact WAL is scanned once, by the load.
       RDKV_ASSIGN_OR_RETURN(
-          TornTailCut cut,
-          CutTornWalTail(db_dir.string(), (data_dir / kTornTailDir).string(), dbo.env));
-      if (cut.bytes > 0) {
-        LOG(WARNING) << "recovery: the write-ahead log " << cut.file
+          torn_tail_cut,
+          CutTornWalTail(db_dir.string(), (data_dir / kTornTailDir).string(), dbo.env, wal));
+      if (torn_tail_cut.bytes > 0) {
+        LOG(WARNING) << "recovery: the write-ahead log " << torn_tail_cut.file
                      << " ended inside its last record (a write cut off by a crash): cut "
-                     << cut.bytes << " bytes from byte " << cut.offset
+                     << torn_tail_cut.bytes << " bytes from byte " << torn_tail_cut.offset
                      << " (that record's write was never acknowledged in sync mode; in async "
                         "mode it is the group a crash loses); the bytes are kept in "
-                     << cut.kept << " (--wal_recovery=torn_tail)";
-        torn_tail_cut = cut;
+                     << torn_tail_cut.kept << " (--wal_recovery=torn_tail)";
+        loaded = load(db_dir.string());
+        if (!loaded.ok()) {
+          return Status(loaded.status().code(),
+                        loaded.status().message() +
+                            " (except the WAL's torn last record, cut before the load; its "
+                            "bytes are in " +
+                            torn_tail_cut.kept + ")");
+        }
       }
-    }
-    Result<RecoveryStats> loaded = load(db_dir.string());
-    if (!loaded.ok() && torn_tail_cut.bytes > 0) {
-      return Status(loaded.status().code(), loaded.status().message() +
-                                                " (except the WAL's torn last record, cut before "
-                                                "the load; its bytes are in " +
-                                                torn_tail_cut.kept + ")");
     }
     RDKV_ASSIGN_OR_RETURN(RecoveryStats r, std::move(loaded));
     if (recovered) recovered->torn_tail_cut = torn_tail_cut;

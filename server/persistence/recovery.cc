@@ -256,6 +256,7 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
     }
     const bool recyclable = type >= kWalRecFull && type <= kWalRecLast;
     const size_t header = recyclable ? kWalRecyclableHeader : kWalHeader;
+    const uint8_t kind = recyclable ? static_cast<uint8_t>(type - 4) : type;  // FULL..LAST
     if (header + length > block_left) {
       damage(pos, size - pos < header + length
                       ? "truncated record (the file ends inside it)"
@@ -268,7 +269,6 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
     if (size - pos < header + length) {
       // A whole header and no payload: where the file writer may flush between the two, if
       // the header's type fits (its checksum covers the payload, so nothing else checks it).
-      const uint8_t kind = recyclable ? static_cast<uint8_t>(type - 4) : type;
       const bool fits = in_record ? (kind == kWalMiddle || kind == kWalLast)
                                   : (kind == kWalFull || kind == kWalFirst);
       damage(pos, "truncated record (the file ends inside it)",
@@ -291,7 +291,6 @@ void WalFileScan::Feed(const uint8_t* chunk, size_t size, uint64_t base) {
       Damage(zero_start, "zeroed bytes followed by intact records");
       zero_start = ~uint64_t{0};
     }
-    const uint8_t kind = recyclable ? static_cast<uint8_t>(type - 4) : type;  // FULL..LAST
     auto take = [&] {
       size_t want = std::min<size_t>(12 - std::min<size_t>(12, head.size()), length);
       head.append(reinterpret_cast<const char*>(h + header), want);
@@ -414,8 +413,9 @@ namespace {
 // directory, if it still has `expected_size` bytes (kUnavailable otherwise: something appends
 // to it). A file shared by hard link with another directory is copied first (synced before
 // it replaces the link): only this directory's copy is cut.
-Status CutWalFile(const std::string& db_dir, const std::string& file, uint64_t offset,
-                  uint64_t expected_size) {
+// OK when `file` still has the `expected_size` bytes it was scanned with; kUnavailable when
+// something changed it since (a kvserver appending to it).
+Status StillScannedSize(const std::string& file, uint64_t expected_size) {
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(file, ec);
   if (ec) return Status::IoError("cannot read the size of " + file + ": " + ec.message());
@@ -424,7 +424,14 @@ Status CutWalFile(const std::string& db_dir, const std::string& file, uint64_t o
                                std::to_string(expected_size) + " bytes scanned, " +
                                std::to_string(size) + " now): is another kvserver using it?");
   }
-  if (offset > size) return Status::Internal("damage past the end of " + file);
+  return Status::Ok();
+}
+
+Status CutWalFile(const std::string& db_dir, const std::string& file, uint64_t offset,
+                  uint64_t expected_size) {
+  RDKV_RETURN_IF_ERROR(StillScannedSize(file, expected_size));
+  if (offset > expected_size) return Status::Internal("damage past the end of " + file);
+  std::error_code ec;
   if (std::filesystem::hard_link_count(file, ec) > 1 && !ec) {
     const std::string own = file + ".own";
     std::filesystem::copy_file(file, own, std::filesystem::copy_options::overwrite_existing, ec);
@@ -491,10 +498,9 @@ Status TrimTornWalTail(const std::string& db_dir, uint64_t* cut) {
 }
 
 Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir,
-                                   rocksdb::Env* env) {
+                                   rocksdb::Env* env, const WalScan& found) {
   TornTailCut cut;
-  RDKV_ASSIGN_OR_RETURN(WalScan first, ScanWalFiles(db_dir));
-  if (!first.crash_torn_tail()) return cut;  // nothing to cut, or for the load to refuse
+  if (!found.crash_torn_tail()) return cut;  // nothing to cut, or for the load to refuse
   // Under the database's lock: a kvserver that opened it since would be appending to the file.
   if (env == nullptr) env = rocksdb::Env::Default();
   rocksdb::FileLock* lock = nullptr;
@@ -522,12 +528,7 @@ Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string&
   }
   cut.file = scan.damaged_file;
   cut.offset = scan.damaged_offset;
-  std::error_code size_ec;
-  if (std::filesystem::file_size(scan.damaged_file, size_ec) != scan.damaged_file_size || size_ec) {
-    return Status::Unavailable(scan.damaged_file +
-                               " changed size while its torn end was being cut: is another "
-                               "kvserver using it?");
-  }
+  RDKV_RETURN_IF_ERROR(StillScannedSize(scan.damaged_file, scan.damaged_file_size));
   if (!keep_dir.empty()) {
     // One file per cut, named after the WAL and the offset, with the time so that a second
     // crash at the same place keeps its own.
@@ -579,6 +580,7 @@ Result<RecoveryStats> LoadDatabase(const std::string& db_dir, Store* store,
   WalScan wal;
   if (HasDatabase(db_dir)) {
     RDKV_ASSIGN_OR_RETURN(wal, ScanWalFiles(db_dir));
+    if (options.wal_scan != nullptr) *options.wal_scan = wal;
     if (wal.damaged && options.tuning.wal_recovery != WalRecovery::kPointInTime) {
       std::string tail;
       if (!wal.damage_at_tail) {

@@ -106,8 +106,10 @@ struct TornTailCut {
 // the cut; LoadDatabase's format errors. `env` may be null (the default Env).
 // In sync mode such a record was never acknowledged: a write group is answered only after its
 // record is whole in the file and synced (docs/persistence.md, Recovery step 0).
+// `found`: a scan of the WAL made before (LoadOptions::wal_scan); nothing is done unless it
+// shows a crash torn tail, which is checked again under the lock.
 Result<TornTailCut> CutTornWalTail(const std::string& db_dir, const std::string& keep_dir,
-                                   rocksdb::Env* env);
+                                   rocksdb::Env* env, const WalScan& found);
 
 struct RecoveryStats {
   uint64_t keys = 0;
@@ -138,6 +140,9 @@ struct LoadOptions {
   // Checked between items: once it is true the load stops with kUnavailable ("stopped while
   // loading"), the database is closed and nothing is changed. Null: never stops. Not owned.
   const std::atomic<bool>* stop = nullptr;
+  // Receives the WAL check's result, also when the load refuses the WAL (null: not wanted).
+  // Not owned.
+  WalScan* wal_scan = nullptr;
   // Tests only: sleep this long after each item (makes a recovery slow enough to signal).
   std::chrono::microseconds test_item_delay{0};
 };
