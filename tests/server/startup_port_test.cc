@@ -1,9 +1,7 @@
 // A port another process holds is found before the data dir is loaded or restored: a restore
 // replaces the database, and a recovery can take minutes, so both must not run for a start
 // that cannot listen anyway.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,32 +9,27 @@
 #include <string>
 
 #include "server/server.h"
+#include "tests/support/free_port.h"
 
 namespace rdkv {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A TCP socket listening on 127.0.0.1 on a free port, for the test's life.
+// A TCP socket listening on 127.0.0.1 on a free port (testing::FreePort), for the test's life.
 class HeldPort {
  public:
-  HeldPort() {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  HeldPort() : port_(testing::FreePort()) {
+    fd_ = testing::BindLoopback(port_, /*reuse=*/true);  // beside FreePort's reservation
+    EXPECT_GE(fd_, 0);
     EXPECT_EQ(listen(fd_, 4), 0);
-    socklen_t len = sizeof a;
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
   }
   ~HeldPort() { close(fd_); }
   uint16_t port() const { return port_; }
 
  private:
+  const uint16_t port_;
   int fd_ = -1;
-  uint16_t port_ = 0;
 };
 
 class StartupPortTest : public ::testing::Test {
@@ -96,11 +89,7 @@ TEST_F(StartupPortTest, ABusyMetricsPortIsFoundBeforeTheDataDirIsRestored) {
 }
 
 TEST_F(StartupPortTest, AMetricsPortEqualToTheServersPortIsRefusedBeforeTheLoad) {
-  uint16_t port = 0;
-  {
-    HeldPort probe;
-    port = probe.port();
-  }
+  const uint16_t port = testing::FreePort();
   server::ServerOptions o = Options();
   o.port = port;
   o.metrics_port = port;
@@ -113,11 +102,7 @@ TEST_F(StartupPortTest, AMetricsPortEqualToTheServersPortIsRefusedBeforeTheLoad)
 }
 
 TEST_F(StartupPortTest, AFreePortStarts) {
-  uint16_t port = 0;
-  {
-    HeldPort probe;  // a port that was free a moment ago
-    port = probe.port();
-  }
+  const uint16_t port = testing::FreePort();
   server::ServerOptions o = Options();
   o.port = port;
   auto s = server::Server::Start(o);
