@@ -387,11 +387,7 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
 
   auto fail = [](const std::string& what) {
-    LOG(ERROR) << what;
-    // glog copies errors to stderr already unless they go only to its log files: say it once.
-    const bool glog_wrote_stderr =
-        FLAGS_logtostderr || FLAGS_alsologtostderr || FLAGS_stderrthreshold <= google::GLOG_ERROR;
-    if (!glog_wrote_stderr) std::fprintf(stderr, "kvserver: %s\n", what.c_str());
+    LOG(ERROR) << what;  // on stderr: logtostderr is set above and glog's flags are refused
     return kExitUsage;
   };
   rdkv::server::ServerOptions o;
