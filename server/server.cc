@@ -379,6 +379,19 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
   fo.device = options.device;
   fo.huge_pages = options.huge_pages;
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> fabric, transport::Fabric::Create(fo));
+  // Before the region is allocated and the data dir loaded: a busy port fails the start first.
+  if (fabric->kind() == transport::TransportKind::kTcp) {
+    RDKV_RETURN_IF_ERROR(CheckPortFree("--port", options.host, options.port));
+  }
+  if (options.metrics_port) {
+    if (*options.metrics_port != 0 && *options.metrics_port == options.port &&
+        options.metrics_host == options.host && fabric->kind() == transport::TransportKind::kTcp) {
+      return Status::InvalidArgument("--metrics_port " + std::to_string(options.port) +
+                                     " is this server's own --port; give /metrics another one");
+    }
+    RDKV_RETURN_IF_ERROR(
+        CheckPortFree("--metrics_port", options.metrics_host, *options.metrics_port));
+  }
   RDKV_ASSIGN_OR_RETURN(
       std::unique_ptr<transport::MemoryRegion> region,
       fabric->AllocateRegion(options.memory_bytes, transport::RegionAccess::kRemoteRead));
@@ -409,18 +422,6 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
             << (region->huge_pages() ? " on huge pages" : "") << ", " << h.bucket_count
             << " index buckets (" << h.bucket_count * kv::kSlotsPerBucket << " slots), heap "
             << (h.heap_bytes >> 20) << " MiB, fabric " << fabric->Describe();
-  if (fabric->kind() == transport::TransportKind::kTcp) {
-    RDKV_RETURN_IF_ERROR(CheckPortFree("--port", options.host, options.port));
-  }
-  if (options.metrics_port) {
-    if (*options.metrics_port != 0 && *options.metrics_port == options.port &&
-        options.metrics_host == options.host && fabric->kind() == transport::TransportKind::kTcp) {
-      return Status::InvalidArgument("--metrics_port " + std::to_string(options.port) +
-                                     " is this server's own --port; give /metrics another one");
-    }
-    RDKV_RETURN_IF_ERROR(
-        CheckPortFree("--metrics_port", options.metrics_host, *options.metrics_port));
-  }
   // Load what is on disk before listening: GETs never see a half-loaded table.
   persistence::PersistOptions po = options.persist;
   po.max_value_bytes = options.max_value_bytes;
