@@ -59,6 +59,13 @@ std::string_view DurabilityName(Durability d) {
   return "?";
 }
 
+namespace {
+// Where a persister keeps its snapshots: the one definition of --snapshot_dir's default.
+std::string SnapshotDirOf(const PersistOptions& o) {
+  return o.snapshot_dir.empty() ? (fs::path(o.data_dir) / "snapshots").string() : o.snapshot_dir;
+}
+}  // namespace
+
 std::string PromiseText(const PersistOptions& o) {
   switch (o.durability) {
     case Durability::kSync:
@@ -347,11 +354,10 @@ Persister::Impl::Impl(const PersistOptions& o, const rocksdb::Options& db_option
       db_options_(db_options),
       db_dir_(std::move(db_dir)),
       sync_(o.durability == Durability::kSync),
+      snapshot_dir_(SnapshotDirOf(o)),
       snapshot_dir_lock_(std::move(snapshot_dir_lock)),
       db_(std::move(db)),
       max_version_(max_version) {
-  snapshot_dir_ =
-      o.snapshot_dir.empty() ? (fs::path(o.data_dir) / "snapshots").string() : o.snapshot_dir;
   last_sync_ = Clock::now();
   thread_ = std::thread([this] {
     rdkv::util::NameThisThread("rdkv-persist");
@@ -533,8 +539,7 @@ Result<std::unique_ptr<Persister>> Persister::Start(const PersistOptions& option
     if (ec) return FsError("cannot create --data_dir=" + options.data_dir, ec);
   }
   RDKV_RETURN_IF_ERROR(CheckNotInUse(db_dir, dbo.env));
-  const fs::path snap_dir =
-      options.snapshot_dir.empty() ? data_dir / "snapshots" : fs::path(options.snapshot_dir);
+  const fs::path snap_dir = SnapshotDirOf(options);
   // A snapshot dir another running server holds is refused before anything here changes (the
   // lock itself is taken once the start has passed its checks: creating it would change the
   // data dir of a start refused later).

@@ -152,7 +152,7 @@ class Persister::Impl {
   const rocksdb::Options db_options_;
   const std::string db_dir_;
   const bool sync_;
-  std::string snapshot_dir_;  // set by the constructor, then constant
+  const std::string snapshot_dir_;
   const std::unique_ptr<persister_internal::SnapshotDirLock> snapshot_dir_lock_;
 
   // Replaced by the persister thread alone (RecoverDb, exclusive); the persister thread, the
