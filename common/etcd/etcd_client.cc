@@ -172,6 +172,15 @@ std::string EtcdClient::TransportHint(const std::string& endpoint,
   return "";
 }
 
+namespace internal {
+std::chrono::milliseconds AttemptBudget(std::chrono::milliseconds remaining, size_t members_left) {
+  constexpr std::chrono::milliseconds kMinAttempt{200};
+  if (members_left <= 1) return remaining;
+  const auto share = remaining / static_cast<int64_t>(members_left);
+  return std::max(share, std::min(remaining, kMinAttempt));
+}
+}  // namespace internal
+
 Result<std::string> EtcdClient::Call(std::string_view path, const std::string& json_body,
                                      bool idempotent) {
   using Clock = std::chrono::steady_clock;
@@ -192,9 +201,19 @@ Result<std::string> EtcdClient::Call(std::string_view path, const std::string& j
       unknown_outcome = true;
       break;
     }
+    // A member that takes the connection or the request and never answers (its host powered
+    // off, the process stopped, a disk stalled) must not use the whole budget: each attempt
+    // gets an equal share of what is left, so the other members are still tried in time.
+    const auto attempt = internal::AttemptBudget(remaining, n - i);
     auto conn = TakeConnection();
-    internal::HttpResponse r = conn->Post(endpoint + std::string(path), json_body, remaining);
+    internal::HttpResponse r = conn->Post(endpoint + std::string(path), json_body, attempt);
     ReturnConnection(std::move(conn));
+    if (r.failure != internal::HttpResponse::Failure::kNone) {
+      // The next call starts at the member after this one, unless another call has already
+      // moved on from it.
+      MutexLock l(&mu_);
+      if (current_ == idx) current_ = (idx + 1) % n;
+    }
     if (r.failure == internal::HttpResponse::Failure::kNone) {
       if (r.http_status == 200) {
         MutexLock l(&mu_);

@@ -31,12 +31,19 @@ namespace rdkv::etcd {
 namespace internal {
 class HttpConnection;
 struct HttpResponse;
+
+// The time one attempt on one member may take when `remaining` is left of a request's budget
+// and `members_left` members (this one included) may still be tried: an equal share, but not
+// under 200 ms while that much remains (a healthy member must be able to answer).
+std::chrono::milliseconds AttemptBudget(std::chrono::milliseconds remaining, size_t members_left);
 }  // namespace internal
 
 struct EtcdOptions {
   // Client URLs of the etcd members, "http://127.0.0.1:2379", "https://10.0.0.1:2379" or
   // "host:port" (http:// is added). Requests go to one of them at a time and fail over to the
-  // next on connection errors.
+  // next on connection errors, and on no answer within the attempt's share of request_timeout
+  // (internal::AttemptBudget; a write whose answer is missing is not sent again: kConnectionLost).
+  // A member that failed is tried last by the next request.
   std::vector<std::string> endpoints;
   // Bound on one request, failover to other endpoints included.
   std::chrono::milliseconds request_timeout{2000};
