@@ -250,8 +250,19 @@ bool Coordinator::Campaign() {
                              << ": election: " << put.status().ToString();
     return false;
   }
-  if (!put->succeeded) return false;  // another coordinator holds the key
-  term_revision_ = put->revision;
+  if (!put->succeeded) {
+    // The key is held. Under this process's own lease it is an earlier try of ours that
+    // applied but whose answer was lost (the call then said the outcome was unknown): the
+    // term is ours, and began when the key was created. Any other lease is another
+    // coordinator's.
+    if (!put->current || put->current->lease != lease_->lease_id()) return false;
+    term_revision_ = put->current->create_revision;
+    LOG(INFO) << "coordinator " << options_.name
+              << ": the election key is held under this process's lease (an earlier try "
+                 "applied, its answer was lost)";
+  } else {
+    term_revision_ = put->revision;
+  }
   {
     MutexLock lock(&mu_);
     stats_.leader = true;
