@@ -931,6 +931,24 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
   if (shards.empty()) return Status::InvalidArgument("no shard to move");
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   for (uint32_t shard : shards) RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, to_server));
+  // A move replaces the old primary by the target, keeping the replica count. A target that
+  // is already an in-sync backup cannot replace anyone: the move would promote it and drop the
+  // old primary, one replica fewer, which an operator asks for by name or not at all.
+  std::string already;
+  for (uint32_t shard : shards) {
+    if (cur.OwnerOf(shard) != to_server && cur.IsBackup(shard, to_server)) {
+      already += (already.empty() ? "" : ",") + std::to_string(shard);
+    }
+  }
+  if (!already.empty()) {
+    return Status::InvalidArgument(
+        Name(cur, to_server) + " is already an in-sync backup of shard(s) " + already +
+        ": moving them there would leave each with one replica fewer. Nothing was changed. To "
+        "make it the primary and keep the old one as a backup: cluster promote SHARD " +
+        std::to_string(to_server) + " (or cluster drain OLD_PRIMARY); to drop the old primary "
+        "as well, cluster remove-replica SHARD OLD_PRIMARY after it; to move the shard to a "
+        "server that holds no copy, name that server");
+  }
   MoveReport report;
   report.from_epoch = cur.epoch;
   report.to_server = to_server;
@@ -946,6 +964,8 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
                " to " + Name(cur, to_server) + " (add, catch up, promote, remove)");
     }
     Clock::time_point t = Clock::now();
+    // Not a backup (checked above for the map this call began with; a backup since then is
+    // one this add step resumes or finds in sync).
     if (!cur.IsBackup(shard, to_server)) {
       RDKV_ASSIGN_OR_RETURN(ReplicaReport added,
                             RunAddReplica(channel, cur, shard, to_server, progress));

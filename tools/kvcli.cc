@@ -151,7 +151,8 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                and copies, oldest first (docs/design.md "Failover").
   cluster move SHARDS TO_SERVER_ID
                                (Replicated cluster: each shard moves as add-replica, promote,
-                               remove-replica, serving GETs and writes throughout.)
+                               remove-replica, serving GETs and writes throughout; a target
+                               that is already a backup is refused: use cluster promote.)
                                Move shards (3, 3,5,9 or 0-7) to server TO_SERVER_ID in one
                                command: the map (epoch + 1) goes to the old owners, the items
                                are copied, the map goes to the new owner and every other

@@ -1514,6 +1514,28 @@ TEST_F(ReplicationTest, MoveOfAReplicatedShardKeepsServingGetsAndWrites) {
   }
 }
 
+// A move to a server that is already an in-sync backup would promote it and drop the old
+// primary: one replica fewer, without being asked. It is refused before anything changes.
+TEST_F(ReplicationTest, AMoveToAServerThatIsAlreadyABackupIsRefused) {
+  StartReplicated(2);  // shards 0 and 3: primary 0, backup 1
+  const std::string key = KeyIn(0, 1, "stay");
+  auto c = NewClient(0);
+  ASSERT_TRUE(c->Put(key, "v").ok());
+  Admin admin(*c);
+  const uint64_t epoch_before = admin.map_epoch();
+  const uint32_t shards[] = {0};
+  auto moved = admin.MoveShards(shards, 1, nullptr);
+  ASSERT_FALSE(moved.ok());
+  EXPECT_TRUE(moved.status().Is(StatusCode::kInvalidArgument)) << moved.status().ToString();
+  EXPECT_NE(moved.status().message().find("already an in-sync backup"), std::string::npos)
+      << moved.status().ToString();
+  EXPECT_NE(moved.status().message().find("cluster promote"), std::string::npos);
+  EXPECT_EQ(admin.map_epoch(), epoch_before);
+  // Both replicas still hold the shard.
+  EXPECT_EQ(ScanOf(0, 0).count(key), 1u);
+  EXPECT_EQ(ScanOf(1, 0).count(key), 1u);
+}
+
 TEST_F(ReplicationTest, APromotedBackupResendsWhatOnlyItHasBeforeServing) {
   StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
   const std::string key = KeyIn(0, 7, "only");
