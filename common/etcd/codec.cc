@@ -1,6 +1,8 @@
 #include "common/etcd/codec.h"
 
 #include <array>
+#include <charconv>
+#include <limits>
 
 #include "common/util/json_bounded.h"
 
@@ -88,15 +90,21 @@ std::string PrefixRangeEnd(std::string_view prefix) {
 Result<int64_t> Int64Field(const nlohmann::json& object, const char* name) {
   auto it = object.find(name);
   if (it == object.end() || it->is_null()) return int64_t{0};
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) {
-    const std::string& s = it->get_ref<const std::string&>();
-    try {
-      size_t used = 0;
-      long long v = std::stoll(s, &used);
-      if (used == s.size()) return static_cast<int64_t>(v);
-    } catch (const std::exception&) {
+  if (it->is_number_unsigned()) {
+    // Above INT64_MAX it would wrap to a negative revision or lease.
+    const uint64_t u = it->get<uint64_t>();
+    if (u <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return static_cast<int64_t>(u);
     }
+  } else if (it->is_number_integer()) {
+    return it->get<int64_t>();
+  } else if (it->is_string()) {
+    // The gateway writes int64 fields as decimal strings: exactly that, nothing around it, in
+    // range.
+    const std::string& s = it->get_ref<const std::string&>();
+    int64_t v = 0;
+    const auto [end, err] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (!s.empty() && err == std::errc() && end == s.data() + s.size()) return v;
   }
   return Status::ProtocolError(std::string("etcd sent field '") + name +
                                "' that is not an int64: " + it->dump());

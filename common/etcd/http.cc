@@ -17,6 +17,7 @@ struct Transfer {
   const std::function<bool(std::string_view)>* on_chunk;
   const std::atomic<bool>* stop;
   std::string* body;
+  bool too_large = false;
 };
 
 size_t OnWrite(char* data, size_t size, size_t n, void* user) {
@@ -25,6 +26,12 @@ size_t OnWrite(char* data, size_t size, size_t n, void* user) {
   if (t->on_chunk != nullptr && *t->on_chunk) {
     if (!(*t->on_chunk)(chunk)) return 0;  // a short count aborts with CURLE_WRITE_ERROR
   } else {
+    // A reply larger than any this client asks for (a map, the registrations, the events
+    // list) is a wrong or hostile endpoint: stop reading instead of growing without bound.
+    if (t->body->size() + chunk.size() > kMaxReplyBytes) {
+      t->too_large = true;
+      return 0;
+    }
     t->body->append(chunk);
   }
   return chunk.size();
@@ -82,7 +89,7 @@ HttpConnection::~HttpConnection() {
 HttpResponse HttpConnection::Post(const std::string& url, std::string_view body,
                                   std::chrono::milliseconds timeout,
                                   const std::function<bool(std::string_view)>& on_chunk,
-                                  const std::atomic<bool>* stop) {
+                                  const std::atomic<bool>* stop, bool require_leader) {
   HttpResponse r;
   auto* h = static_cast<CURL*>(curl_);
   if (h == nullptr) {
@@ -93,6 +100,7 @@ HttpResponse HttpConnection::Post(const std::string& url, std::string_view body,
   Transfer t{&on_chunk, stop, &r.body};
   curl_easy_reset(h);  // keeps the connection cache
   curl_slist* headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (require_leader) headers = curl_slist_append(headers, "Grpc-Metadata-hasleader: true");
   char errbuf[CURL_ERROR_SIZE] = {0};
   curl_easy_setopt(h, CURLOPT_URL, url.c_str());
   curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -134,6 +142,10 @@ HttpResponse HttpConnection::Post(const std::string& url, std::string_view body,
     return r;
   }
   r.error = errbuf[0] != '\0' ? errbuf : curl_easy_strerror(rc);
+  if (t.too_large) {
+    r.error = "the reply is larger than " + std::to_string(kMaxReplyBytes >> 20) +
+              " MiB: not an etcd answer to this request";
+  }
   switch (rc) {
     case CURLE_COULDNT_CONNECT:
     case CURLE_COULDNT_RESOLVE_HOST:

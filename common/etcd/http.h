@@ -13,6 +13,10 @@
 
 namespace rdkv::etcd::internal {
 
+// The largest unary reply body read (HttpConnection::Post without on_chunk), and the longest
+// line a watch stream may send: beyond either the transfer is cut.
+inline constexpr size_t kMaxReplyBytes = 64u << 20;
+
 struct HttpResponse {
   enum class Failure {
     kNone,      // a response arrived (any HTTP status): see http_status and body
@@ -45,11 +49,14 @@ class HttpConnection {
   // POSTs `body` (JSON) to `url`. `timeout` bounds the whole transfer (zero: none, for streams).
   // `on_chunk`, when set, receives the body as it arrives instead of HttpResponse::body; it
   // returns false to abort. `stop`, when set, aborts the transfer within ~100 ms of becoming true
-  // (such a transfer does not reuse connections).
+  // (such a transfer does not reuse connections). `require_leader`: the request carries etcd's
+  // "hasleader" metadata (the gateway's Grpc-Metadata-hasleader header), so a member without a
+  // raft leader refuses it, and ends such a watch stream once it has been leaderless for a few
+  // election timeouts, instead of keeping it open and silent.
   HttpResponse Post(const std::string& url, std::string_view body,
                     std::chrono::milliseconds timeout,
                     const std::function<bool(std::string_view)>& on_chunk = nullptr,
-                    const std::atomic<bool>* stop = nullptr);
+                    const std::atomic<bool>* stop = nullptr, bool require_leader = false);
 
  private:
   const HttpTls tls_;

@@ -1,6 +1,8 @@
 // Watch: the streaming /v3/watch transfer, its messages, and the reconnect loop.
 #include "common/etcd/watch.h"
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include "common/etcd/codec.h"
@@ -80,41 +82,55 @@ bool Watch::StreamOnce(const std::string& endpoint) {
   std::string buffer;
   bool keep_going = true;
   auto on_chunk = [&](std::string_view chunk) {
+    size_t scan_from = buffer.size();  // the bytes before hold no newline
     buffer.append(chunk);
     size_t pos;
     // The gateway writes one JSON object per line.
-    while ((pos = buffer.find('\n')) != std::string::npos) {
+    while ((pos = buffer.find('\n', scan_from)) != std::string::npos) {
       std::string line = buffer.substr(0, pos);
       buffer.erase(0, pos + 1);
+      scan_from = 0;
       if (line.empty()) continue;
-      if (!OnMessage(endpoint, line)) {
-        keep_going = false;
-        return false;
-      }
+      const Next next = OnMessage(endpoint, line);
+      if (next == Next::kEnd) keep_going = false;
+      if (next != Next::kContinue) return false;  // cuts this stream
+    }
+    // No line is that long: not a watch stream. Cut it (and connect again) instead of
+    // growing the buffer without bound.
+    if (buffer.size() > internal::kMaxReplyBytes) {
+      callback_(Status::ProtocolError("etcd watch via " + endpoint + ": a line longer than " +
+                                      std::to_string(internal::kMaxReplyBytes >> 20) +
+                                      " MiB; reconnecting"));
+      return false;
     }
     return true;
   };
   internal::HttpConnection conn({etcd_.ca_file, etcd_.cert_file, etcd_.key_file});
   internal::HttpResponse r =
-      conn.Post(endpoint + "/v3/watch", req.dump(), std::chrono::milliseconds(0), on_chunk, &stop_);
+      conn.Post(endpoint + "/v3/watch", req.dump(), std::chrono::milliseconds(0), on_chunk, &stop_,
+                /*require_leader=*/true);
   if (!keep_going) return false;
   // A last object without its newline (the stream ended right after it).
   if (!buffer.empty() && r.failure == internal::HttpResponse::Failure::kNone) {
-    if (!OnMessage(endpoint, buffer)) return false;
+    if (OnMessage(endpoint, buffer) == Next::kEnd) return false;
   }
   return true;
 }
 
-bool Watch::OnMessage(const std::string& endpoint, std::string_view line) {
+Watch::Next Watch::OnMessage(const std::string& endpoint, std::string_view line) {
   internal::WatchMessage m = internal::ParseWatchMessage(line);
-  if (m.ignored) return true;  // garbage or an error (e.g. no leader): the stream is retried
+  // Garbage or an error (e.g. no leader): read on; the stream ends by itself after an error.
+  if (m.ignored) return Next::kContinue;
   if (m.created) {
     if (created_once_) reconnects_.fetch_add(1, std::memory_order_relaxed);
     created_once_ = true;
-    stream_created_ = true;
+    // A create that is canceled at once does not prove the endpoint works: the next stream
+    // waits the growing back-off.
+    stream_created_ = !m.canceled;
     connected_.store(true, std::memory_order_release);
     // "From now": everything after the revision the watch was created at.
-    if (next_revision_.load() == 0 && m.header_revision.has_value()) {
+    if (next_revision_.load() == 0 && m.header_revision.has_value() && *m.header_revision >= 0 &&
+        *m.header_revision < std::numeric_limits<int64_t>::max()) {
       next_revision_.store(*m.header_revision + 1, std::memory_order_release);
     }
   }
@@ -126,9 +142,11 @@ bool Watch::OnMessage(const std::string& endpoint, std::string_view line) {
                                  std::to_string(m.compact_revision) +
                                  " and later); read the current state and watch again"));
       ended_.store(true, std::memory_order_release);
-      return false;
+      return Next::kEnd;
     }
-    return true;  // canceled for another reason (e.g. the member left): reconnect
+    // Canceled for another reason (the member left, lost its leader, a permission): this
+    // stream will carry nothing more, though it may stay open. Open another.
+    return Next::kReconnect;
   }
   const int64_t from = next_revision_.load(std::memory_order_acquire);
   int64_t last = 0;
@@ -137,13 +155,18 @@ bool Watch::OnMessage(const std::string& endpoint, std::string_view line) {
       callback_(Status::ProtocolError("etcd watch via " + endpoint + ": " + e.status().message()));
       continue;
     }
+    if (e->kv.mod_revision <= 0 || e->kv.mod_revision == std::numeric_limits<int64_t>::max()) {
+      callback_(Status::ProtocolError("etcd watch via " + endpoint + ": an event at revision " +
+                                      std::to_string(e->kv.mod_revision)));
+      continue;
+    }
     if (e->kv.mod_revision < from) continue;  // already delivered before a reconnect
     last = std::max(last, e->kv.mod_revision);
     callback_(std::move(e));
     if (stop_.load(std::memory_order_acquire)) break;
   }
   if (last > 0) next_revision_.store(last + 1, std::memory_order_release);
-  return true;
+  return Next::kContinue;
 }
 
 }  // namespace rdkv::etcd

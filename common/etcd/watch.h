@@ -70,8 +70,14 @@ class Watch {
   void Run();
   // One stream on `endpoint` until it ends; false when the watch must end (compaction, stop).
   bool StreamOnce(const std::string& endpoint);
-  // Handles one JSON message of the stream; false when the watch must end.
-  bool OnMessage(const std::string& endpoint, std::string_view line);
+  // What the stream does after a message.
+  enum class Next {
+    kContinue,   // read on
+    kReconnect,  // this stream is done (canceled by the member): open another
+    kEnd,        // the watch ends (compaction)
+  };
+  // Handles one JSON message of the stream.
+  Next OnMessage(const std::string& endpoint, std::string_view line);
   // Sleeps up to `d`, less when stopped.
   void SleepUnlessStopped(std::chrono::milliseconds d);
 

@@ -2,11 +2,13 @@
 // races, lease expiry and the LeaseKeeper's deadline, the watch across restarts and failed
 // members, and kUnavailable while etcd is down. The parser and codec tests need no etcd.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <chrono>
 #include <cstdio>
 #include <set>
@@ -15,6 +17,7 @@
 
 #include "common/etcd/codec.h"
 #include "common/etcd/etcd_client.h"
+#include "common/etcd/http.h"
 #include "common/etcd/lease_keeper.h"
 #include "common/etcd/watch.h"
 #include "common/util/mutex.h"
@@ -183,6 +186,27 @@ TEST(EtcdCodec, WatchMessagesOfAnyShapeParseWithoutThrowing) {
   }
 }
 
+TEST(EtcdCodec, Int64FieldsOutOfRangeOrMalformedAreErrors) {
+  using internal::Int64Field;
+  auto parse = [](const char* text) { return Int64Field(nlohmann::json::parse(text), "x"); };
+  EXPECT_EQ(*parse(R"({"x":"9223372036854775807"})"), INT64_MAX);
+  EXPECT_EQ(*parse(R"({"x":9223372036854775807})"), INT64_MAX);
+  EXPECT_EQ(*parse(R"({"x":-5})"), -5);
+  EXPECT_EQ(*parse(R"({})"), 0);
+  // Beyond int64 as a JSON number would wrap to a negative revision.
+  EXPECT_FALSE(parse(R"({"x":18446744073709551615})").ok());
+  EXPECT_FALSE(parse(R"({"x":9223372036854775808})").ok());
+  for (const char* bad : {R"({"x":"9223372036854775808"})", R"({"x":" 5"})", R"({"x":"5 "})",
+                          R"({"x":"+5"})", R"({"x":""})", R"({"x":"0x10"})", R"({"x":1.5})",
+                          R"({"x":true})"}) {
+    auto r = parse(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.status().code(), StatusCode::kProtocolError) << bad;
+    }
+  }
+}
+
 TEST(EtcdErrors, ErrorBodiesBecomeStatuses) {
   Status s = StatusFromErrorBody(
       "http://h:1", "/v3/lease/revoke",
@@ -251,6 +275,147 @@ class SilentMember {
   uint16_t port_ = 0;
   int fd_ = -1;
 };
+
+// An HTTP endpoint that plays a script per connection: what a wrong, broken or hostile member
+// can send. Each connection gets its index (0, 1, ...) and its socket; the request is read
+// (headers and the small body) before the script runs.
+class FakeMember {
+ public:
+  using Script = std::function<void(int index, int fd)>;
+  explicit FakeMember(Script script) : script_(std::move(script)) {
+    port_ = testing::FreePort();
+    fd_ = testing::BindLoopback(port_, /*reuse=*/true);
+    if (fd_ >= 0 && listen(fd_, 16) != 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+    if (fd_ >= 0) accepter_ = std::thread([this] { Accept(); });
+  }
+  ~FakeMember() {
+    stop_.store(true);
+    if (accepter_.joinable()) accepter_.join();
+    for (std::thread& t : connections_) t.join();
+    if (fd_ >= 0) close(fd_);
+  }
+  bool ok() const { return fd_ >= 0; }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int connections() const { return accepted_.load(); }
+  bool stopping() const { return stop_.load(); }
+
+  static void SendText(int fd, const std::string& text) {
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = send(fd, text.data() + done, text.size() - done, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      done += static_cast<size_t>(n);
+    }
+  }
+  static void SendChunk(int fd, const std::string& data) {
+    char size[32];
+    std::snprintf(size, sizeof size, "%zx\r\n", data.size());
+    SendText(fd, size + data + "\r\n");
+  }
+  static constexpr const char* kStreamHeader =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+ private:
+  void Accept() {
+    while (!stop_.load()) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      const int index = accepted_.fetch_add(1);
+      connections_.emplace_back([this, c, index] {
+        char buf[4096];
+        std::string request;
+        while (request.find("\r\n\r\n") == std::string::npos) {
+          const ssize_t n = recv(c, buf, sizeof buf, 0);
+          if (n <= 0) break;
+          request.append(buf, static_cast<size_t>(n));
+        }
+        script_(index, c);
+        close(c);
+      });
+    }
+  }
+
+  Script script_;
+  uint16_t port_ = 0;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> accepted_{0};
+  std::vector<std::thread> connections_;  // accept thread only, then the destructor
+  std::thread accepter_;
+};
+
+// A watch stream the member cancels for a reason other than compaction (it lost its leader,
+// a permission changed) carries nothing more, though the connection may stay open: the watch
+// opens another instead of waiting on it for ever.
+TEST(EtcdWatchFake, AStreamCanceledWithoutCompactionIsReplaced) {
+  FakeMember member([&member](int index, int fd) {
+    FakeMember::SendText(fd, FakeMember::kStreamHeader);
+    FakeMember::SendChunk(fd, R"({"result":{"header":{"revision":"5"},"created":true}})"
+                              "\n");
+    if (index == 0) {
+      FakeMember::SendChunk(fd, R"({"result":{"header":{"revision":"5"},"canceled":true,)"
+                                R"("cancel_reason":"no leader"}})"
+                                "\n");
+    }
+    while (!member.stopping()) {  // hold the connection open
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, 50) > 0) {
+        char b[256];
+        if (recv(fd, b, sizeof b, 0) <= 0) return;
+      }
+    }
+  });
+  ASSERT_TRUE(member.ok());
+  Recorder rec;
+  auto w = Watch::Start({.endpoints = {member.endpoint()}}, {.key = "/x", .start_revision = 1},
+                        rec.callback());
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_TRUE(WaitFor([&] { return (*w)->reconnects() >= 1; }, milliseconds(3000)))
+      << "the watch stayed on the canceled stream (" << member.connections()
+      << " connections)";
+  EXPECT_FALSE((*w)->ended());
+  w->reset();
+}
+
+// A member that answers with more than any reply can hold, or a watch line without end, is cut
+// off at internal::kMaxReplyBytes instead of filling the process's memory.
+TEST(EtcdWatchFake, RepliesBeyondTheLimitAreCutNotBuffered) {
+  const std::string mib(1 << 20, 'x');
+  FakeMember member([&](int index, int fd) {
+    (void)index;
+    FakeMember::SendText(fd, FakeMember::kStreamHeader);
+    for (size_t sent = 0; sent <= internal::kMaxReplyBytes + (2u << 20); sent += mib.size()) {
+      if (member.stopping()) return;
+      FakeMember::SendChunk(fd, mib);
+    }
+  });
+  ASSERT_TRUE(member.ok());
+  auto c = EtcdClient::Create({.endpoints = {member.endpoint()}, .request_timeout = milliseconds(10000)});
+  ASSERT_TRUE(c.ok());
+  auto got = (*c)->Get("/k");
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("larger than"), std::string::npos)
+      << got.status().ToString();
+
+  Recorder rec;
+  auto w = Watch::Start({.endpoints = {member.endpoint()}}, {.key = "/x", .start_revision = 1},
+                        rec.callback());
+  ASSERT_TRUE(w.ok());
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        MutexLock l(&rec.mu);
+        return std::any_of(rec.errors.begin(), rec.errors.end(), [](const Status& s) {
+          return s.message().find("longer than") != std::string::npos;
+        });
+      },
+      milliseconds(10000)));
+  w->reset();
+}
 
 // ---- against a real etcd ----
 
@@ -739,6 +904,36 @@ TEST(EtcdThreeMembers, ClientAndWatchSurviveAKilledMember) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   // The killed member comes back on its data dir and catches up.
   ASSERT_TRUE(etcd.Start(0)) << etcd.error();
+}
+
+// A member that lost its raft leader (here: the other two are gone; in a partition, the side
+// without a quorum) keeps a plain watch stream open and silent, while the majority may take
+// writes elsewhere. The watch asks for a leader (etcd's "hasleader" metadata), so the member
+// ends the stream: the watch is seen disconnected and tries the others.
+TEST(EtcdThreeMembers, AWatchOnAMemberWithoutALeaderIsEnded) {
+  EtcdCluster etcd(3);
+  RDKV_REQUIRE_ETCD(etcd);
+  auto c = NewClient(etcd);
+  auto start = c->Get("/l/");
+  ASSERT_TRUE(start.ok());
+  Recorder rec;
+  auto w = Watch::Start({.endpoints = {etcd.endpoint(0)}},
+                        {.key = "/l/", .prefix = true, .start_revision = start->revision + 1},
+                        rec.callback());
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(WaitFor([&] { return (*w)->connected(); }, milliseconds(5000)));
+  ASSERT_TRUE(etcd.Kill(1));
+  ASSERT_TRUE(etcd.Kill(2));
+  auto t0 = Clock::now();
+  const bool cut = WaitFor([&] { return !(*w)->connected(); }, milliseconds(10000));
+  std::printf("member 0 alone: its watch stream %s after %.0f ms\n",
+              cut ? "was ended" : "stayed open", MsSince(t0));
+  EXPECT_TRUE(cut) << "the watch stayed on a member without a leader";
+  // With a quorum again, the watch is back and delivers what is written.
+  ASSERT_TRUE(etcd.Start(1)) << etcd.error();
+  ASSERT_TRUE(WaitFor([&] { return c->Put("/l/after", "1").ok(); }, milliseconds(10000)));
+  EXPECT_TRUE(WaitFor([&] { return LastValue(rec) == "1"; }, milliseconds(10000)));
+  ASSERT_TRUE(etcd.Start(2)) << etcd.error();
 }
 
 }  // namespace
