@@ -59,7 +59,20 @@ void ControlPlane::CheckAdmission() {
   LOG(INFO) << "control plane: map epoch " << map->epoch << " admits this server (incarnation "
             << options_.incarnation << ")" << (have_lease ? "; serving" : "");
   // Without a lease the fence thread unfences once it has registered again.
-  if (have_lease) cluster_->Unfence();
+  if (!have_lease) return;
+  cluster_->Unfence();
+  // The fence thread may have fenced and dropped the lease between the check and the
+  // Unfence (which can wait for an install): then it must stay fenced.
+  if (!LeaseHeld()) {
+    cluster_->Fence("its etcd lease could not be renewed in time (etcd unreachable or this "
+                    "server cut off); it registers again once etcd answers");
+  }
+}
+
+bool ControlPlane::LeaseHeld() const {
+  MutexLock lock(&reg_mu_);
+  if (lease_ == nullptr || lease_->lost()) return false;
+  return Clock::now() < lease_->valid_until() - options_.ownership_lease - options_.fence_margin;
 }
 
 Result<std::unique_ptr<ControlPlane>> ControlPlane::Start(ControlPlaneOptions options,
@@ -111,6 +124,10 @@ Result<std::unique_ptr<ControlPlane>> ControlPlane::Start(ControlPlaneOptions op
     rdkv::util::NameThisThread("rdkv-fence");
     self->FenceLoop();
   });
+  cp->publish_thread_ = std::thread([self] {
+    rdkv::util::NameThisThread("rdkv-etcd-publish");
+    self->PublishLoop();
+  });
   LOG(INFO) << "control plane: server " << cp->options_.server_id << " registered in etcd ("
             << cp->client_->current_endpoint() << ") for cluster '" << cp->options_.cluster_name
             << "', lease TTL " << cp->options_.lease_ttl_seconds << " s; watching "
@@ -129,6 +146,7 @@ void ControlPlane::Stop() {
   apply_cv_.SignalAll();
   if (apply_thread_.joinable()) apply_thread_.join();
   if (fence_thread_.joinable()) fence_thread_.join();
+  if (publish_thread_.joinable()) publish_thread_.join();
   watch_.reset();
   // Leaving: stop serving, let every client's ownership lease run out, then drop the
   // registration (a server waiting to take our shards may then do so at once).
@@ -156,13 +174,14 @@ Status ControlPlane::Register() {
   lo.revoke_on_close = false;
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<etcd::LeaseKeeper> lease,
                         etcd::LeaseKeeper::Start(options_.etcd, lo, [](const Status&) {}));
+  MutexLock publishing(&publish_mu_);
   uint64_t released = 0, installed = 0;
   {
     MutexLock lock(&reg_mu_);
     released = released_;
     installed = installed_;
   }
-  // No lock is held across the etcd call (the fence check must never wait for one).
+  // reg_mu_ is not held across the etcd call (the fence check must never wait for one).
   RDKV_RETURN_IF_ERROR(client_
                            ->Put(ServerKey(options_.cluster_name, options_.server_id),
                                  RegistrationJson(me->address, released, installed),
@@ -170,15 +189,22 @@ Status ControlPlane::Register() {
                            .status());
   MutexLock lock(&reg_mu_);
   lease_ = std::move(lease);
+  publish_pending_.store(false, std::memory_order_release);  // this put carried the epochs
   return Status::Ok();
 }
 
 void ControlPlane::PublishEpochs(uint64_t released, uint64_t installed) {
-  std::shared_ptr<etcd::LeaseKeeper> lease;
   {
+    // Raised first, so that a call that waits below for another's write still gets its
+    // epochs written by whichever write comes next.
     MutexLock lock(&reg_mu_);
     released_ = std::max(released_, released);
     installed_ = std::max(installed_, installed);
+  }
+  MutexLock publishing(&publish_mu_);
+  std::shared_ptr<etcd::LeaseKeeper> lease;
+  {
+    MutexLock lock(&reg_mu_);
     released = released_;
     installed = installed_;
     lease = lease_;
@@ -190,7 +216,7 @@ void ControlPlane::PublishEpochs(uint64_t released, uint64_t installed) {
       ServerKey(options_.cluster_name, options_.server_id),
       RegistrationJson(me != nullptr ? me->address : std::string(), released, installed),
       lease->lease_id());
-  // A failed publication is retried by the fence thread: another server may be waiting for it.
+  // A failed publication is retried by PublishLoop: another server may be waiting for it.
   publish_pending_.store(!put.ok(), std::memory_order_release);
   if (!put.ok()) {
     LOG(WARNING) << "control plane: cannot publish released/installed epochs " << released << "/"
@@ -355,7 +381,6 @@ void ControlPlane::FenceLoop() {
         lease_.reset();  // not revoked: it expires at etcd by itself
         continue;
       }
-      if (publish_pending_.load(std::memory_order_acquire)) PublishEpochs(0, 0);
       if (awaiting_admission_.load(std::memory_order_acquire)) {
         CheckAdmission();
         if (awaiting_admission_.load(std::memory_order_acquire) &&
@@ -386,9 +411,19 @@ void ControlPlane::FenceLoop() {
         continue;
       }
     }
+    // The install may have waited (its gain gate) past the new lease's own deadline: then
+    // stay fenced; the next pass fences and registers again.
+    if (!LeaseHeld()) continue;
     if (!awaiting_admission_.load(std::memory_order_acquire)) cluster_->Unfence();
     PublishEpochs(cluster_->map()->epoch, cluster_->map()->epoch);
     CheckAdmission();
+  }
+}
+
+void ControlPlane::PublishLoop() {
+  while (!stopping_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (publish_pending_.load(std::memory_order_acquire)) PublishEpochs(0, 0);
   }
 }
 

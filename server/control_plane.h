@@ -99,8 +99,13 @@ class ControlPlane {
  private:
   ControlPlane(ControlPlaneOptions options, ClusterState* cluster,
                std::unique_ptr<etcd::EtcdClient> client);
-  Status Register() EXCLUDES(reg_mu_);
-  void PublishEpochs(uint64_t released, uint64_t installed) EXCLUDES(reg_mu_);
+  Status Register() EXCLUDES(publish_mu_, reg_mu_);
+  void PublishEpochs(uint64_t released, uint64_t installed) EXCLUDES(publish_mu_, reg_mu_);
+  // Retries a publication that failed (publish_pending_), on a thread of its own: the fence
+  // thread never waits for etcd while it holds a lease.
+  void PublishLoop() EXCLUDES(publish_mu_, reg_mu_);
+  // True while the lease is held, not lost and its fence deadline has not passed.
+  bool LeaseHeld() const EXCLUDES(reg_mu_);
   void OnMapEvent(const Result<etcd::WatchEvent>& e) EXCLUDES(apply_mu_);
   void ApplyLoop() EXCLUDES(apply_mu_);
   void FenceLoop() EXCLUDES(reg_mu_);
@@ -119,7 +124,11 @@ class ControlPlane {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> awaiting_admission_{false};
 
-  Mutex reg_mu_;
+  // One registration write at a time (Register, PublishEpochs): a slow write of older epochs
+  // or of a dropped lease cannot land after a newer one from this process. Held across the
+  // etcd call; the fence thread takes it only while it holds no lease (fenced).
+  Mutex publish_mu_ ACQUIRED_BEFORE(reg_mu_);
+  mutable Mutex reg_mu_;
   // Copied out under reg_mu_; no lock is held across an etcd call.
   std::shared_ptr<etcd::LeaseKeeper> lease_ GUARDED_BY(reg_mu_);
   std::atomic<bool> publish_pending_{false};
@@ -137,6 +146,7 @@ class ControlPlane {
   std::unique_ptr<etcd::Watch> watch_;  // touched by Start, the apply thread and ~ControlPlane
   std::thread apply_thread_;
   std::thread fence_thread_;
+  std::thread publish_thread_;
 };
 
 }  // namespace rdkv::server

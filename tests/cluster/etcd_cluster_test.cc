@@ -19,6 +19,7 @@
 #include "server/control_plane.h"
 #include "tests/support/cluster_fixture.h"
 #include "tests/support/etcd_fixture.h"
+#include "tests/support/tcp_proxy.h"
 
 namespace rdkv {
 namespace {
@@ -63,7 +64,7 @@ class EtcdClusterTest : public ClusterTest {
   server::ServerOptions Options(uint32_t id) const override {
     server::ServerOptions o = ClusterTest::Options(id);
     o.cluster_map.reset();
-    o.etcd_endpoints = etcd_->endpoints();
+    o.etcd_endpoints = server_etcd_.empty() ? etcd_->endpoints() : server_etcd_;
     o.etcd_cluster_name = kCluster;
     o.etcd_lease_ttl_seconds = 2;
     o.worker_threads = 8;
@@ -106,6 +107,7 @@ class EtcdClusterTest : public ClusterTest {
   static constexpr const char* kCluster = "test";
   std::unique_ptr<testing::EtcdCluster> etcd_;
   std::unique_ptr<etcd::EtcdClient> client_;
+  std::vector<std::string> server_etcd_;  // the servers' --etcd when not etcd_'s own
   std::vector<uint8_t> buf_a_, buf_b_;
 };
 
@@ -316,6 +318,49 @@ TEST_F(EtcdClusterTest, EtcdDownFencesThenServesAgain) {
     EXPECT_GE(st.fences, 1u) << "server " << id << " did not count its fence";
     EXPECT_FALSE(st.fenced) << "server " << id;
   }
+}
+
+// A server whose etcd writes hang (its registration publication keeps failing and being
+// retried) and then loses etcd altogether must still fence by its lease's deadline: the thread
+// that fences never waits for etcd while it holds a lease. Before, it retried the publication
+// itself, each try up to the 2 s request timeout, and fenced up to that much late: past the
+// lease's real expiry, when a promotion elsewhere may already serve the shard.
+TEST_F(EtcdClusterTest, AServerWhosePublicationsHangStillFencesByItsLeaseDeadline) {
+  testing::TcpProxy proxy(testing::PortOf(etcd_->endpoint(0)));
+  ASSERT_TRUE(proxy.ok());
+  server_etcd_ = {proxy.endpoint()};
+  StartWithEtcd(2);
+  for (int id = 0; id < 3; ++id) ASSERT_FALSE(servers_[id]->stats().fenced) << id;
+  // Puts hang from now; lease renewals and the watch still pass. A new map (written directly)
+  // makes every server publish its epochs: those publications hang and are retried.
+  proxy.Swallow("/v3/kv/put");
+  auto cur = server::LoadMap(*client_, kCluster);
+  ASSERT_TRUE(cur.ok()) << cur.status().ToString();
+  auto put = client_->PutIf(server::MapKey(kCluster), Promoting(0).ToJson(), cur->mod_revision);
+  ASSERT_TRUE(put.ok() && put->succeeded);
+  std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // failed tries, retries going
+  for (int id = 0; id < 3; ++id) ASSERT_FALSE(servers_[id]->stats().fenced) << id;
+  // Then etcd is gone for them: the newest lease renewal was sent before this point, so each
+  // lease's deadline (renewal sent + TTL 2 s, less one ownership lease and the margin) is
+  // before cut + 2 s.
+  const Clock::time_point cut = Clock::now();
+  proxy.Swallow("");
+  std::array<double, 3> fenced_after_ms{-1, -1, -1};
+  while (Clock::now() < cut + std::chrono::milliseconds(4500)) {
+    for (int id = 0; id < 3; ++id) {
+      if (fenced_after_ms[id] < 0 && servers_[id]->stats().fenced) {
+        fenced_after_ms[id] = std::chrono::duration<double, std::milli>(Clock::now() - cut).count();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::printf("fenced after the cut: %.0f, %.0f, %.0f ms (TTL 2000 ms)\n", fenced_after_ms[0],
+              fenced_after_ms[1], fenced_after_ms[2]);
+  for (int id = 0; id < 3; ++id) {
+    EXPECT_GE(fenced_after_ms[id], 0) << "server " << id << " never fenced";
+    EXPECT_LE(fenced_after_ms[id], 2050) << "server " << id << " fenced after its lease expired";
+  }
+  proxy.Swallow(std::nullopt);
 }
 
 }  // namespace

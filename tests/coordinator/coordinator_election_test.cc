@@ -20,10 +20,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-uint16_t PortOf(const std::string& endpoint) {
-  return static_cast<uint16_t>(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)));
-}
-
 // The election's PutIf creates the key under the coordinator's lease, and the connection breaks
 // before the answer: the client reports an unknown outcome. The next try finds the key taken,
 // by its own lease. Before the fix it took that for another coordinator and never led, while
@@ -40,7 +36,7 @@ TEST(CoordinatorElection, AnElectionWhoseAnswerWasLostIsWonOnTheNextTry) {
       cluster::MakeUniformMap({"127.0.0.1:1", "127.0.0.1:2"}, /*shards=*/4, /*r=*/2);
   ASSERT_TRUE(cluster::ImportMap(**client, name, map).ok());
 
-  rdkv::testing::TcpProxy proxy(PortOf(etcd.endpoint(0)));
+  rdkv::testing::TcpProxy proxy(rdkv::testing::PortOf(etcd.endpoint(0)));
   ASSERT_TRUE(proxy.ok());
   proxy.DropAnswerTo("/v3/kv/txn");  // the coordinator's first transaction is its election
   CoordinatorOptions o;

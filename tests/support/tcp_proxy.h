@@ -7,6 +7,9 @@
 //   TcpProxy proxy(etcd_port);            // listens on 127.0.0.1:proxy.port()
 //   proxy.DropAnswerTo("/v3/kv/txn");     // the next transaction applies, its answer is lost
 //
+//   proxy.Swallow("/v3/kv/put");         // puts hang: taken, never answered
+//   proxy.Swallow("");                   // everything hangs, both ways
+//
 // One thread accepts, one thread per connection relays both ways. Thread-safe.
 #pragma once
 
@@ -19,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -28,6 +32,11 @@
 #include "tests/support/free_port.h"
 
 namespace rdkv::testing {
+
+// The port of an endpoint "http://127.0.0.1:PORT" or "HOST:PORT".
+inline uint16_t PortOf(const std::string& endpoint) {
+  return static_cast<uint16_t>(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)));
+}
 
 class TcpProxy {
  public:
@@ -65,6 +74,16 @@ class TcpProxy {
     needle_ = std::move(needle);
   }
   int answers_dropped() const { return dropped_.load(); }
+
+  // From now on a request whose bytes contain `needle` is taken and never delivered nor
+  // answered, and its connection carries nothing more either way (it stays open): a member
+  // that hangs on some requests. An empty needle: every connection, new or open, goes silent
+  // both ways at once (a partition that drops packets). Off again with Swallow(std::nullopt).
+  void Swallow(std::optional<std::string> needle) {
+    MutexLock l(&mu_);
+    swallow_ = std::move(needle);
+    swallow_all_.store(swallow_.has_value() && swallow_->empty());
+  }
 
  private:
   static int ConnectLoopback(uint16_t port) {
@@ -121,20 +140,32 @@ class TcpProxy {
     return true;
   }
 
+  bool SwallowsRequest(std::string_view chunk) {
+    MutexLock l(&mu_);
+    return swallow_.has_value() && chunk.find(*swallow_) != std::string_view::npos;
+  }
+
   void Relay(int client, int server) {
     bool drop_answer = false;
+    bool silent = false;  // this connection swallowed a request: it carries nothing more
     char buf[64 * 1024];
     while (!stop_.load()) {
       pollfd p[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
       if (poll(p, 2, 50) <= 0) continue;
       if (p[0].revents != 0) {
         const ssize_t n = recv(client, buf, sizeof buf, 0);
-        if (n <= 0 || !SendAll(server, buf, static_cast<size_t>(n))) break;
-        if (TakeNeedleIn(std::string_view(buf, static_cast<size_t>(n)))) drop_answer = true;
+        if (n <= 0) break;
+        const std::string_view chunk(buf, static_cast<size_t>(n));
+        if (!silent && SwallowsRequest(chunk)) silent = true;
+        if (!silent && !swallow_all_.load()) {
+          if (!SendAll(server, buf, static_cast<size_t>(n))) break;
+          if (TakeNeedleIn(chunk)) drop_answer = true;
+        }
       }
       if (p[1].revents != 0) {
         const ssize_t n = recv(server, buf, sizeof buf, 0);
         if (n <= 0) break;
+        if (silent || swallow_all_.load()) continue;
         if (drop_answer) {
           dropped_.fetch_add(1);
           Reset(client);
@@ -153,8 +184,10 @@ class TcpProxy {
   int listen_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int> dropped_{0};
+  std::atomic<bool> swallow_all_{false};
   Mutex mu_;
   std::string needle_ GUARDED_BY(mu_);
+  std::optional<std::string> swallow_ GUARDED_BY(mu_);
   std::vector<std::thread> relays_ GUARDED_BY(mu_);
   std::thread accept_thread_;
 };
