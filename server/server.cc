@@ -258,6 +258,7 @@ class ServerImpl final : public Server {
       s.repair_failures = c.repair_failures.load();
       s.retry_ids_kept = service_.retry_ids_kept();
       s.catchup_applied = c.catchup_applied.load();
+      s.catchup_tombstones = service_.catchup_tombstones();
       s.scan_items = c.scan_items.load();
       for (const auto& [shard, at] : service_.ScanProgress())
         s.scan_progress.emplace_back(shard, at);

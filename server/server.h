@@ -152,6 +152,8 @@ struct ServerStats {
   // Catch-up: writes taken as a joining backup; items sent in SHARD_SCAN answers; how far the
   // latest scan of each shard got (0..1, by shard).
   uint64_t catchup_applied = 0, scan_items = 0;
+  // Keys whose deletes this server remembers while it joins shards (see Service).
+  uint64_t catchup_tombstones = 0;
   std::vector<std::pair<uint32_t, double>> scan_progress;
   RequestMetricsSnapshot requests;
 };

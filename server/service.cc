@@ -276,6 +276,7 @@ std::string Service::StatsJson() const {
         {"repairs_dropped", load(counters_.repairs_dropped)},
         {"repair_failures", load(counters_.repair_failures)},
         {"catchup_applied", load(counters_.catchup_applied)},
+        {"catchup_tombstones", catchup_tombstones()},
         {"scan_items", load(counters_.scan_items)}};
     nlohmann::json scans = nlohmann::json::object();
     for (const auto& [shard, at] : ScanProgress()) scans[std::to_string(shard)] = at;

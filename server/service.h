@@ -160,6 +160,8 @@ class Service {
   }
   // Request ids whose answers the retry table keeps now.
   size_t retry_ids_kept() const { return retry_table_.size(); }
+  // Keys whose deletes a joining replica remembers (all shards).
+  size_t catchup_tombstones() const EXCLUDES(tombstones_mu_);
   // How far the latest SHARD_SCAN of each shard scanned since the start got through the index
   // (0..1; 1: the scan finished): a copy's progress on its source, by shard.
   std::map<uint32_t, double> ScanProgress() const EXCLUDES(copies_mu_);
@@ -373,7 +375,8 @@ class Service {
   // The repair pass: every kRepairInterval while writes await repair, RepairKey on each.
   void RepairLoop() EXCLUDES(repair_mu_);
   // A joining backup's deletes of `shard` (key -> version), so that a copied item older than
-  // a delete does not bring the key back; forgotten once the shard is in sync here.
+  // a delete does not bring the key back; forgotten once the shard is in sync here, and when
+  // the shard is dropped here (a join given up, or the first step of another copy).
   void RememberDelete(uint32_t shard, std::string_view key, uint64_t version)
       EXCLUDES(tombstones_mu_);
   bool DeletedSince(uint32_t shard, std::string_view key, uint64_t version)
@@ -453,7 +456,7 @@ class Service {
   // an absent key not above one is stale.
   ReplicaTombstones replica_deletes_;
 
-  Mutex tombstones_mu_;
+  mutable Mutex tombstones_mu_;
   std::map<uint32_t, std::unordered_map<std::string, uint64_t>> tombstones_
       GUARDED_BY(tombstones_mu_);
   std::atomic<bool> has_tombstones_{false};

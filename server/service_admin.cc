@@ -179,6 +179,9 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
                                    " is still owned by this server; move it first");
   }
   WaitForReplicaApplies();
+  // A join of the shard given up (the replica removed) leaves its deletes behind; a copy that
+  // follows starts with none of them.
+  ForgetDeletes(shard);
   if (version_floor > 0) {
     // The start of a copy into this server: refused while another copy of the shard is active.
     RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));

@@ -979,6 +979,13 @@ bool Service::DeletedSince(uint32_t shard, std::string_view key, uint64_t versio
   return k != s->second.end() && k->second >= version;
 }
 
+size_t Service::catchup_tombstones() const {
+  MutexLock lock(&tombstones_mu_);
+  size_t n = 0;
+  for (const auto& [shard, keys] : tombstones_) n += keys.size();
+  return n;
+}
+
 void Service::ForgetDeletes(uint32_t shard) {
   MutexLock lock(&tombstones_mu_);
   tombstones_.erase(shard);

@@ -463,6 +463,38 @@ TEST_F(ReplicationTest, AStaleForwardAfterADeleteDoesNotBringTheKeyBack) {
   EXPECT_TRUE(client->Get(batched).status().Is(StatusCode::kNotFound));
 }
 
+// A joining replica remembers the deletes forwarded to it (a copied item older than one must
+// not bring its key back) until the shard is in sync there. A join given up (the replica
+// removed, its copy dropped) used to keep them until the process ended: memory a writer could
+// grow at will during a long copy, and stale entries in the next join of the shard.
+TEST_F(ReplicationTest, AGivenUpJoinForgetsTheDeletesItRemembered) {
+  StartReplicated(1);  // shards 0 and 3 on server 0 alone
+  cluster::ClusterMap joining = map_;
+  joining.epoch = map_.epoch + 1;
+  joining.SetJoining(0, 1, joining.epoch);
+  ASSERT_TRUE(InstallOn(1, joining).ok());
+  ASSERT_TRUE(InstallOn(0, joining).ok());
+  const std::string a = KeyIn(0, 5, "tomb"), b = KeyIn(0, 6, "tomb");
+  const uint64_t v = cluster::EpochVersionFloor(1) + 900;
+  for (const std::string& key : {a, b}) {
+    kv::ReplicateRequest del = ForwardOf(key, "", v, /*is_delete=*/true);
+    del.map_epoch = joining.epoch;
+    kv::Response r = Call(1, kv::EncodeReplicate(del));
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  EXPECT_EQ(servers_[1]->stats().catchup_tombstones, 2u);
+  // The join is given up: the pair removed, then the shard dropped on server 1.
+  cluster::ClusterMap removed = joining;
+  removed.epoch = joining.epoch + 1;
+  std::erase(removed.joining[0], 1u);
+  ASSERT_TRUE(InstallOn(1, removed).ok());
+  ASSERT_TRUE(InstallOn(0, removed).ok());
+  std::string scratch;
+  kv::Response dropped = CallAlone(1, kv::EncodeDropShard({0, 0}, &scratch));
+  ASSERT_TRUE(dropped.status.ok()) << dropped.status.ToString();
+  EXPECT_EQ(servers_[1]->stats().catchup_tombstones, 0u);
+}
+
 // A forward that passed its role check while its backup was still a replica, and is applied
 // only after that replica was removed and its shard dropped, leaves an item of a shard the
 // server no longer holds (and, after a re-add, a key the new copy never removes). The role is
