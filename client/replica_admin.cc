@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
@@ -25,42 +26,105 @@ std::string Name(const cluster::ClusterMap& m, uint32_t id) {
   return "server " + std::to_string(id) + (e != nullptr ? " (" + e->address + ")" : "");
 }
 
-// The newest map the servers of `known` report. A server that does not answer is skipped
-// (said on `progress`): replica changes are how a dead server is taken out. At least one must
-// answer.
-Result<cluster::ClusterMap> NewestMap(AdminChannel& channel, const cluster::ClusterMap& known,
-                                      const MoveProgressFn& progress) {
-  cluster::ClusterMap newest = known;
-  size_t answered = 0;
+// The map each server of `known` that answered holds, by server id. A server that does not
+// answer is skipped (said on `progress`): replica changes are how a dead server is taken out.
+// At least one must answer.
+// The map server `e` holds (MAP_FETCH). The error of the call when it does not answer;
+// kNotSupported for a standalone server.
+Result<cluster::ClusterMap> MapOn(AdminChannel& channel, const cluster::ServerEntry& e) {
+  uint64_t epoch = 0;
+  std::string body;
+  RDKV_RETURN_IF_ERROR(channel.Call(e, kv::EncodeMapFetch({}), &epoch, &body));
+  RDKV_ASSIGN_OR_RETURN(kv::MapAnswer answer, kv::DecodeMapAnswer(epoch, body));
+  if (answer.map_json.empty()) {
+    return Status::NotSupported("server " + std::to_string(e.id) + " serves standalone");
+  }
+  RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap m, cluster::ParseClusterMap(answer.map_json));
+  m.NormalizeReplicas();
+  return m;
+}
+
+bool Unreachable(const Status& s) {
+  return s.Is(StatusCode::kUnavailable) || s.Is(StatusCode::kConnectionLost) ||
+         s.Is(StatusCode::kTimedOut);
+}
+
+Result<std::map<uint32_t, cluster::ClusterMap>> ServersMaps(AdminChannel& channel,
+                                                          const cluster::ClusterMap& known,
+                                                          const MoveProgressFn& progress) {
+  std::map<uint32_t, cluster::ClusterMap> maps;
   Status last;
   for (const cluster::ServerEntry& e : known.servers) {
-    uint64_t epoch = 0;
-    std::string body;
-    Status s = channel.Call(e, kv::EncodeMapFetch({}), &epoch, &body);
-    if (!s.ok()) {
-      last = s;
+    Result<cluster::ClusterMap> m = MapOn(channel, e);
+    if (!m.ok() && Unreachable(m.status())) {
+      last = m.status();
       if (progress) {
         progress("  server " + std::to_string(e.id) + " (" + e.address +
-                 ") did not answer for its map: " + s.ToString());
+                 ") did not answer for its map: " + m.status().ToString());
       }
       continue;
     }
-    ++answered;
-    Result<kv::MapAnswer> answer = kv::DecodeMapAnswer(epoch, body);
-    if (!answer.ok()) return answer.status();
-    if (answer->map_json.empty()) {
-      return Status::NotSupported("server " + std::to_string(e.id) + " serves standalone");
-    }
-    Result<cluster::ClusterMap> m = cluster::ParseClusterMap(answer->map_json);
     if (!m.ok()) return m.status();
-    if (m->epoch > newest.epoch) newest = std::move(m).value();
+    maps.emplace(e.id, std::move(m).value());
   }
-  if (answered == 0) {
+  if (maps.empty()) {
     return Status::Unavailable("no server of the cluster answered for its map (" + last.ToString() +
                                "); nothing was changed");
   }
+  return maps;
+}
+
+// The newest map the servers of `known` report (ServersMaps), or `known` when it is newer.
+Result<cluster::ClusterMap> NewestMap(AdminChannel& channel, const cluster::ClusterMap& known,
+                                      const MoveProgressFn& progress) {
+  RDKV_ASSIGN_OR_RETURN(auto maps, ServersMaps(channel, known, progress));
+  cluster::ClusterMap newest = known;
+  for (auto& [id, m] : maps) {
+    if (m.epoch > newest.epoch) newest = std::move(m);
+  }
   newest.NormalizeReplicas();
   return newest;
+}
+
+// Installs `map` on `ids` (below).
+Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
+                 const std::vector<uint32_t>& ids, const MoveProgressFn& progress,
+                 bool required = true);
+
+// Finishes an earlier map change that did not reach every server: its command was interrupted
+// (Ctrl-C, a timeout, a server that failed to save the map), or it skipped a server that is
+// back. Each server that answers with a map older than the newest one gets the newest, the
+// servers that gain no shard by it first and those that gain one last: the order of every
+// change, so a shard's old primary has let go before its new one takes it. Servers that do not
+// answer are skipped. Without this, running the interrupted command again found its change
+// already in the newest map, said so, and left the shard with no primary serving it.
+Status FinishEarlierChange(AdminChannel& channel, const cluster::ClusterMap& known,
+                           const MoveProgressFn& progress) {
+  RDKV_ASSIGN_OR_RETURN(auto maps, ServersMaps(channel, known, progress));
+  const cluster::ClusterMap* newest = nullptr;
+  for (const auto& [id, m] : maps) {
+    if (newest == nullptr || m.epoch > newest->epoch) newest = &m;
+  }
+  std::vector<uint32_t> first, last;
+  std::string behind;
+  for (const auto& [id, m] : maps) {
+    if (m.epoch >= newest->epoch) continue;
+    bool gains = false;
+    for (uint32_t shard = 0; shard < newest->shards && !gains; ++shard) {
+      gains = newest->OwnerOf(shard) == id && (shard >= m.shards || m.OwnerOf(shard) != id);
+    }
+    (gains ? last : first).push_back(id);
+    behind += (behind.empty() ? "" : ", ") + Name(*newest, id) + " at epoch " +
+              std::to_string(m.epoch);
+  }
+  if (first.empty() && last.empty()) return Status::Ok();
+  if (progress) {
+    progress("map epoch " + std::to_string(newest->epoch) + " has not reached " + behind +
+             " (an earlier change was interrupted): installing it there first");
+  }
+  const cluster::ClusterMap target = *newest;
+  RDKV_RETURN_IF_ERROR(InstallOn(channel, target, first, progress, /*required=*/false));
+  return InstallOn(channel, target, last, progress, /*required=*/false);
 }
 
 Status CheckArgs(const cluster::ClusterMap& m, uint32_t shard, uint32_t server) {
@@ -79,16 +143,35 @@ Status CheckArgs(const cluster::ClusterMap& m, uint32_t shard, uint32_t server) 
 // next change) instead of failing the call.
 Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
                  const std::vector<uint32_t>& ids, const MoveProgressFn& progress,
-                 bool required = true) {
+                 bool required) {
   const std::string json = map.ToJson();
+  cluster::ClusterMap normalized = map;
+  normalized.NormalizeReplicas();
+  const std::string normalized_json = normalized.ToJson();  // as MapOn returns a server's
   for (uint32_t id : ids) {
     const cluster::ServerEntry* e = map.FindServer(id);
     if (e == nullptr) continue;
     uint64_t installed = 0;
     Status s = channel.Call(*e, kv::EncodeMapInstall({json}), &installed, nullptr);
-    // A server that already has this epoch (an earlier, interrupted run) is fine.
-    const bool unreachable = s.Is(StatusCode::kUnavailable) || s.Is(StatusCode::kConnectionLost) ||
-                             s.Is(StatusCode::kTimedOut);
+    if (s.Is(StatusCode::kInvalidArgument) && s.message().find("not newer") != std::string::npos) {
+      // It holds this epoch or a newer one. This very map (an earlier, interrupted run, or a
+      // change that another command is finishing) is fine; another map means another change
+      // got there first: start again from the newest map, as after a lost etcd transaction.
+      Result<cluster::ClusterMap> held = MapOn(channel, *e);
+      s = held.ok() && held->epoch == map.epoch && held->ToJson() == normalized_json
+              ? Status::Ok()
+              : Status::Busy(
+                    held.ok() ? Name(map, id) + " holds " +
+                                    (held->epoch == map.epoch ? "a different map of epoch "
+                                                              : "map epoch ") +
+                                    std::to_string(held->epoch) +
+                                    " (another map change ran at the same time); run one "
+                                    "change at a time, from the newest map"
+                              : Name(map, id) + " refused map epoch " +
+                                    std::to_string(map.epoch) + " as not newer: " +
+                                    held.status().ToString());
+    }
+    const bool unreachable = Unreachable(s);
     if (!required && unreachable) {
       if (progress) {
         progress("  map epoch " + std::to_string(map.epoch) + " not installed on " + Name(map, id) +
@@ -96,8 +179,7 @@ Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
       }
       continue;
     }
-    if (!s.ok() && !(s.Is(StatusCode::kInvalidArgument) &&
-                     s.message().find("not newer") != std::string::npos)) {
+    if (!s.ok()) {
       return Status(s.code(), "installing map epoch " + std::to_string(map.epoch) + " on " +
                                   Name(map, id) + ": " + s.message());
     }
@@ -139,6 +221,7 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
   ReplicaReport report;
   cluster::ClusterMap next;
   uint32_t old_primary = 0;
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
   for (int attempt = 1;; ++attempt) {
     RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
     RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
@@ -177,6 +260,13 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
     // nothing of this attempt was installed: start again from the newest map.
     Status first = InstallOn(channel, next, {old_primary}, progress);
     if (first.ok()) break;
+    if (Unreachable(first)) {
+      return Status(first.code(),
+                    first.message() + ". The old primary must take the new map first (it lets "
+                                      "the shard go); nothing was changed. Bring it back and run "
+                                      "this again; with etcd, kvcoord fails a dead primary over "
+                                      "by its lease");
+    }
     if (!first.Is(StatusCode::kBusy) || attempt == kMapRaceAttempts) return first;
     PauseAfterLostMap(attempt, first, "starting again", progress);
   }
@@ -669,6 +759,7 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
                                      const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
   if (wanted.empty()) return Status::InvalidArgument("no shard to add a replica to");
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   for (const ReplicaAddition& a : wanted) RDKV_RETURN_IF_ERROR(CheckArgs(cur, a.shard, a.server));
   ReplicaReport report;
@@ -889,6 +980,7 @@ Result<ReplicaReport> RunRemoveReplica(AdminChannel& channel, const cluster::Clu
                                        uint32_t shard, uint32_t server,
                                        const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
   ReplicaReport report;
@@ -929,6 +1021,7 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
                                   const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
   if (shards.empty()) return Status::InvalidArgument("no shard to move");
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   for (uint32_t shard : shards) RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, to_server));
   // A move replaces the old primary by the target, keeping the replica count. A target that

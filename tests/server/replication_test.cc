@@ -1010,6 +1010,84 @@ class HookedChannel final : public client::AdminChannel {
   const Hook hook_;
 };
 
+// A promote interrupted after the old primary took the new map, before the new primary did
+// (Ctrl-C, a timeout, a server that could not save the map): the old primary has let the
+// shard go and the new one does not know it has it, so nobody serves it. Running the same
+// command again used to find the promotion already in the newest map, say "already primary"
+// and change nothing. It finishes the earlier change first.
+TEST_F(ReplicationTest, AnInterruptedPromoteIsFinishedWhenRunAgain) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const std::string key = KeyIn(0, 3, "half");
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Put(key, "before").ok());
+  bool failed_once = false;
+  HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                        [&](const cluster::ServerEntry& e, const kv::Request& r) {
+                          if (r.op != kv::Op::kInstallMap || e.id != 1 || failed_once) {
+                            return Status::Ok();
+                          }
+                          failed_once = true;
+                          return Status::Unavailable("injected: the connection broke");
+                        });
+  auto first = client::RunPromote(channel, map_, 0, 1, nullptr);
+  ASSERT_FALSE(first.ok()) << "the fault did not stop the promote; the test shows nothing";
+  Result<cluster::ClusterMap> on0 = MapOf(0), on1 = MapOf(1);
+  ASSERT_TRUE(on0.ok() && on1.ok());
+  ASSERT_GT(on0->epoch, on1->epoch) << "the old primary should hold the newer map";
+  std::vector<std::string> lines;
+  auto again = client::RunPromote(channel, map_, 0, 1,
+                                  [&](std::string_view l) { lines.emplace_back(l); });
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  on0 = MapOf(0);
+  on1 = MapOf(1);
+  ASSERT_TRUE(on0.ok() && on1.ok());
+  EXPECT_EQ(on1->epoch, on0->epoch);
+  EXPECT_EQ(on1->OwnerOf(0), 1u);
+  EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("an earlier change was interrupted") != std::string::npos;
+  })) << "the rerun did not say what it finished";
+  // The shard serves again: a write and a GET.
+  auto w = c->Put(key, "after");
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  auto g = c->Get(key);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "after");
+}
+
+// Two map changes at once on a cluster without etcd: another command installs its own map of
+// the next epoch on the old primary just before this promote does. The server answers "not
+// newer", which the promote used to take for its own earlier run: it went on installing its
+// map on the other servers, and the old primary kept the shard under the other map while the
+// new primary took it under this one. Now a different map of that epoch is a lost race
+// (kBusy): the promote starts again from the newest map, and every server ends on one map.
+TEST_F(ReplicationTest, APromoteThatLosesTheEpochToAnotherChangeStartsAgain) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  cluster::ClusterMap other = map_;
+  other.NormalizeReplicas();
+  other.epoch = map_.epoch + 1;
+  other.replication_factor = 3;  // another operator's change of the same epoch
+  bool raced = false;
+  HookedChannel channel([this](uint16_t port) { return ConnectTo(port); },
+                        [&](const cluster::ServerEntry& e, const kv::Request& r) {
+                          if (r.op != kv::Op::kInstallMap || e.id != 0 || raced) {
+                            return Status::Ok();
+                          }
+                          raced = true;
+                          return InstallOn(0, other);  // lands first
+                        });
+  auto promoted = client::RunPromote(channel, map_, 0, 1, nullptr);
+  ASSERT_TRUE(raced);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  EXPECT_EQ(promoted->to_epoch, other.epoch + 1) << "it did not start again from the newest map";
+  Result<cluster::ClusterMap> on0 = MapOf(0), on1 = MapOf(1), on2 = MapOf(2);
+  ASSERT_TRUE(on0.ok() && on1.ok() && on2.ok());
+  EXPECT_EQ(on0->ToJson(), on1->ToJson()) << "servers 0 and 1 hold different maps";
+  EXPECT_EQ(on0->ToJson(), on2->ToJson()) << "servers 0 and 2 hold different maps";
+  EXPECT_EQ(on0->OwnerOf(0), 1u);
+  EXPECT_EQ(on0->replication_factor, 3u) << "the other change was lost";
+}
+
 TEST_F(ReplicationTest, AFailedCopyLeavesItsPairJoiningAndTheOthersInSync) {
   StartReplicated(2);
   auto c = NewClient(0);

@@ -145,14 +145,20 @@ class Admin {
                                 const MoveProgressFn& progress);
 
   // --- replicated clusters (docs/design.md "Replication") ---
-  // Each asks every server for its map (all must answer) and works from the newest one. A
-  // change that loses the map to another writer (the coordinator, another admin command)
-  // between that read and its commit fails kBusy; run it again (Promote, and the in-sync step
-  // of AddReplica(s), do so themselves).
+  // Each asks every server for its map (a server that does not answer is skipped: these
+  // calls are how a dead server is taken out; at least one must answer) and works from the
+  // newest one. First it finishes an earlier change that did not reach every server that
+  // answered (an interrupted call: each server behind gets the newest map, the servers that
+  // gain a shard by it last), so running an interrupted call again completes it. A change
+  // that loses the map to another writer (the coordinator, another admin command) between
+  // that read and its commit fails kBusy, and so does an install that finds a server holding
+  // another map of the same epoch or a newer one; run it again (Promote, and the in-sync step
+  // of AddReplica(s), do so themselves). Without etcd nothing serializes two changes: run one
+  // at a time.
   //
   // Makes `server`, an in-sync backup of `shard`, its primary (the old primary becomes its
   // first backup): installs the new map (epoch + 1) on the old primary (it stops serving the
-  // shard after one lease), then on the new one, then everywhere else. Writes to the shard
+  // shard after one lease), then everywhere else, then on the new one. Writes to the shard
   // pause for about one lease. kInvalidArgument when `server` is not an in-sync backup. When
   // the old primary's commit loses to another writer's map (nothing installed), starts again
   // from the newest map, up to 5 attempts (said on `progress`); kBusy after the last.
