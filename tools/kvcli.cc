@@ -1158,19 +1158,36 @@ class Cli {
     }
     rdkv::Result<rdkv::cluster::ClusterMap> map = rdkv::cluster::LoadClusterMap(file);
     if (!map.ok()) return Report(map.status(), "cluster import-map");
+    const uint32_t most = static_cast<uint32_t>(
+        std::min<size_t>(map->servers.size(), rdkv::cluster::kMaxReplicas));
+    const uint32_t has = static_cast<uint32_t>(map->MaxReplicas());
     if (FLAGS_replication_factor > 0) {
-      const size_t n = map->servers.size();
-      if (FLAGS_replication_factor >
-          static_cast<int>(std::min<size_t>(n, rdkv::cluster::kMaxReplicas))) {
-        std::cerr << "kvcli: --replication_factor=" << FLAGS_replication_factor
-                  << " is more than the map's " << n << " servers (or 5)\n";
+      const uint32_t r = static_cast<uint32_t>(FLAGS_replication_factor);
+      if (r > most) {
+        std::cerr << "kvcli: --replication_factor=" << r << " is more than the map's "
+                  << map->servers.size() << " servers (or 5)\n";
         return kExitError;
       }
-      if (map->MaxReplicas() > 1) {
-        std::cerr << "kvcli: " << file << " already has replicas; leave out --replication_factor\n";
+      if (has > 1 && r < has) {
+        std::cerr << "kvcli: " << file << " already has shards with " << has
+                  << " replicas; --replication_factor=" << r
+                  << " would be below them (give at least " << has << ", or leave it out)\n";
         return kExitError;
       }
-      map->AssignBackups(static_cast<uint32_t>(FLAGS_replication_factor));
+      // Without replicas: backups assigned now. With them: the sets are kept, and the
+      // coordinator adds replicas to the shards below r.
+      if (has <= 1) map->AssignBackups(r);
+      map->replication_factor = r;
+    } else if (map->replication_factor > most) {
+      std::cerr << "kvcli: " << file << " says replication_factor " << map->replication_factor
+                << ", more than its " << map->servers.size() << " servers (or 5)\n";
+      return kExitError;
+    } else if (map->replication_factor == 0 && has > 1) {
+      // Replica sets without a factor: kvcoord would never restore a lost replica.
+      map->replication_factor = has;
+      std::cerr << "kvcli: " << file << " has replica sets but no replication_factor: using " << has
+                << " (its largest set), which kvcoord restores after a failure; give "
+                   "--replication_factor to choose\n";
     }
     auto etcd = EtcdFromFlags();
     if (!etcd.ok()) return Report(etcd.status(), "cluster import-map: --etcd");
