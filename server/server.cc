@@ -27,36 +27,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Whether a TCP listener could bind host:port now (0: any port, always). Checked before the
-// data dir is loaded or restored, which can take long and, for a restore, replaces the
-// database: a port another process holds is found first. kUnavailable naming the port when
-// it is in use; the bind error otherwise. The real bind comes later and can still lose a race.
-Status CheckPortFree(const std::string& what, const std::string& host, uint16_t port) {
-  if (port == 0) return Status::Ok();
-  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, true));
-  int error = 0;
-  for (const ResolvedAddress& ai : addresses) {
-    const int fd = socket(ai.family, ai.socktype | SOCK_CLOEXEC, ai.protocol);
-    if (fd < 0) {
-      error = errno;
-      continue;
-    }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the listeners do
-    const bool bound = bind(fd, ai.sockaddr_ptr(), ai.length) == 0;
-    error = bound ? 0 : errno;
-    close(fd);
-    if (bound) return Status::Ok();
-  }
-  const std::string where = FormatHostPort(host.empty() ? "0.0.0.0" : host, port);
-  if (error == EADDRINUSE) {
-    return Status::Unavailable(what + " " + where +
-                               " is in use by another process (checked before the data dir "
-                               "is loaded); choose another port or stop that process");
-  }
-  return Status::FromErrno(what + ": bind " + where, error);
-}
-
 // The largest request or response payload this server's transport accepts (and the most it
 // sends to a client that accepts more). Without a map it follows max_value_bytes
 // (kv::MaxMessageBytes, the size clients use too). With one it is also room for the largest
@@ -380,10 +350,9 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
   fo.device = options.device;
   fo.huge_pages = options.huge_pages;
   RDKV_ASSIGN_OR_RETURN(std::unique_ptr<transport::Fabric> fabric, transport::Fabric::Create(fo));
-  // Before the region is allocated and the data dir loaded: a busy port fails the start first.
-  if (fabric->kind() == transport::TransportKind::kTcp) {
-    RDKV_RETURN_IF_ERROR(CheckPortFree("--port", options.host, options.port));
-  }
+  // Before the region is allocated and the data dir loaded: a busy port fails the start first
+  // (tcp: a TCP bind; verbs: an rdma_cm bind).
+  RDKV_RETURN_IF_ERROR(fabric->CheckListenPort("--port", options.host, options.port));
   if (options.metrics_port) {
     if (*options.metrics_port != 0 && *options.metrics_port == options.port &&
         options.metrics_host == options.host && fabric->kind() == transport::TransportKind::kTcp) {
@@ -391,7 +360,7 @@ Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options_in) {
                                      " is this server's own --port; give /metrics another one");
     }
     RDKV_RETURN_IF_ERROR(
-        CheckPortFree("--metrics_port", options.metrics_host, *options.metrics_port));
+        CheckTcpPortFree("--metrics_port", options.metrics_host, *options.metrics_port));
   }
   RDKV_ASSIGN_OR_RETURN(
       std::unique_ptr<transport::MemoryRegion> region,

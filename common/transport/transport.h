@@ -413,6 +413,15 @@ class Fabric {
                                                                RegionAccess access) = 0;
   virtual Result<std::unique_ptr<Listener>> Listen(ListenOptions options) = 0;
   virtual Result<std::unique_ptr<Connection>> Connect(const ConnectOptions& options) = 0;
+  // Whether Listen could bind host:port now, without listening (0: any port, always OK): for
+  // a server to find a busy port before long start-up work. kUnavailable "WHAT HOST:PORT is in
+  // use by another process ..." when another listener holds it; the bind error otherwise. The
+  // real Listen can still lose a race. The default (a fabric with no ports) says OK.
+  virtual Status CheckListenPort(const std::string& what, const std::string& host,
+                                 uint16_t port) {
+    (void)what, (void)host, (void)port;
+    return Status::Ok();
+  }
 };
 
 // Parses --transport=auto|verbs|tcp. auto: verbs when an RDMA device with an active port exists,

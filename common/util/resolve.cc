@@ -1,8 +1,10 @@
 #include "common/util/resolve.h"
 
 #include <netdb.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "common/util/units.h"
@@ -37,6 +39,32 @@ Result<std::vector<ResolvedAddress>> ResolveStream(const std::string& host, uint
     return Status::Unavailable("cannot resolve " + FormatHostPort(host, port) + ": no address");
   }
   return out;
+}
+
+Status CheckTcpPortFree(const std::string& what, const std::string& host, uint16_t port) {
+  if (port == 0) return Status::Ok();
+  RDKV_ASSIGN_OR_RETURN(std::vector<ResolvedAddress> addresses, ResolveStream(host, port, true));
+  int error = 0;
+  for (const ResolvedAddress& ai : addresses) {
+    const int fd = socket(ai.family, ai.socktype | SOCK_CLOEXEC, ai.protocol);
+    if (fd < 0) {
+      error = errno;
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // as the listeners do
+    const bool bound = bind(fd, ai.sockaddr_ptr(), ai.length) == 0;
+    error = bound ? 0 : errno;
+    close(fd);
+    if (bound) return Status::Ok();
+  }
+  const std::string where = FormatHostPort(host.empty() ? "0.0.0.0" : host, port);
+  if (error == EADDRINUSE) {
+    return Status::Unavailable(what + " " + where +
+                               " is in use by another process (checked before the data dir "
+                               "is loaded); choose another port or stop that process");
+  }
+  return Status::FromErrno(what + ": bind " + where, error);
 }
 
 }  // namespace rdkv

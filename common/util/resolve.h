@@ -31,4 +31,10 @@ struct ResolvedAddress {
 Result<std::vector<ResolvedAddress>> ResolveStream(const std::string& host, uint16_t port,
                                                    bool passive);
 
+// Whether a TCP listener (SO_REUSEADDR, as the listeners set) could bind host:port now, without
+// listening (0: any port, always). For a start-up check before long work: kUnavailable "WHAT
+// HOST:PORT is in use by another process ..." when it is taken, the bind error otherwise. The
+// real bind comes later and can still lose a race.
+Status CheckTcpPortFree(const std::string& what, const std::string& host, uint16_t port);
+
 }  // namespace rdkv

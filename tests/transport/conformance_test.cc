@@ -1158,6 +1158,32 @@ TEST_P(TransportConformance, ClientReconnectsAfterTheServerRestartsOnTheSamePort
   EXPECT_TRUE(IsConnectionFailure(s)) << s.ToString();
 }
 
+// A server checks its port before long start-up work (recovery, a restore): the fabric's
+// probe finds a port another listener holds (tcp: a TCP bind; verbs: an rdma_cm bind, its own
+// port space), and says the port is free once that listener is gone.
+TEST_P(TransportConformance, CheckListenPortFindsAPortInUseWithoutListening) {
+  const uint16_t port = listener_->port();
+  Status busy = server_fabric_->CheckListenPort("--port", host_, port);
+  ASSERT_FALSE(busy.ok()) << "a port a listener holds was reported free";
+  EXPECT_TRUE(busy.Is(StatusCode::kUnavailable)) << busy.ToString();
+  EXPECT_NE(busy.message().find("in use"), std::string::npos) << busy.ToString();
+  EXPECT_NE(busy.message().find(std::to_string(port)), std::string::npos) << busy.ToString();
+  EXPECT_TRUE(server_fabric_->CheckListenPort("--port", host_, 0).ok());
+  // The probe itself holds nothing: the listener still serves, and once it is gone the port
+  // is free (it may take a moment to be released).
+  ReadAndCheck(conn_.get(), 0, 100);
+  conn_.reset();
+  listener_.reset();
+  Status free_now;
+  for (int i = 0; i < 100; ++i) {
+    free_now = server_fabric_->CheckListenPort("--port", host_, port);
+    if (free_now.ok()) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(free_now.ok()) << free_now.ToString();
+  ASSERT_TRUE(StartListener(port).ok()) << "the probe kept the port";
+}
+
 TEST_P(TransportConformance, WrongAuthTokenIsRefusedAndTheServerKeepsServing) {
   ConnectOptions co;
   co.auth_token = "not-the-token";

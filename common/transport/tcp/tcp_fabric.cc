@@ -7,6 +7,7 @@
 #include "common/transport/tcp/region_registry.h"
 #include "common/transport/tcp/tcp_connection.h"
 #include "common/transport/tcp/tcp_listener.h"
+#include "common/util/resolve.h"
 
 namespace rdkv::transport {
 
@@ -57,6 +58,11 @@ class TcpFabric final : public Fabric {
 
   Result<std::unique_ptr<Connection>> Connect(const ConnectOptions& options) override {
     return tcp::CreateTcpConnection(options, registry_);
+  }
+
+  Status CheckListenPort(const std::string& what, const std::string& host,
+                         uint16_t port) override {
+    return CheckTcpPortFree(what, host, port);
   }
 
  private:

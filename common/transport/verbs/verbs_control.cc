@@ -388,6 +388,32 @@ Result<std::unique_ptr<MemoryRegion>> VerbsFabric::AllocateRegion(size_t size,
       new VerbsRegion(this, std::move(mem), std::move(mr), remote));
 }
 
+Status VerbsFabric::CheckListenPort(const std::string& what, const std::string& host,
+                                    uint16_t port) {
+  if (port == 0) return Status::Ok();
+  // An rdma_cm id bound as the listener binds it (REUSEADDR), then destroyed: rdma_cm refuses
+  // the bind while another id listens on the address (its port space is not TCP's).
+  const std::string where = FormatHostPort(host.empty() ? "0.0.0.0" : host, port);
+  RDKV_ASSIGN_OR_RETURN(sockaddr_storage addr, ResolveAddress(host, port, true));
+  RDKV_ASSIGN_OR_RETURN(CmId probe, CmId::Create(nullptr, nullptr));
+  int reuse = 1;
+  if (rdma_set_option(probe.get(), RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &reuse,
+                      sizeof(reuse)) != 0) {
+    return CallError("rdma_set_option(RDMA_OPTION_ID_REUSEADDR)", errno);
+  }
+  if (rdma_bind_addr(probe.get(), reinterpret_cast<sockaddr*>(&addr)) != 0) {
+    const int error = errno;
+    if (error == EADDRINUSE || error == EADDRNOTAVAIL) {
+      return Status::Unavailable(what + " " + where +
+                                 " (verbs, rdma_cm) is in use by another process (checked "
+                                 "before the data dir is loaded); choose another port or stop "
+                                 "that process");
+    }
+    return CallError(what + ": rdma_bind_addr " + where, error, StatusCode::kUnavailable);
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Listener>> VerbsFabric::Listen(ListenOptions options) {
   if (options.tls.any()) {
     return Status::InvalidArgument(

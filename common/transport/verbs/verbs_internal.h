@@ -511,6 +511,8 @@ class VerbsFabric final : public Fabric {
   Result<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t size, RegionAccess access) override;
   Result<std::unique_ptr<Listener>> Listen(ListenOptions options) override;
   Result<std::unique_ptr<Connection>> Connect(const ConnectOptions& options) override;
+  Status CheckListenPort(const std::string& what, const std::string& host,
+                         uint16_t port) override;
 
   ibv_context* context() const { return ctx_; }
   ibv_pd* pd() const { return pd_.get(); }
