@@ -91,40 +91,69 @@ Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
                  const std::vector<uint32_t>& ids, const MoveProgressFn& progress,
                  bool required = true);
 
-// Finishes an earlier map change that did not reach every server: its command was interrupted
-// (Ctrl-C, a timeout, a server that failed to save the map), or it skipped a server that is
-// back. Each server that answers with a map older than the newest one gets the newest, the
-// servers that gain no shard by it first and those that gain one last: the order of every
-// change, so a shard's old primary has let go before its new one takes it. Servers that do not
-// answer are skipped. Without this, running the interrupted command again found its change
-// already in the newest map, said so, and left the shard with no primary serving it.
+// Finishes an earlier replica change that did not reach every server: its command was
+// interrupted (Ctrl-C, a timeout, a server that failed to save the map), or it skipped a server
+// that is back. Each server that answers with a map older than the newest one gets the newest,
+// the servers that gain no shard by it first and those that gain one last: the order of every
+// change, so a shard's old primary has let go before its new one takes it. Without this,
+// running an interrupted promote again found it already in the newest map, said so, and left
+// the shard with no primary serving it.
+//
+// Only replica changes: a server that would become the primary of a shard it does not hold as
+// an in-sync backup in its own map is the target of an unfinished shard move (R = 1: the map
+// goes to the old owner, the items are copied, then the map goes to the new owner); giving it
+// the map before its copy is done would serve a partial shard. Then nothing is installed and
+// `progress` says to run that move again (it resumes). A server that does not answer, or
+// cannot take the map, is skipped and named: the command goes on (it may be the one that
+// takes that server out). Fails when no server answers, or with `check`'s error: the command's
+// own arguments, checked against the newest map before anything is installed.
 Status FinishEarlierChange(AdminChannel& channel, const cluster::ClusterMap& known,
-                           const MoveProgressFn& progress) {
+                           const MoveProgressFn& progress,
+                           const std::function<Status(const cluster::ClusterMap&)>& check) {
   RDKV_ASSIGN_OR_RETURN(auto maps, ServersMaps(channel, known, progress));
   const cluster::ClusterMap* newest = nullptr;
   for (const auto& [id, m] : maps) {
     if (newest == nullptr || m.epoch > newest->epoch) newest = &m;
   }
+  RDKV_RETURN_IF_ERROR(check(*newest));
   std::vector<uint32_t> first, last;
-  std::string behind;
+  std::string behind, unbacked;
   for (const auto& [id, m] : maps) {
     if (m.epoch >= newest->epoch) continue;
     bool gains = false;
-    for (uint32_t shard = 0; shard < newest->shards && !gains; ++shard) {
-      gains = newest->OwnerOf(shard) == id && (shard >= m.shards || m.OwnerOf(shard) != id);
+    for (uint32_t shard = 0; shard < newest->shards; ++shard) {
+      if (newest->OwnerOf(shard) != id || (shard < m.shards && m.OwnerOf(shard) == id)) continue;
+      gains = true;
+      if (shard >= m.shards || !m.IsBackup(shard, id)) {
+        unbacked += (unbacked.empty() ? "" : ", ") + std::string("shard ") +
+                    std::to_string(shard) + " to " + Name(*newest, id);
+      }
     }
     (gains ? last : first).push_back(id);
     behind += (behind.empty() ? "" : ", ") + Name(*newest, id) + " at epoch " +
               std::to_string(m.epoch);
   }
   if (first.empty() && last.empty()) return Status::Ok();
+  if (!unbacked.empty()) {
+    if (progress) {
+      progress("map epoch " + std::to_string(newest->epoch) + " has not reached " + behind +
+               ": a shard move (" + unbacked +
+               ") is unfinished; run that `cluster move` again to finish it (its copy is redone)");
+    }
+    return Status::Ok();
+  }
   if (progress) {
     progress("map epoch " + std::to_string(newest->epoch) + " has not reached " + behind +
              " (an earlier change was interrupted): installing it there first");
   }
   const cluster::ClusterMap target = *newest;
-  RDKV_RETURN_IF_ERROR(InstallOn(channel, target, first, progress, /*required=*/false));
-  return InstallOn(channel, target, last, progress, /*required=*/false);
+  for (const std::vector<uint32_t>* ids : {&first, &last}) {
+    for (uint32_t id : *ids) {
+      Status s = InstallOn(channel, target, {id}, progress, /*required=*/false);
+      if (!s.ok() && progress) progress("  " + s.ToString() + " (skipped)");
+    }
+  }
+  return Status::Ok();
 }
 
 Status CheckArgs(const cluster::ClusterMap& m, uint32_t shard, uint32_t server) {
@@ -158,18 +187,17 @@ Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
       // change that another command is finishing) is fine; another map means another change
       // got there first: start again from the newest map, as after a lost etcd transaction.
       Result<cluster::ClusterMap> held = MapOn(channel, *e);
-      s = held.ok() && held->epoch == map.epoch && held->ToJson() == normalized_json
-              ? Status::Ok()
-              : Status::Busy(
-                    held.ok() ? Name(map, id) + " holds " +
-                                    (held->epoch == map.epoch ? "a different map of epoch "
-                                                              : "map epoch ") +
-                                    std::to_string(held->epoch) +
-                                    " (another map change ran at the same time); run one "
-                                    "change at a time, from the newest map"
-                              : Name(map, id) + " refused map epoch " +
-                                    std::to_string(map.epoch) + " as not newer: " +
-                                    held.status().ToString());
+      if (!held.ok()) {
+        s = held.status();  // unreachable now: skipped below where that is allowed
+      } else if (held->epoch == map.epoch && held->ToJson() == normalized_json) {
+        s = Status::Ok();
+      } else {
+        s = Status::Busy(Name(map, id) + " holds " +
+                         (held->epoch == map.epoch ? "a different map of epoch " : "map epoch ") +
+                         std::to_string(held->epoch) +
+                         " (another map change ran at the same time); run one change at a "
+                         "time, from the newest map");
+      }
     }
     const bool unreachable = Unreachable(s);
     if (!required && unreachable) {
@@ -221,7 +249,9 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
   ReplicaReport report;
   cluster::ClusterMap next;
   uint32_t old_primary = 0;
-  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress, [&](const auto& m) {
+    return CheckArgs(m, shard, server);
+  }));
   for (int attempt = 1;; ++attempt) {
     RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
     RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
@@ -759,7 +789,10 @@ Result<ReplicaReport> RunAddReplicas(AdminChannel& channel, const cluster::Clust
                                      const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
   if (wanted.empty()) return Status::InvalidArgument("no shard to add a replica to");
-  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress, [&](const auto& m) {
+    for (const ReplicaAddition& a : wanted) RDKV_RETURN_IF_ERROR(CheckArgs(m, a.shard, a.server));
+    return Status::Ok();
+  }));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   for (const ReplicaAddition& a : wanted) RDKV_RETURN_IF_ERROR(CheckArgs(cur, a.shard, a.server));
   ReplicaReport report;
@@ -980,7 +1013,9 @@ Result<ReplicaReport> RunRemoveReplica(AdminChannel& channel, const cluster::Clu
                                        uint32_t shard, uint32_t server,
                                        const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
-  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress, [&](const auto& m) {
+    return CheckArgs(m, shard, server);
+  }));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
   ReplicaReport report;
@@ -1021,7 +1056,10 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
                                   const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
   if (shards.empty()) return Status::InvalidArgument("no shard to move");
-  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress));
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress, [&](const auto& m) {
+    for (uint32_t shard : shards) RDKV_RETURN_IF_ERROR(CheckArgs(m, shard, to_server));
+    return Status::Ok();
+  }));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   for (uint32_t shard : shards) RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, to_server));
   // A move replaces the old primary by the target, keeping the replica count. A target that

@@ -51,11 +51,7 @@ void ControlPlane::CheckAdmission() {
   std::shared_ptr<const cluster::ClusterMap> map = cluster_->map();
   if (!Admitted(*map)) return;
   awaiting_admission_.store(false, std::memory_order_release);
-  bool have_lease = false;
-  {
-    MutexLock lock(&reg_mu_);
-    have_lease = lease_ != nullptr && !lease_->lost();
-  }
+  const bool have_lease = LeaseHeld();
   LOG(INFO) << "control plane: map epoch " << map->epoch << " admits this server (incarnation "
             << options_.incarnation << ")" << (have_lease ? "; serving" : "");
   // Without a lease the fence thread unfences once it has registered again.
@@ -415,9 +411,20 @@ void ControlPlane::FenceLoop() {
     // stay fenced; the next pass fences and registers again.
     if (!LeaseHeld()) continue;
     if (!awaiting_admission_.load(std::memory_order_acquire)) cluster_->Unfence();
-    PublishEpochs(cluster_->map()->epoch, cluster_->map()->epoch);
+    // The epochs go out on the publisher thread: this one holds a lease again and must not
+    // wait for etcd.
+    RequestPublish(cluster_->map()->epoch, cluster_->map()->epoch);
     CheckAdmission();
   }
+}
+
+void ControlPlane::RequestPublish(uint64_t released, uint64_t installed) {
+  {
+    MutexLock lock(&reg_mu_);
+    released_ = std::max(released_, released);
+    installed_ = std::max(installed_, installed);
+  }
+  publish_pending_.store(true, std::memory_order_release);
 }
 
 void ControlPlane::PublishLoop() {

@@ -203,8 +203,11 @@ Result<std::string> EtcdClient::Call(std::string_view path, const std::string& j
     }
     // A member that takes the connection or the request and never answers (its host powered
     // off, the process stopped, a disk stalled) must not use the whole budget: each attempt
-    // gets an equal share of what is left, so the other members are still tried in time.
-    const auto attempt = internal::AttemptBudget(remaining, n - i);
+    // of an idempotent call gets an equal share of what is left, so the other members are
+    // still tried in time. A call that is not (PutIf) is never sent twice, so it keeps the
+    // whole budget: a slow commit (a leader election, a slow fsync) still succeeds, and one
+    // that meets a silent member fails once, after which the next call starts elsewhere.
+    const auto attempt = idempotent ? internal::AttemptBudget(remaining, n - i) : remaining;
     auto conn = TakeConnection();
     internal::HttpResponse r = conn->Post(endpoint + std::string(path), json_body, attempt);
     ReturnConnection(std::move(conn));

@@ -41,8 +41,9 @@ std::chrono::milliseconds AttemptBudget(std::chrono::milliseconds remaining, siz
 struct EtcdOptions {
   // Client URLs of the etcd members, "http://127.0.0.1:2379", "https://10.0.0.1:2379" or
   // "host:port" (http:// is added). Requests go to one of them at a time and fail over to the
-  // next on connection errors, and on no answer within the attempt's share of request_timeout
-  // (internal::AttemptBudget; a write whose answer is missing is not sent again: kConnectionLost).
+  // next on connection errors, and (idempotent calls) on no answer within the attempt's share
+  // of request_timeout (internal::AttemptBudget). PutIf is never sent twice: it has the whole
+  // request_timeout, and a missing answer is kConnectionLost.
   // A member that failed is tried last by the next request.
   std::vector<std::string> endpoints;
   // Bound on one request, failover to other endpoints included.

@@ -279,6 +279,46 @@ TEST_F(ClusterMoveTest, FinishesAMoveInterruptedAfterStepOne) {
   }
 }
 
+// Replica commands finish an interrupted replica change by giving the newest map to the
+// servers behind (docs/operations.md). An interrupted shard move must not be finished that
+// way: its new owner would serve a shard whose copy never ran. A replica command leaves it
+// alone and says to run the move again, which copies and finishes it.
+TEST_F(ClusterMoveTest, AReplicaCommandDoesNotFinishAMoveWhoseCopyIsMissing) {
+  StartAll();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  std::vector<std::string> keys;  // shard 3: server 0, moving to server 1
+  for (int n = 0; n < 20; ++n) {
+    keys.push_back(KeyIn(3, n));
+    ASSERT_TRUE(c->Put(keys.back(), "value-" + keys.back()).ok());
+  }
+  cluster::ClusterMap interrupted = map_;
+  interrupted.epoch = 2;
+  interrupted.owners[3] = 1;
+  ASSERT_TRUE(Call(0, kv::EncodeMapInstall({interrupted.ToJson()})).status.ok());
+  auto admin = NewClient(2);
+  ASSERT_NE(admin, nullptr);
+  std::string log;
+  auto removed = Admin(*admin).RemoveReplica(
+      5, 2, [&](std::string_view l) { log += std::string(l) + "\n"; });
+  EXPECT_FALSE(removed.ok()) << "server 2 is no replica of shard 5";
+  EXPECT_EQ(EpochOf(1), 1u) << "the move's new owner got the map without its copy";
+  EXPECT_EQ(ItemsIn(1, 3), 0u);
+  EXPECT_NE(log.find("run that `cluster move` again"), std::string::npos) << log;
+  // The move, run again, copies and finishes.
+  const std::vector<uint32_t> shards = {3};
+  auto moved = Admin(*admin).MoveShards(shards, 1, nullptr);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_EQ(ItemsIn(1, 3), keys.size());
+  auto reader = NewClient(1);
+  ASSERT_NE(reader, nullptr);
+  for (const auto& k : keys) {
+    auto g = reader->Get(k);
+    ASSERT_TRUE(g.ok()) << k << ": " << g.status().ToString();
+    EXPECT_EQ(g->value, "value-" + k);
+  }
+}
+
 TEST_F(ClusterMoveTest, ResumeNeverCopiesOverANewOwnerThatAlreadyServes) {
   StartAll();
   const std::string k = KeyIn(6, 1);  // shard 6: server 0 -> server 2

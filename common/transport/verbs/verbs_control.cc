@@ -403,11 +403,19 @@ Status VerbsFabric::CheckListenPort(const std::string& what, const std::string& 
   }
   if (rdma_bind_addr(probe.get(), reinterpret_cast<sockaddr*>(&addr)) != 0) {
     const int error = errno;
-    if (error == EADDRINUSE || error == EADDRNOTAVAIL) {
+    if (error == EADDRINUSE) {
       return Status::Unavailable(what + " " + where +
                                  " (verbs, rdma_cm) is in use by another process (checked "
                                  "before the data dir is loaded); choose another port or stop "
                                  "that process");
+    }
+    if (error == EADDRNOTAVAIL) {
+      // rdma_cm's answer both for a port another id listens on when either address is the
+      // wildcard, and for an address of no RDMA device.
+      return Status::Unavailable(what + " " + where +
+                                 " (verbs, rdma_cm) cannot be bound: another process may listen "
+                                 "on that port, or the host is not an address of an RDMA device "
+                                 "(checked before the data dir is loaded)");
     }
     return CallError(what + ": rdma_bind_addr " + where, error, StatusCode::kUnavailable);
   }
