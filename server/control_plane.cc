@@ -177,12 +177,25 @@ Status ControlPlane::Register() {
     released = released_;
     installed = installed_;
   }
-  // reg_mu_ is not held across the etcd call (the fence check must never wait for one).
-  RDKV_RETURN_IF_ERROR(client_
-                           ->Put(ServerKey(options_.cluster_name, options_.server_id),
-                                 RegistrationJson(me->address, released, installed),
-                                 lease->lease_id())
-                           .status());
+  // reg_mu_ is not held across the etcd calls (the fence check must never wait for one).
+  // Written only over the lease it replaces, read just before: a write of an older
+  // registration of this process that etcd applies late fails its own comparison, so it
+  // cannot bind the key to a lease nobody renews (the key would vanish while this server
+  // serves, and the coordinator fail it over).
+  const std::string key = ServerKey(options_.cluster_name, options_.server_id);
+  const std::string json = RegistrationJson(me->address, released, installed);
+  for (int attempt = 1;; ++attempt) {
+    RDKV_ASSIGN_OR_RETURN(etcd::GetResult cur, client_->Get(key));
+    RDKV_ASSIGN_OR_RETURN(
+        etcd::PutIfResult put,
+        client_->PutIfLease(key, json, lease->lease_id(), cur.kv ? cur.kv->lease : 0));
+    if (put.succeeded) break;
+    if (attempt == 3) {
+      return Status::Busy("the registration " + key +
+                          " kept changing while this server registered (is another process "
+                          "running with --server_id=" + std::to_string(options_.server_id) + "?)");
+    }
+  }
   MutexLock lock(&reg_mu_);
   lease_ = std::move(lease);
   publish_pending_.store(false, std::memory_order_release);  // this put carried the epochs
@@ -208,15 +221,29 @@ void ControlPlane::PublishEpochs(uint64_t released, uint64_t installed) {
   if (lease == nullptr || lease->lost()) return;  // published when registering again
   std::shared_ptr<const cluster::ClusterMap> map = cluster_->map();
   const cluster::ServerEntry* me = map->FindServer(options_.server_id);
-  Result<int64_t> put = client_->Put(
+  // Only over this server's own lease (see Register): a late write of it cannot land on a
+  // registration made since under a new lease.
+  Result<etcd::PutIfResult> put = client_->PutIfLease(
       ServerKey(options_.cluster_name, options_.server_id),
       RegistrationJson(me != nullptr ? me->address : std::string(), released, installed),
-      lease->lease_id());
+      lease->lease_id(), lease->lease_id());
+  const bool published = put.ok() && put->succeeded;
   // A failed publication is retried by PublishLoop: another server may be waiting for it.
-  publish_pending_.store(!put.ok(), std::memory_order_release);
+  publish_pending_.store(!published, std::memory_order_release);
   if (!put.ok()) {
-    LOG(WARNING) << "control plane: cannot publish released/installed epochs " << released << "/"
-                 << installed << " in etcd (retrying): " << put.status().ToString();
+    LOG_EVERY_N(WARNING, 20) << "control plane: cannot publish released/installed epochs "
+                             << released << "/" << installed
+                             << " in etcd (retrying): " << put.status().ToString();
+  } else if (!put->succeeded) {
+    // Gone (the lease expired at etcd, or was revoked: the fence follows) or under another
+    // lease (another process with this server id).
+    LOG_EVERY_N(ERROR, 20) << "control plane: the registration of server " << options_.server_id
+                           << " is "
+                           << (put->current ? "under lease " + std::to_string(put->current->lease)
+                                            : std::string("gone"))
+                           << ", not under this process's lease " << lease->lease_id()
+                           << "; epochs " << released << "/" << installed
+                           << " not published (retrying)";
   }
 }
 
@@ -430,7 +457,12 @@ void ControlPlane::RequestPublish(uint64_t released, uint64_t installed) {
 void ControlPlane::PublishLoop() {
   while (!stopping_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    if (publish_pending_.load(std::memory_order_acquire)) PublishEpochs(0, 0);
+    if (!publish_pending_.load(std::memory_order_acquire)) continue;
+    PublishEpochs(0, 0);
+    // Failing: not again at once (etcd down, or the key is not ours).
+    if (publish_pending_.load(std::memory_order_acquire)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
 }
 

@@ -306,8 +306,6 @@ Result<PutIfResult> EtcdClient::PutIfImpl(std::string_view key, std::string_view
     return Status::InvalidArgument("etcd PutIf: expected_mod_revision must be >= 0 (0 = absent)");
   }
   const std::string k = Base64Encode(key);
-  Json put = {{"key", k}, {"value", Base64Encode(value)}};
-  if (lease != 0) put["lease"] = std::to_string(lease);
   // mod_revision == 0 holds exactly when the key does not exist.
   Json compare = Json::array({{{"key", k},
                                {"target", "MOD"},
@@ -319,7 +317,28 @@ Result<PutIfResult> EtcdClient::PutIfImpl(std::string_view key, std::string_view
                        {"result", "EQUAL"},
                        {"create_revision", std::to_string(guard->create_revision)}});
   }
-  Json req = {{"compare", std::move(compare)},
+  return PutOrRead(key, value, lease, compare.dump());
+}
+
+Result<PutIfResult> EtcdClient::PutIfLease(std::string_view key, std::string_view value,
+                                           int64_t lease, int64_t expected_lease) {
+  if (expected_lease < 0 || lease < 0) {
+    return Status::InvalidArgument("etcd PutIfLease: leases are >= 0 (0 = none)");
+  }
+  // A key that does not exist compares as one with lease 0.
+  Json compare = Json::array({{{"key", Base64Encode(key)},
+                               {"target", "LEASE"},
+                               {"result", "EQUAL"},
+                               {"lease", std::to_string(expected_lease)}}});
+  return PutOrRead(key, value, lease, compare.dump());
+}
+
+Result<PutIfResult> EtcdClient::PutOrRead(std::string_view key, std::string_view value,
+                                          int64_t lease, const std::string& compare_json) {
+  const std::string k = Base64Encode(key);
+  Json put = {{"key", k}, {"value", Base64Encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  Json req = {{"compare", Json::parse(compare_json)},
               {"success", Json::array({{{"request_put", put}}})},
               {"failure", Json::array({{{"request_range", {{"key", k}}}}})}};
   RDKV_ASSIGN_OR_RETURN(std::string body, Call("/v3/kv/txn", req.dump(), /*idempotent=*/false));

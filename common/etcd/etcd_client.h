@@ -133,6 +133,12 @@ class EtcdClient {
   Result<PutIfResult> PutIfGuarded(std::string_view key, std::string_view value,
                                    int64_t expected_mod_revision, const CreateGuard& guard,
                                    int64_t lease = 0);
+  // One transaction: if the key is attached to lease `expected_lease` (0: the key is absent or
+  // has no lease) put the value under `lease`, else read the key. Never sent twice (a missing
+  // answer is kConnectionLost). A write that must not land after a newer one of the same
+  // writer under another lease (a server's registration) compares the lease it replaces.
+  Result<PutIfResult> PutIfLease(std::string_view key, std::string_view value, int64_t lease,
+                                 int64_t expected_lease);
   Result<DeleteResult> Delete(std::string_view key);
 
   Result<Lease> LeaseGrant(int64_t ttl_seconds);
@@ -162,6 +168,9 @@ class EtcdClient {
   Result<PutIfResult> PutIfImpl(std::string_view key, std::string_view value,
                                 int64_t expected_mod_revision, const CreateGuard* guard,
                                 int64_t lease);
+  // The transaction of PutIf and PutIfLease: `compare` (a JSON array), then put or read.
+  Result<PutIfResult> PutOrRead(std::string_view key, std::string_view value, int64_t lease,
+                                const std::string& compare_json);
   std::unique_ptr<internal::HttpConnection> TakeConnection();
   void ReturnConnection(std::unique_ptr<internal::HttpConnection> c);
 

@@ -331,9 +331,10 @@ TEST_F(EtcdClusterTest, AServerWhosePublicationsHangStillFencesByItsLeaseDeadlin
   server_etcd_ = {proxy.endpoint()};
   StartWithEtcd(2);
   for (int id = 0; id < 3; ++id) ASSERT_FALSE(servers_[id]->stats().fenced) << id;
-  // Puts hang from now; lease renewals and the watch still pass. A new map (written directly)
-  // makes every server publish its epochs: those publications hang and are retried.
-  proxy.Swallow("/v3/kv/put");
+  // Transactions (the servers' registration writes) hang from now; lease renewals, reads and
+  // the watch still pass. A new map (written directly) makes every server publish its epochs:
+  // those publications hang and are retried.
+  proxy.Swallow("/v3/kv/txn");
   auto cur = server::LoadMap(*client_, kCluster);
   ASSERT_TRUE(cur.ok()) << cur.status().ToString();
   auto put = client_->PutIf(server::MapKey(kCluster), Promoting(0).ToJson(), cur->mod_revision);

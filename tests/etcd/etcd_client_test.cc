@@ -574,6 +574,45 @@ TEST_F(EtcdTest, PutIfCreatesOnceAndExactlyOneRacerWins) {
   EXPECT_FALSE(absent->current.has_value());
 }
 
+// A server's registration is written only over the lease it replaces: a write of an older
+// registration (its lease since replaced) that etcd applies late cannot bind the key again.
+TEST_F(EtcdTest, PutIfLeaseAppliesOnlyOverTheExpectedLease) {
+  RDKV_REQUIRE_ETCD(etcd_);
+  auto c = NewClient(etcd_);
+  auto l1 = c->LeaseGrant(30);
+  auto l2 = c->LeaseGrant(30);
+  ASSERT_TRUE(l1.ok() && l2.ok());
+  // Absent: compares as lease 0.
+  auto r = c->PutIfLease("/reg", "a", l1->id, l2->id);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->succeeded);
+  EXPECT_FALSE(r->current.has_value());
+  r = c->PutIfLease("/reg", "a", l1->id, 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->succeeded);
+  // Re-registered under l2 over l1.
+  r = c->PutIfLease("/reg", "b", l2->id, l1->id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->succeeded);
+  // A late write of the l1 registration (it expected l1, or what was there before it).
+  for (int64_t expected : {l1->id, int64_t{0}}) {
+    r = c->PutIfLease("/reg", "stale", l1->id, expected);
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->succeeded);
+    ASSERT_TRUE(r->current.has_value());
+    EXPECT_EQ(r->current->lease, l2->id);
+    EXPECT_EQ(r->current->value, "b");
+  }
+  // Writes under the current lease go on.
+  r = c->PutIfLease("/reg", "c", l2->id, l2->id);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->succeeded);
+  auto g = c->Get("/reg");
+  ASSERT_TRUE(g.ok() && g->kv.has_value());
+  EXPECT_EQ(g->kv->value, "c");
+  EXPECT_EQ(g->kv->lease, l2->id);
+}
+
 TEST_F(EtcdTest, LeaseExpiresAndThenIsUnknown) {
   RDKV_REQUIRE_ETCD(etcd_);
   auto c = NewClient(etcd_);
