@@ -258,12 +258,7 @@ TEST(EtcdClientDown, EachAttemptGetsAShareOfTheBudget) {
 class SilentMember {
  public:
   SilentMember() {
-    port_ = testing::FreePort();
-    fd_ = testing::BindLoopback(port_, /*reuse=*/true);
-    if (fd_ >= 0 && listen(fd_, 64) != 0) {
-      close(fd_);
-      fd_ = -1;
-    }
+    fd_ = testing::ListenLoopback(&port_);
   }
   ~SilentMember() {
     if (fd_ >= 0) close(fd_);
@@ -283,12 +278,7 @@ class FakeMember {
  public:
   using Script = std::function<void(int index, int fd)>;
   explicit FakeMember(Script script) : script_(std::move(script)) {
-    port_ = testing::FreePort();
-    fd_ = testing::BindLoopback(port_, /*reuse=*/true);
-    if (fd_ >= 0 && listen(fd_, 16) != 0) {
-      close(fd_);
-      fd_ = -1;
-    }
+    fd_ = testing::ListenLoopback(&port_, 16);
     if (fd_ >= 0) accepter_ = std::thread([this] { Accept(); });
   }
   ~FakeMember() {

@@ -43,6 +43,10 @@ inline int BindLoopback(uint16_t port, bool reuse) {
   return fd;
 }
 
+// A listening TCP socket on 127.0.0.1 at a FreePort() (SO_REUSEADDR), *port set to it; -1 when
+// none could be made. For a test's own fake servers and relays.
+inline int ListenLoopback(uint16_t* port, int backlog = 64);
+
 // True when 127.0.0.1:`port` can be bound now (no SO_REUSEADDR: a port in TIME_WAIT is busy).
 inline bool PortBindable(uint16_t port) {
   const int fd = BindLoopback(port, /*reuse=*/false);
@@ -81,6 +85,16 @@ inline uint16_t FreePort() {
   }
   ADD_FAILURE() << "no bindable port in [" << low << ", " << high << ")";
   return 0;
+}
+
+inline int ListenLoopback(uint16_t* port, int backlog) {
+  *port = FreePort();
+  const int fd = BindLoopback(*port, /*reuse=*/true);
+  if (fd >= 0 && listen(fd, backlog) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 }  // namespace rdkv::testing

@@ -41,12 +41,7 @@ inline uint16_t PortOf(const std::string& endpoint) {
 class TcpProxy {
  public:
   explicit TcpProxy(uint16_t target_port) : target_port_(target_port) {
-    port_ = FreePort();
-    listen_fd_ = BindLoopback(port_, /*reuse=*/true);
-    if (listen_fd_ >= 0 && listen(listen_fd_, 64) != 0) {
-      close(listen_fd_);
-      listen_fd_ = -1;
-    }
+    listen_fd_ = ListenLoopback(&port_);
     if (listen_fd_ >= 0) accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~TcpProxy() {
