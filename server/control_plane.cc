@@ -202,14 +202,16 @@ Status ControlPlane::Register() {
   return Status::Ok();
 }
 
+void ControlPlane::RaiseEpochs(uint64_t released, uint64_t installed) {
+  MutexLock lock(&reg_mu_);
+  released_ = std::max(released_, released);
+  installed_ = std::max(installed_, installed);
+}
+
 void ControlPlane::PublishEpochs(uint64_t released, uint64_t installed) {
-  {
-    // Raised first, so that a call that waits below for another's write still gets its
-    // epochs written by whichever write comes next.
-    MutexLock lock(&reg_mu_);
-    released_ = std::max(released_, released);
-    installed_ = std::max(installed_, installed);
-  }
+  // Raised first, so that a call that waits below for another's write still gets its epochs
+  // written by whichever write comes next.
+  RaiseEpochs(released, installed);
   MutexLock publishing(&publish_mu_);
   std::shared_ptr<etcd::LeaseKeeper> lease;
   {
@@ -446,11 +448,7 @@ void ControlPlane::FenceLoop() {
 }
 
 void ControlPlane::RequestPublish(uint64_t released, uint64_t installed) {
-  {
-    MutexLock lock(&reg_mu_);
-    released_ = std::max(released_, released);
-    installed_ = std::max(installed_, installed);
-  }
+  RaiseEpochs(released, installed);
   publish_pending_.store(true, std::memory_order_release);
 }
 

@@ -104,6 +104,8 @@ class ControlPlane {
   // Retries a publication that failed (publish_pending_), on a thread of its own: the fence
   // thread never waits for etcd while it holds a lease.
   void PublishLoop() EXCLUDES(publish_mu_, reg_mu_);
+  // The epochs to publish become at least these (never lowered).
+  void RaiseEpochs(uint64_t released, uint64_t installed) EXCLUDES(reg_mu_);
   // Raises the epochs to publish and leaves the write to PublishLoop (no etcd call here).
   void RequestPublish(uint64_t released, uint64_t installed) EXCLUDES(reg_mu_);
   // True while the lease is held, not lost and its fence deadline has not passed.

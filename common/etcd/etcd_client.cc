@@ -317,7 +317,7 @@ Result<PutIfResult> EtcdClient::PutIfImpl(std::string_view key, std::string_view
                        {"result", "EQUAL"},
                        {"create_revision", std::to_string(guard->create_revision)}});
   }
-  return PutOrRead(key, value, lease, compare.dump());
+  return PutOrRead(key, value, lease, std::move(compare));
 }
 
 Result<PutIfResult> EtcdClient::PutIfLease(std::string_view key, std::string_view value,
@@ -330,15 +330,15 @@ Result<PutIfResult> EtcdClient::PutIfLease(std::string_view key, std::string_vie
                                {"target", "LEASE"},
                                {"result", "EQUAL"},
                                {"lease", std::to_string(expected_lease)}}});
-  return PutOrRead(key, value, lease, compare.dump());
+  return PutOrRead(key, value, lease, std::move(compare));
 }
 
 Result<PutIfResult> EtcdClient::PutOrRead(std::string_view key, std::string_view value,
-                                          int64_t lease, const std::string& compare_json) {
+                                          int64_t lease, Json compare) {
   const std::string k = Base64Encode(key);
   Json put = {{"key", k}, {"value", Base64Encode(value)}};
   if (lease != 0) put["lease"] = std::to_string(lease);
-  Json req = {{"compare", Json::parse(compare_json)},
+  Json req = {{"compare", std::move(compare)},
               {"success", Json::array({{{"request_put", put}}})},
               {"failure", Json::array({{{"request_range", {{"key", k}}}}})}};
   RDKV_ASSIGN_OR_RETURN(std::string body, Call("/v3/kv/txn", req.dump(), /*idempotent=*/false));

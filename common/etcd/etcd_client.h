@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/util/mutex.h"
 #include "rdkv/status.h"
 
@@ -170,7 +172,7 @@ class EtcdClient {
                                 int64_t lease);
   // The transaction of PutIf and PutIfLease: `compare` (a JSON array), then put or read.
   Result<PutIfResult> PutOrRead(std::string_view key, std::string_view value, int64_t lease,
-                                const std::string& compare_json);
+                                nlohmann::json compare);
   std::unique_ptr<internal::HttpConnection> TakeConnection();
   void ReturnConnection(std::unique_ptr<internal::HttpConnection> c);
 
