@@ -157,6 +157,16 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
     f.Counter("rdkv_replication_forwarded_writes_total",
               "Writes this server forwarded to its backups as a primary",
               static_cast<double>(s.replicated_writes));
+    f.Counter("rdkv_replication_writes_parked_total",
+              "Replicated writes that waited behind an earlier write of a key of their stripe "
+              "without a thread",
+              static_cast<double>(s.writes_parked));
+    f.Counter("rdkv_replication_write_groups_total",
+              "Groups of parked writes started together (a hot key's writes in one chain)",
+              static_cast<double>(s.write_groups));
+    f.Counter("rdkv_replication_grouped_writes_total",
+              "Writes those groups forwarded to the backups",
+              static_cast<double>(s.grouped_writes));
     f.Counter("rdkv_replication_applied_total",
               "Forwarded writes (and catch-up copies) this server applied as a backup",
               static_cast<double>(s.replicas_applied));

@@ -215,6 +215,9 @@ class ServerImpl final : public Server {
       s.write_pauses = cluster_->write_pauses();
       s.promoted_shards = promoted_shards_.load(std::memory_order_relaxed);
       s.replicated_writes = c.replicated_writes.load();
+      s.writes_parked = c.writes_parked.load();
+      s.write_groups = c.write_groups.load();
+      s.grouped_writes = c.grouped_writes.load();
       s.replicas_applied = c.replicas_applied.load();
       s.retries_answered = c.retries_answered.load();
       s.batches_applied = c.replicate_batches.load();

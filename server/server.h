@@ -123,6 +123,9 @@ struct ServerStats {
   // the write failed; joining: only counted), retries, and whether it has fenced itself.
   uint64_t backup_shards = 0, joining_shards = 0;
   uint64_t replicated_writes = 0, replicas_applied = 0, retries_answered = 0;
+  // Writes parked behind their key's stripe, the groups they went in, and the writes those
+  // groups forwarded (docs/design.md "A hot key's writes go together").
+  uint64_t writes_parked = 0, write_groups = 0, grouped_writes = 0;
   uint64_t forward_errors = 0, joining_errors = 0, epoch_retries = 0, version_retries = 0;
   bool fenced = false;
   // Failover as this server saw it: times it fenced itself; shards it took over as primary

@@ -265,6 +265,9 @@ std::string Service::StatsJson() const {
                     {"joining_shards", joining_shards}};
     j["replication"] = {
         {"replicated_writes", load(counters_.replicated_writes)},
+        {"writes_parked", load(counters_.writes_parked)},
+        {"write_groups", load(counters_.write_groups)},
+        {"grouped_writes", load(counters_.grouped_writes)},
         {"replicas_applied", load(counters_.replicas_applied)},
         {"retries_answered", load(counters_.retries_answered)},
         {"retry_ids_kept", retry_table_.size()},

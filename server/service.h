@@ -31,6 +31,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -83,6 +84,9 @@ struct OpCounters {
   std::atomic<uint64_t> writes_on_receiving_thread{0};
   // REPLICATE requests (single or batch) applied on the transport's receiving thread.
   std::atomic<uint64_t> replicates_on_receiving_thread{0};
+  // Replicated writes parked behind their key's stripe; groups of them started together, and
+  // the writes those groups forwarded (docs/design.md "A hot key's writes go together").
+  std::atomic<uint64_t> writes_parked{0}, write_groups{0}, grouped_writes{0};
 };
 
 class Service {
@@ -284,7 +288,31 @@ class Service {
   };
   // The asynchronous replicated write (docs/design.md "No thread waits for the backups"): its
   // own copy of the request, the map it started under, its holds and its answer's way out.
-  struct ReplicatedWrite;
+  // Also a write parked behind its key's stripe, and a write of a group (below).
+  struct ReplicatedWrite {
+    explicit ReplicatedWrite(const kv::Request& r) : owned(r) {}
+    OwnedRequest owned;      // the request's bytes live only during the handler call
+    kv::ReplicateRequest m;  // points into `owned` too; its version is the attempt's
+    std::shared_ptr<const cluster::ClusterMap> map;  // the map the write started under
+    uint32_t shard = 0;
+    int attempt = 0;
+    uint8_t op = 0;
+    std::chrono::steady_clock::time_point received;
+    transport::SessionRole role = transport::SessionRole::kData;
+    Deliver deliver;
+    bool start_here = true;  // ForwardAsync's may_start: false on the transport's receiving thread
+    // Held from the ownership check until the write is applied and enqueued for persistence.
+    ClusterState::WriteHold owner;
+    TransferableHold stripe;
+    size_t stripe_index = 0;  // of key_stripes_
+    // In a group: forwarded (then `forwarded_result`, `newer` are its backups' answer), or
+    // refused at the start (`refusal`, `refusal_version`: its answer, given in order).
+    bool forwarded = false;
+    Status forwarded_result;
+    uint64_t newer = 0;
+    Status refusal;
+    uint64_t refusal_version = 0;
+  };
   // Steps 1 to 4 on this thread, without waiting for anything but the persister's admission:
   // answers now (refused, retried, failed precondition), hands the write to the writer pool
   // (a repair pending, its stripe or the ownership lock taken), or forwards it and returns
@@ -299,9 +327,59 @@ class Service {
   // Steps 4 (again, above a newer version) to 6 once every backup answered; on any thread.
   void OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forwarded, uint64_t newer)
       EXCLUDES(offload_mu_);
+  // A key's state as a precondition sees it.
+  struct KeyState {
+    bool present = false;
+    uint64_t version = 0;
+  };
   // Steps 2 and the limits of a replicated write: OK when it may be forwarded, else its
-  // answer (*version: the current version for kAlreadyExists / kVersionMismatch).
-  Status CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version);
+  // answer (*version: the current version for kAlreadyExists / kVersionMismatch). The key's
+  // state is the store's, or `assumed` (a group's earlier writes of the key).
+  Status CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version,
+                              const KeyState* assumed = nullptr);
+
+  // --- A hot key's writes go together (docs/design.md; service_write_group.cc) ---
+  struct WriteGroup;
+  enum class StripeTake { kTaken, kParked, kBusy };
+  static size_t StripeIndex(std::string_view key);
+  // Stripe `stripe` (of r.key) into *hold when it is free now (kTaken). Else, when an
+  // asynchronous write holds it (MarkStripeAsync) and `may_park`, parks the write behind it,
+  // answered later through ex.defer (kParked; counted in the writer pool's bounds). kBusy:
+  // neither; nothing was done (the caller takes the waiting path).
+  StripeTake TakeStripeOrPark(const kv::Request& r, Exchange ex, size_t stripe, bool may_park,
+                              TransferableHold* hold) EXCLUDES(offload_mu_);
+  // The caller holds `stripe` and hands it on through HandOnStripe when done.
+  void MarkStripeAsync(size_t stripe);
+  // An asynchronous holder of `stripe` is done: the writes parked behind it get it as one
+  // group (started on the writer pool), or it is released (and any parked writes go the
+  // waiting way when a thread waits for the stripe).
+  void HandOnStripe(size_t stripe, TransferableHold hold) EXCLUDES(offload_mu_);
+  // Releases `stripe` and sends `first`, then every write still parked behind it, the
+  // waiting way (the writer pool, which waits for the stripe).
+  void ReleaseToWaiting(size_t stripe, TransferableHold hold,
+                        std::vector<std::unique_ptr<ReplicatedWrite>> first) EXCLUDES(offload_mu_);
+  // Parked writes run by the writer pool the waiting way (HandleWriteNow), in this order.
+  void RunParkedWaiting(std::vector<std::unique_ptr<ReplicatedWrite>> parked) EXCLUDES(offload_mu_);
+  // Steps 0 to 4 for a group (holding `hold` and an ownership guard; `admitted`: the
+  // persister's admission for it), on the sender that handed the stripe on or a writer-pool
+  // thread (`may_start`: ForwardAsync's); FinishWriteGroup runs steps 5 and 6 for all of it
+  // on the thread that settles its last answer.
+  void StartWriteGroup(size_t stripe, TransferableHold hold,
+                       std::vector<std::unique_ptr<ReplicatedWrite>> parked, const Status& admitted,
+                       bool may_start) EXCLUDES(offload_mu_);
+  // A group on a writer-pool thread, the stripe released meanwhile: admission, ownership
+  // guard, then the stripe if free (else the waiting way), then StartWriteGroup.
+  void StartWriteGroupOnPool(size_t stripe, std::vector<std::unique_ptr<ReplicatedWrite>> parked)
+      EXCLUDES(offload_mu_);
+  void FinishWriteGroup(const std::shared_ptr<WriteGroup>& g) EXCLUDES(offload_mu_);
+  // A write enters the writer pool's queue (and offloaded_): false, with nothing counted,
+  // when the queue is full (*waiting, *waiting_bytes: what it holds).
+  bool EnterPoolQueue(const kv::Request& r, size_t* waiting, size_t* waiting_bytes)
+      EXCLUDES(offload_mu_);
+  // A parked or grouped write leaves the writer pool's bounds (started or answered).
+  void LeavePoolQueue(size_t bytes) EXCLUDES(offload_mu_);
+  // A write handed off (offloaded_) is finished.
+  void FinishOffloaded() EXCLUDES(offload_mu_);
   // The forward request for `r` under map epoch `epoch` (version not set).
   kv::ReplicateRequest ReplicateRequestFor(const kv::Request& r, uint64_t epoch) const;
   // A forward that failed (`forwarded`, with a backup's newer version or 0) on attempt
@@ -356,6 +434,14 @@ class Service {
     uint64_t version = 0;
     bool is_delete = false;
     uint64_t client_id = 0, request_seq = 0;
+    // Earlier failed writes of the key that this one superseded (a group's chain: docs/design.md
+    // "A hot key's writes go together"): their request ids and versions, recorded as applied
+    // when this one is repaired (it took effect after them), so that their retries are not
+    // applied again.
+    struct Superseded {
+      uint64_t client_id, request_seq, version;
+    };
+    std::vector<Superseded> superseded;
     // This primary serves it already (a promotion's resend that failed): a backup that holds
     // a newer version keeps it, and the entry is dropped (writing the served value again
     // above it would be a write no client made).
@@ -441,6 +527,23 @@ class Service {
   // The same for forwarded writes applied as a backup (HandleReplicate): apart from
   // key_stripes_, so that no server waits for another while holding a stripe the other needs.
   std::array<Mutex, kKeyStripes> replica_stripes_;
+  // Writes parked behind a key stripe that an asynchronous write holds (TakeStripeOrPark).
+  // A stripe has an entry only while such a write (or group) holds it; `async_held`, the
+  // queue and the stripe's release change together under the shard's lock, so a write parks
+  // only behind a holder that will hand the stripe on to it.
+  struct StripeQueue {
+    bool async_held = false;
+    std::deque<std::unique_ptr<ReplicatedWrite>> parked;
+  };
+  struct ParkShard {
+    Mutex mu;
+    std::unordered_map<size_t, StripeQueue> stripes GUARDED_BY(mu);
+  };
+  static constexpr size_t kParkShards = 64;
+  std::array<ParkShard, kParkShards> park_;
+  // A group's most writes; its keys' and values' bytes stay within half a REPLICATE batch.
+  static constexpr size_t kMaxGroupWrites = 64;
+  static_assert(kMaxGroupWrites <= kv::kMaxReplicateBatchEntries / 2);
 
   // Keys applied as a backup (HandleReplicate), by shard, with when and the version (a delete's
   // version for a key deleted), oldest first; at most kResyncMaxKeys, kResyncWindow old.

@@ -33,8 +33,10 @@ std::string EncodeReplicateResults(const std::vector<kv::ReplicateBatchResult>& 
 }  // namespace
 
 TransferableLock* Service::KeyStripe(std::string_view key) {
-  return &key_stripes_[kv::KeyHash(key) % kKeyStripes];
+  return &key_stripes_[StripeIndex(key)];
 }
+
+size_t Service::StripeIndex(std::string_view key) { return kv::KeyHash(key) % kKeyStripes; }
 
 bool Service::IsReplicated(const cluster::ClusterMap& map, uint32_t shard) {
   return (shard < map.backups.size() && !map.backups[shard].empty()) ||
@@ -69,24 +71,8 @@ bool Service::HandleWrite(const kv::Request& r, Exchange ex) {
 }
 
 bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
-  const size_t bytes = r.key.size() + r.value.size();
   size_t waiting = 0, waiting_bytes = 0;
-  bool full = false;
-  {
-    MutexLock lock(&offload_mu_);
-    waiting = pool_writes_;
-    waiting_bytes = pool_bytes_;
-    // A shard move's IMPORT is not refused: the mover does not retry it, and its copies are
-    // bounded by the mover's own window (8 in flight).
-    full = r.op != kv::Op::kImport &&
-           (pool_writes_ >= max_pool_writes_ || pool_bytes_ + bytes > kMaxPoolBytes);
-    if (!full) {
-      ++offloaded_;
-      ++pool_writes_;
-      pool_bytes_ += bytes;
-    }
-  }
-  if (full) {
+  if (!EnterPoolQueue(r, &waiting, &waiting_bytes)) {
     counters_.pool_refused.fetch_add(1, std::memory_order_relaxed);
     return AnswerNow(ex, Status::Unavailable("server overloaded: " + std::to_string(waiting) +
                                              " writes (" + std::to_string(waiting_bytes) +
@@ -94,19 +80,58 @@ bool Service::OffloadWrite(const kv::Request& r, Exchange ex) {
                                              "nothing was applied, retry later"));
   }
   // The request's bytes live only during the transport's handler call: copy them.
-  auto owned = std::make_shared<OwnedRequest>(r);
-  replicator_->Submit([this, owned, op = ex.op, received = ex.received, role = ex.role,
-                       deliver = (*ex.defer)()]() mutable {
-    std::vector<uint8_t> response;
-    const std::function<Deliver()> defer = [&deliver]() { return std::move(deliver); };
-    Exchange mine{&response, &defer, op, received, role};
-    if (HandleWriteNow(owned->request, mine)) deliver(response);  // else it took `deliver`
-    MutexLock lock(&offload_mu_);
-    --pool_writes_;
-    pool_bytes_ -= owned->bytes();
-    if (--offloaded_ == 0) offload_cv_.SignalAll();
-  });
+  auto w = std::make_unique<ReplicatedWrite>(r);
+  w->op = ex.op;
+  w->received = ex.received;
+  w->role = ex.role;
+  w->deliver = (*ex.defer)();
+  std::vector<std::unique_ptr<ReplicatedWrite>> one;
+  one.push_back(std::move(w));
+  RunParkedWaiting(std::move(one));
   return false;
+}
+
+void Service::RunParkedWaiting(std::vector<std::unique_ptr<ReplicatedWrite>> parked) {
+  for (std::unique_ptr<ReplicatedWrite>& w : parked) {
+    std::shared_ptr<ReplicatedWrite> shared(std::move(w));  // a std::function is copyable
+    replicator_->Submit([this, shared]() {
+      std::vector<uint8_t> response;
+      Deliver deliver = std::move(shared->deliver);
+      const std::function<Deliver()> defer = [&deliver]() { return std::move(deliver); };
+      Exchange mine{&response, &defer, shared->op, shared->received, shared->role};
+      if (HandleWriteNow(shared->owned.request, mine)) deliver(response);  // else it took it
+      LeavePoolQueue(shared->owned.bytes());
+      FinishOffloaded();
+    });
+  }
+}
+
+bool Service::EnterPoolQueue(const kv::Request& r, size_t* waiting, size_t* waiting_bytes) {
+  const size_t bytes = r.key.size() + r.value.size();
+  MutexLock lock(&offload_mu_);
+  *waiting = pool_writes_;
+  *waiting_bytes = pool_bytes_;
+  // A shard move's IMPORT is not refused: the mover does not retry it, and its copies are
+  // bounded by the mover's own window (8 in flight).
+  if (r.op != kv::Op::kImport &&
+      (pool_writes_ >= max_pool_writes_ || pool_bytes_ + bytes > kMaxPoolBytes)) {
+    return false;
+  }
+  ++offloaded_;
+  ++pool_writes_;
+  pool_bytes_ += bytes;
+  return true;
+}
+
+void Service::LeavePoolQueue(size_t bytes) {
+  MutexLock lock(&offload_mu_);
+  --pool_writes_;
+  pool_bytes_ -= bytes;
+}
+
+void Service::FinishOffloaded() {
+  MutexLock lock(&offload_mu_);
+  if (--offloaded_ == 0) offload_cv_.SignalAll();
 }
 
 void Service::WaitForWrites() {
@@ -308,12 +333,20 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
   return WriteUnderLocks(r, ex, nullptr, 0);
 }
 
-Status Service::CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version) {
-  // The precondition, against the store (this write holds the key's stripe).
+Status Service::CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version,
+                                     const KeyState* assumed) {
+  // The precondition, against the store (this write holds the key's stripe), or against the
+  // state its group's earlier writes leave.
   uint64_t current = 0;
-  Status found = store_->Lookup(r.key, &current);
-  if (!found.ok() && !found.Is(StatusCode::kNotFound)) return found;
-  const bool present = found.ok();
+  bool present = false;
+  if (assumed != nullptr) {
+    present = assumed->present;
+    current = assumed->version;
+  } else {
+    Status found = store_->Lookup(r.key, &current);
+    if (!found.ok() && !found.Is(StatusCode::kNotFound)) return found;
+    present = found.ok();
+  }
   switch (r.op) {
     case kv::Op::kInsert:
       if (present) {
@@ -434,23 +467,6 @@ Status Service::ApplyReplicated(const kv::Request& r, const cluster::ClusterMap&
   return Status::Ok();
 }
 
-struct Service::ReplicatedWrite {
-  explicit ReplicatedWrite(const kv::Request& r) : owned(r) {}
-  OwnedRequest owned;      // the request's bytes live only during the handler call
-  kv::ReplicateRequest m;  // points into `owned` too; its version is the attempt's
-  std::shared_ptr<const cluster::ClusterMap> map;  // the map the write started under
-  uint32_t shard = 0;
-  int attempt = 0;
-  uint8_t op = 0;
-  std::chrono::steady_clock::time_point received;
-  transport::SessionRole role = transport::SessionRole::kData;
-  Deliver deliver;
-  bool start_here = true;  // ForwardAsync's may_start: false on the transport's receiving thread
-  // Held from the ownership check until the write is applied and enqueued for persistence.
-  ClusterState::WriteHold owner;
-  TransferableHold stripe;
-};
-
 std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange ex,
                                                   bool on_receiving_thread) {
   // Never waits except for the persister's admission (local; there is no persister on the
@@ -470,8 +486,18 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
   ClusterState::OwnerTryGuard owner_guard(cluster_);
   if (!owner_guard.held()) return wait_elsewhere();  // an install is under way
-  TransferableHold stripe = TransferableHold::TryTake(KeyStripe(r.key));
-  if (!stripe) return wait_elsewhere();  // a write of this stripe is in flight (or waits)
+  // A write of this stripe in flight: parked behind it when it will hand the stripe on (no
+  // thread waits), else the waiting path.
+  const size_t stripe_index = StripeIndex(r.key);
+  TransferableHold stripe;
+  switch (TakeStripeOrPark(r, ex, stripe_index, /*may_park=*/!on_receiving_thread, &stripe)) {
+    case StripeTake::kTaken:
+      break;
+    case StripeTake::kParked:
+      return false;
+    case StripeTake::kBusy:
+      return wait_elsewhere();
+  }
   // Again under the stripe: an earlier write of this key may have failed (and been kept for
   // repair) since the first look; its repair (step 0) runs on the waiting path.
   if (repairs_pending_.load(std::memory_order_acquire) > 0) return wait_elsewhere();
@@ -498,7 +524,9 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   w->deliver = (*ex.defer)();
   w->owner = cluster_->HoldForWrite();
   w->stripe = std::move(stripe);
+  w->stripe_index = stripe_index;
   w->start_here = !on_receiving_thread;
+  MarkStripeAsync(stripe_index);  // from here the completion hands the stripe on
   counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
   async_writes_.fetch_add(1, std::memory_order_relaxed);
   async_bytes_.fetch_add(w->owned.bytes(), std::memory_order_relaxed);
@@ -553,10 +581,12 @@ void Service::OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forw
   }
   async_writes_.fetch_sub(1, std::memory_order_relaxed);
   async_bytes_.fetch_sub(w->owned.bytes(), std::memory_order_relaxed);
-  w.reset();  // gives the stripe and the ownership hold back (after the persister's enqueue)
-  if (answered) deliver(response);  // else Persist took `deliver`
-  MutexLock lock(&offload_mu_);
-  if (--offloaded_ == 0) offload_cv_.SignalAll();
+  TransferableHold stripe = std::move(w->stripe);
+  const size_t stripe_index = w->stripe_index;
+  w.reset();  // gives the ownership hold back (after the persister's enqueue)
+  HandOnStripe(stripe_index, std::move(stripe));  // to the writes parked behind it, if any
+  if (answered) deliver(response);                // else Persist took `deliver`
+  FinishOffloaded();
 }
 
 bool Service::TryReplicateOnReceivingThread(const kv::Request& r, std::vector<uint8_t>* response) {
@@ -1063,6 +1093,10 @@ void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, boo
   if (!inserted) {
     if (p.version > m.version) return;  // the newer one stays
     repair_bytes_pending_.fetch_sub(it->first.size() + p.value.size(), std::memory_order_relaxed);
+    // Superseded by `m`: the older write's id is answered as applied once `m` is repaired.
+    if (p.client_id != 0 && p.version < m.version) {
+      p.superseded.push_back({p.client_id, p.request_seq, p.version});
+    }
   }
   p.shard = shard;
   p.map_epoch = m.map_epoch;
@@ -1140,6 +1174,9 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
                                applied.ToString());
   }
   retry_table_.Record(p.client_id, p.request_seq, {StatusCode::kOk, m.version});
+  for (const PendingRepair::Superseded& s : p.superseded) {
+    retry_table_.Record(s.client_id, s.request_seq, {StatusCode::kOk, s.version});
+  }
   if (changed && persister_ != nullptr) {
     // Nobody waits for it; the key's later writes are enqueued after it.
     if (m.is_delete) {

@@ -215,6 +215,11 @@ class TransferableLock {
     held_ = false;
     if (waiters_ > 0) cv_.Signal();
   }
+  // A thread waits in Lock() now.
+  bool Contended() {
+    MutexLock l(&mu_);
+    return waiters_ > 0;
+  }
 
  private:
   Mutex mu_;

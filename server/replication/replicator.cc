@@ -22,6 +22,9 @@ struct Replicator::Item {
   Status result;
   uint64_t newer = 0;
   Forwarding* owner = nullptr;
+  // Of a chain (ForwardChainAsync) and not its last write: the next queued entry is the
+  // chain's next write, and no batch ends between them.
+  bool glued_to_next = false;
 };
 
 // One Forward: its backups, its entry on each backup's queue, and what waits for them (the
@@ -124,14 +127,29 @@ std::unique_ptr<Replicator::Batch> Replicator::Peer::Take(size_t max_bytes) {
   auto batch = std::make_unique<Batch>();
   size_t bytes = 0;
   const uint64_t epoch = queue.front()->m->map_epoch;
+  auto entry_bytes = [](const Item* item) {
+    return kv::kReplicateBatchEntryHeaderBytes + item->m->key.size() + item->m->value.size();
+  };
   while (!queue.empty() && batch->items.size() < kv::kMaxReplicateBatchEntries) {
-    const kv::ReplicateRequest* m = queue.front()->m;
-    const size_t entry = kv::kReplicateBatchEntryHeaderBytes + m->key.size() + m->value.size();
-    if (!batch->items.empty() && (m->map_epoch != epoch || bytes + entry > max_bytes)) break;
-    bytes += entry;
-    batch->deadline = std::min(batch->deadline, queue.front()->deadline);
-    batch->items.push_back(queue.front());
-    queue.pop_front();
+    // The next run: one write, or a whole chain (glued entries and the one that ends it). A
+    // chain goes into one batch, so that the backup applies it in order; an empty batch takes
+    // it whatever its size (rounds then carry it in order).
+    size_t run = 1, run_bytes = entry_bytes(queue.front());
+    while (queue[run - 1]->glued_to_next && run < queue.size()) {
+      run_bytes += entry_bytes(queue[run]);
+      ++run;
+    }
+    if (!batch->items.empty() &&
+        (queue.front()->m->map_epoch != epoch || bytes + run_bytes > max_bytes ||
+         batch->items.size() + run > kv::kMaxReplicateBatchEntries)) {
+      break;
+    }
+    bytes += run_bytes;
+    for (size_t i = 0; i < run; ++i) {
+      batch->deadline = std::min(batch->deadline, queue.front()->deadline);
+      batch->items.push_back(queue.front());
+      queue.pop_front();
+    }
   }
   batch->todo = batch->items;
   in_flight.insert(batch->deadline);
@@ -232,7 +250,14 @@ std::shared_ptr<Replicator::Peer> Replicator::PeerFor(uint32_t id, const std::st
   return p;
 }
 
+namespace {
+thread_local bool t_sender_thread = false;
+}  // namespace
+
+bool Replicator::OnSenderThread() { return t_sender_thread; }
+
 void Replicator::SenderLoop(std::shared_ptr<Peer> peer) {
+  t_sender_thread = true;
   std::deque<std::unique_ptr<Batch>> mine;  // started by this thread, finished in that order
   for (;;) {
     std::vector<std::unique_ptr<Batch>> fresh;
@@ -372,7 +397,9 @@ void Replicator::FinishRound(Peer* peer, Batch* batch) {
   Status called =
       batch->start_error.ok() ? batch->conn->FinishCall(&batch->call) : batch->start_error;
   batch->in_flight = false;
-  std::vector<Item*> again(todo.begin() + static_cast<std::ptrdiff_t>(sent), todo.end());
+  // Sent again, in their order: the entries answered kBusy (the first `sent`), then those that
+  // did not fit (a chain's writes must reach the backup in version order).
+  std::vector<Item*> again;
   batch->busy = false;
   auto settle = [&](Item* item, StatusCode code, uint64_t version, const std::string& why) {
     if (code == StatusCode::kOk) {
@@ -427,6 +454,7 @@ void Replicator::FinishRound(Peer* peer, Batch* batch) {
       }
     }
   }
+  again.insert(again.end(), todo.begin() + static_cast<std::ptrdiff_t>(sent), todo.end());
   todo.swap(again);
   batch->conn.reset();
 }
@@ -505,28 +533,36 @@ std::unique_ptr<Replicator::Forwarding> Replicator::Prepare(const cluster::Clust
   return f;
 }
 
-Replicator::TakenBatches Replicator::Enqueue(Forwarding* f, bool may_take,
+Replicator::TakenBatches Replicator::Enqueue(std::span<Forwarding* const> chain, bool may_take,
                                              std::vector<Item*>* orphaned) {
   TakenBatches taken;
-  // Once its last entry is queued, `f` may be completed and freed by a sender (nothing taken
-  // here holds its entries): read nothing of it after that.
-  const size_t n = f->targets.size();
+  // Once its last entry is queued, a Forwarding may be completed and freed by a sender
+  // (nothing taken here holds its entries): read nothing of it after that. Every Forwarding of
+  // a chain has the same targets (one shard, one map): copied first.
+  const std::vector<Forwarding::Target> targets = chain.front()->targets;
+  const size_t n = targets.size();
   for (size_t i = 0; i < n; ++i) {
-    std::shared_ptr<Peer> peer = PeerFor(f->targets[i].id, f->targets[i].address);
+    std::shared_ptr<Peer> peer = PeerFor(targets[i].id, targets[i].address);
     std::unique_ptr<Batch> batch;
     bool wake = false;
     {
       MutexLock lock(&peer->queue_mu);
       if (peer->exited) {
         // Replaced in the map, its sender gone (a write that raced with the replacement).
-        f->items[i].result = Status::Unavailable(peer->who +
-                                                 " was replaced in the map while "
-                                                 "the write was queued for it");
-        orphaned->push_back(&f->items[i]);
+        for (Forwarding* f : chain) {
+          f->items[i].result = Status::Unavailable(peer->who +
+                                                   " was replaced in the map while "
+                                                   "the write was queued for it");
+          orphaned->push_back(&f->items[i]);
+        }
         continue;
       }
-      peer->queue.push_back(&f->items[i]);
-      peer->pending.fetch_add(1, std::memory_order_relaxed);
+      // A chain's entries one after another, under one hold of the queue's lock.
+      for (size_t j = 0; j < chain.size(); ++j) {
+        chain[j]->items[i].glued_to_next = j + 1 < chain.size();
+        peer->queue.push_back(&chain[j]->items[i]);
+      }
+      peer->pending.fetch_add(chain.size(), std::memory_order_relaxed);
       if (may_take && peer->CanTake()) batch = peer->Take(max_batch_bytes_);
       // What did not fit (or all of it, when this thread takes nothing) goes with the sender.
       wake = peer->CanTake();
@@ -595,25 +631,44 @@ Status Replicator::Settle(Forwarding& f, uint64_t* newer) {
 
 void Replicator::ForwardAsync(const cluster::ClusterMap& map, uint32_t shard,
                               const kv::ReplicateRequest& m, ForwardDone done, bool may_start) {
-  std::unique_ptr<Forwarding> f = Prepare(map, shard, m);
-  if (f->targets.empty()) {
-    done(Status::Ok(), 0);
+  std::vector<ForwardDone> dones;
+  dones.push_back(std::move(done));
+  const kv::ReplicateRequest* const one = &m;
+  ForwardChainAsync(map, shard, std::span<const kv::ReplicateRequest* const>(&one, 1), &dones,
+                    may_start);
+}
+
+void Replicator::ForwardChainAsync(const cluster::ClusterMap& map, uint32_t shard,
+                                   std::span<const kv::ReplicateRequest* const> chain,
+                                   std::vector<ForwardDone>* dones, bool may_start) {
+  std::vector<std::unique_ptr<Forwarding>> fs;
+  fs.reserve(chain.size());
+  for (const kv::ReplicateRequest* m : chain) fs.push_back(Prepare(map, shard, *m));
+  if (fs.empty()) return;
+  if (fs.front()->targets.empty()) {
+    for (ForwardDone& done : *dones) done(Status::Ok(), 0);
     return;
   }
-  f->done = std::move(done);
+  std::vector<Forwarding*> raws;
+  raws.reserve(fs.size());
+  for (size_t j = 0; j < fs.size(); ++j) {
+    fs[j]->done = std::move((*dones)[j]);
+    raws.push_back(fs[j].get());
+  }
   // may_start false: nothing is taken here; the senders take the entries from their queues.
   std::vector<Item*> orphaned;
-  auto taken = Enqueue(f.get(), may_start, &orphaned);
-  // From here the entries' answers own it: the last one settled completes and frees it, maybe
-  // before this loop ends (only the batches still in this thread's hands are touched below).
-  Forwarding* raw = f.release();
-  async_forwards_.fetch_add(1, std::memory_order_relaxed);
-  if (!orphaned.empty()) {
+  auto taken = Enqueue(raws, may_start, &orphaned);
+  // From here the entries' answers own them: the last one settled completes and frees each,
+  // maybe before this loop ends (only the batches still in this thread's hands are touched
+  // below).
+  for (std::unique_ptr<Forwarding>& f : fs) f.release();
+  async_forwards_.fetch_add(raws.size(), std::memory_order_relaxed);
+  for (Item* item : orphaned) {
+    Forwarding* raw = item->owner;
     bool last = false;
     {
       MutexLock lock(&raw->mu);
-      raw->pending -= orphaned.size();
-      last = raw->pending == 0;
+      last = --raw->pending == 0;
     }
     if (last) Complete(std::unique_ptr<Forwarding>(raw));  // on this thread: every entry failed
   }
@@ -651,7 +706,8 @@ Status Replicator::Forward(const cluster::ClusterMap& map, uint32_t shard,
   //    no room keeps the write queued for its sender, which takes it when a batch of it is
   //    answered.
   std::vector<Item*> orphaned;  // their results are set; settled with the rest below
-  auto taken = Enqueue(f.get(), /*may_take=*/true, &orphaned);
+  Forwarding* const raw = f.get();
+  auto taken = Enqueue(std::span<Forwarding* const>(&raw, 1), /*may_take=*/true, &orphaned);
   if (!orphaned.empty()) {
     MutexLock lock(&f->mu);
     f->pending -= orphaned.size();

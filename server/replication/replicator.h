@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -129,8 +130,20 @@ class Replicator {
   // thread): no batch is started here, every one goes to its backup's sender.
   void ForwardAsync(const cluster::ClusterMap& map, uint32_t shard, const kv::ReplicateRequest& m,
                     ForwardDone done, bool may_start = true);
+  // ForwardAsync for several writes of one key in version order (docs/design.md "A hot key's
+  // writes go together"): queued for each backup one after another, and never split across
+  // batches, so that every backup applies them in this order. (*dones)[j] is chain[j]'s
+  // completion (moved from); each runs exactly once, as ForwardAsync's does, in no set order.
+  void ForwardChainAsync(const cluster::ClusterMap& map, uint32_t shard,
+                         std::span<const kv::ReplicateRequest* const> chain,
+                         std::vector<ForwardDone>* dones, bool may_start = true);
+  // The largest batch body a chain must fit in.
+  size_t max_batch_bytes() const { return max_batch_bytes_; }
 
   ReplicatorStats stats() const;
+  // True on a backup's sender thread (it holds no lock of its caller's while it completes
+  // writes).
+  static bool OnSenderThread();
 
   // The credential for connections opened from now on (the servers' secrets were rotated:
   // kvserver's SIGHUP). Open connections stay until the backup revokes them.
@@ -196,11 +209,13 @@ class Replicator {
   // each, not queued yet.
   std::unique_ptr<Forwarding> Prepare(const cluster::ClusterMap& map, uint32_t shard,
                                       const kv::ReplicateRequest& m);
-  // Puts f's entries on their backups' queues; returns the batches this thread took (one per
+  // Puts the entries of `chain` (one Forwarding, or a chain's in its order, glued) on their
+  // backups' queues; returns the batches this thread took (one per
   // backup with room in flight; none unless `may_take`), not started. An entry whose backup's
   // sender has exited (replaced in the map) gets a failed result and goes to *orphaned, not
   // counted done yet (the caller does).
-  TakenBatches Enqueue(Forwarding* f, bool may_take, std::vector<Item*>* orphaned);
+  TakenBatches Enqueue(std::span<Forwarding* const> chain, bool may_take,
+                       std::vector<Item*>* orphaned);
   // Gives `batch` to its backup's sender to finish (started or not). False, with `batch`
   // untouched, when that sender has exited (the backup was replaced; a stopping sender still
   // finishes what it is handed).

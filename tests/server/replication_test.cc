@@ -33,12 +33,8 @@ using testing::ClusterTest;
 
 constexpr uint32_t kShards = 6;
 
-struct Item {
-  std::string value;
-  uint64_t version = 0;
-  bool operator==(const Item&) const = default;
-};
-using Content = std::map<std::string, Item>;
+using Item = testing::ScannedItem;
+using Content = testing::ScannedShard;
 
 class ReplicationTest : public ClusterTest {
  protected:
@@ -84,28 +80,6 @@ class ReplicationTest : public ClusterTest {
   // Installs `m` on server `id` alone (a raw MAP_INSTALL, as an operator's tool sends it).
   Status InstallOn(int id, const cluster::ClusterMap& m) {
     return Call(id, kv::EncodeMapInstall({m.ToJson()})).status;
-  }
-
-  // What server `id` holds of `shard` (SHARD_SCAN), key -> value and version.
-  Content ScanOf(int id, uint32_t shard) {
-    Content out;
-    auto c = Raw(id);
-    if (c == nullptr) return out;
-    std::string scratch;
-    uint64_t cursor = 0;
-    while (cursor != kv::kScanDone) {
-      kv::Response r = Call(*c, kv::EncodeShardScan({shard, cursor}, &scratch));
-      EXPECT_TRUE(r.status.ok()) << r.status.ToString();
-      if (!r.status.ok()) break;
-      auto a = kv::DecodeShardScanAnswer(cursor, r.version, r.body, kv::WireLimits{});
-      EXPECT_TRUE(a.ok()) << a.status().ToString();
-      if (!a.ok()) break;
-      for (const auto& e : a->entries) {
-        out[std::string(e.key)] = Item{std::string(e.value), e.version};
-      }
-      cursor = a->next_cursor;
-    }
-    return out;
   }
 
   // A thread that PUTs "v<i>" to key_of(i), i = 0, 1, ..., through its own client (seed
@@ -1036,8 +1010,8 @@ TEST_F(ReplicationTest, AnInterruptedPromoteIsFinishedWhenRunAgain) {
   ASSERT_TRUE(on0.ok() && on1.ok());
   ASSERT_GT(on0->epoch, on1->epoch) << "the old primary should hold the newer map";
   std::vector<std::string> lines;
-  auto again = client::RunPromote(channel, map_, 0, 1,
-                                  [&](std::string_view l) { lines.emplace_back(l); });
+  auto again =
+      client::RunPromote(channel, map_, 0, 1, [&](std::string_view l) { lines.emplace_back(l); });
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   on0 = MapOf(0);
   on1 = MapOf(1);

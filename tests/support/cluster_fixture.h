@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
 #include "common/kv/layout.h"
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
@@ -32,6 +34,14 @@
 #include "tests/support/free_port.h"
 
 namespace rdkv::testing {
+
+// What a server holds of a shard (SHARD_SCAN): key -> value and version.
+struct ScannedItem {
+  std::string value;
+  uint64_t version = 0;
+  bool operator==(const ScannedItem&) const = default;
+};
+using ScannedShard = std::map<std::string, ScannedItem>;
 
 // The shard of `key` among `shard_count` shards.
 inline uint32_t ShardOfKey(std::string_view key, uint32_t shard_count) {
@@ -175,6 +185,28 @@ class ClusterTest : public ::testing::Test {
     auto c = Raw(id);
     if (c == nullptr) return kv::Response{Status::Unavailable("no connection"), 0, {}};
     return Call(*c, r);
+  }
+
+  // What server `id` holds of `shard` (SHARD_SCAN), key -> value and version.
+  ScannedShard ScanOf(int id, uint32_t shard) {
+    ScannedShard out;
+    auto c = Raw(id);
+    if (c == nullptr) return out;
+    std::string scratch;
+    uint64_t cursor = 0;
+    while (cursor != kv::kScanDone) {
+      kv::Response r = Call(*c, kv::EncodeShardScan({shard, cursor}, &scratch));
+      EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+      if (!r.status.ok()) break;
+      auto a = kv::DecodeShardScanAnswer(cursor, r.version, r.body, kv::WireLimits{});
+      EXPECT_TRUE(a.ok()) << a.status().ToString();
+      if (!a.ok()) break;
+      for (const auto& e : a->entries) {
+        out[std::string(e.key)] = ScannedItem{std::string(e.value), e.version};
+      }
+      cursor = a->next_cursor;
+    }
+    return out;
   }
 
   // A key of shard `shard` (of this fixture's shard count).
