@@ -31,15 +31,6 @@ class HotKeyTest : public ClusterTest {
  protected:
   HotKeyTest() : ClusterTest("hot-key", kShards) {}
 
-  // Servers 0..2, every shard on `r` of them (shard s: primary s % 3, then the next ones).
-  void StartReplicated(uint32_t r) {
-    PickPorts(3);
-    std::vector<std::string> addrs;
-    for (int i = 0; i < 3; ++i) addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
-    map_ = cluster::MakeUniformMap(addrs, kShards, r);
-    StartServers(3);
-  }
-
   server::ServerOptions Options(uint32_t id) const override {
     server::ServerOptions o = ClusterTest::Options(id);
     o.worker_threads = 8;
@@ -101,12 +92,7 @@ class HotKeyTest : public ClusterTest {
     kv::Request r{op, key, value, expected};
     r.client_id = client_id;
     r.request_seq = seq;
-    auto c = Raw(id);
-    if (c == nullptr) return kv::Response{Status::Unavailable("no connection"), 0, {}};
-    std::vector<uint8_t> buf;
-    kv::Response answer = testing::CallRaw(*c, r, &buf);
-    answer.body = {};
-    return answer;
+    return CallAlone(id, r);
   }
 
   std::set<std::string> held_keys_;  // set before the servers start, read by server 1's hook

@@ -40,15 +40,6 @@ class ReplicationTest : public ClusterTest {
  protected:
   ReplicationTest() : ClusterTest("replication", kShards) {}
 
-  // Servers 0..2 with every shard on `r` of them (primary s % 3, then the next ones).
-  void StartReplicated(uint32_t r) {
-    PickPorts(3);
-    std::vector<std::string> addrs;
-    for (int i = 0; i < 3; ++i) addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
-    map_ = cluster::MakeUniformMap(addrs, kShards, r);
-    StartServers(3);
-  }
-
   server::ServerOptions Options(uint32_t id) const override {
     server::ServerOptions o = ClusterTest::Options(id);
     o.worker_threads = workers_;
@@ -128,16 +119,6 @@ class ReplicationTest : public ClusterTest {
     r.client_id = client_id;
     r.request_seq = seq;
     return Call(id, r);
-  }
-  // A raw request to server `id` from a thread of its own: its own connection and buffer (Call
-  // shares buf_); the answer's body is dropped.
-  kv::Response CallAlone(int id, const kv::Request& r) {
-    auto c = Raw(id);
-    if (c == nullptr) return kv::Response{Status::Unavailable("no connection"), 0, {}};
-    std::vector<uint8_t> buf;
-    kv::Response answer = testing::CallRaw(*c, r, &buf);
-    answer.body = {};
-    return answer;
   }
   kv::Response RawWriteAlone(int id, kv::Op op, std::string_view key, std::string_view value,
                              uint64_t client_id, uint64_t seq) {

@@ -187,6 +187,26 @@ class ClusterTest : public ::testing::Test {
     return Call(*c, r);
   }
 
+  // Servers 0..2 with every shard on `r` of them (shard s: primary s % 3, then the next ones).
+  void StartReplicated(uint32_t r) {
+    PickPorts(3);
+    std::vector<std::string> addrs;
+    for (int i = 0; i < 3; ++i) addrs.push_back("127.0.0.1:" + std::to_string(ports_[i]));
+    map_ = cluster::MakeUniformMap(addrs, shard_count_, r);
+    StartServers(3);
+  }
+
+  // A raw request to server `id` from a thread of its own: its own connection and buffer (Call
+  // shares buf_); the answer's body is dropped.
+  kv::Response CallAlone(int id, const kv::Request& r) {
+    auto c = Raw(id);
+    if (c == nullptr) return kv::Response{Status::Unavailable("no connection"), 0, {}};
+    std::vector<uint8_t> buf;
+    kv::Response answer = CallRaw(*c, r, &buf);
+    answer.body = {};
+    return answer;
+  }
+
   // What server `id` holds of `shard` (SHARD_SCAN), key -> value and version.
   ScannedShard ScanOf(int id, uint32_t shard) {
     ScannedShard out;
