@@ -327,28 +327,54 @@ class Service {
   // Steps 4 (again, above a newer version) to 6 once every backup answered; on any thread.
   void OnForwarded(std::unique_ptr<ReplicatedWrite> w, const Status& forwarded, uint64_t newer)
       EXCLUDES(offload_mu_);
-  // A key's state as a precondition sees it.
-  struct KeyState {
-    bool present = false;
-    uint64_t version = 0;
-  };
   // Steps 2 and the limits of a replicated write: OK when it may be forwarded, else its
-  // answer (*version: the current version for kAlreadyExists / kVersionMismatch). The key's
-  // state is the store's, or `assumed` (a group's earlier writes of the key).
-  Status CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version,
-                              const KeyState* assumed = nullptr);
+  // answer (*version: the current version for kAlreadyExists / kVersionMismatch).
+  Status CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version);
 
   // --- A hot key's writes go together (docs/design.md; service_write_group.cc) ---
   struct WriteGroup;
+  // A key stripe held by a write that hands it on (HandOnStripe) to the writes parked behind
+  // it when it lets go: at the end of its scope, or when Take() moves the hold elsewhere (to
+  // an asynchronous write, whose completion hands it on). Writes park only behind such a
+  // holder (StripeQueue::async_held).
+  class StripeTurn {
+   public:
+    StripeTurn() = default;
+    StripeTurn(Service* service, size_t index, TransferableHold hold)
+        : service_(service), index_(index), hold_(std::move(hold)) {}
+    StripeTurn(StripeTurn&& o) noexcept = default;
+    StripeTurn& operator=(StripeTurn&& o) noexcept {
+      if (this != &o) {
+        if (hold_) service_->HandOnStripe(index_, std::move(hold_));
+        service_ = o.service_;
+        index_ = o.index_;
+        hold_ = std::move(o.hold_);
+      }
+      return *this;
+    }
+    StripeTurn(const StripeTurn&) = delete;
+    StripeTurn& operator=(const StripeTurn&) = delete;
+    ~StripeTurn() {
+      if (hold_) service_->HandOnStripe(index_, std::move(hold_));
+    }
+    explicit operator bool() const { return static_cast<bool>(hold_); }
+    // The hold, for a holder that hands the stripe on itself.
+    TransferableHold Take() { return std::move(hold_); }
+
+   private:
+    Service* service_ = nullptr;
+    size_t index_ = 0;
+    TransferableHold hold_;
+  };
   enum class StripeTake { kTaken, kParked, kBusy };
   static size_t StripeIndex(std::string_view key);
-  // Stripe `stripe` (of r.key) into *hold when it is free now (kTaken). Else, when an
-  // asynchronous write holds it (MarkStripeAsync) and `may_park`, parks the write behind it,
-  // answered later through ex.defer (kParked; counted in the writer pool's bounds). kBusy:
-  // neither; nothing was done (the caller takes the waiting path).
+  // Stripe `stripe` (of r.key) into *turn when it is free now (kTaken; writes may park behind
+  // it from now on). Else, when a holder that hands it on holds it and `may_park`, parks the
+  // write behind it, answered later through ex.defer (kParked; counted in the writer pool's
+  // bounds). kBusy: neither; nothing was done (the caller takes the waiting path).
   StripeTake TakeStripeOrPark(const kv::Request& r, Exchange ex, size_t stripe, bool may_park,
-                              TransferableHold* hold) EXCLUDES(offload_mu_);
-  // The caller holds `stripe` and hands it on through HandOnStripe when done.
+                              StripeTurn* turn) EXCLUDES(offload_mu_);
+  // The caller holds `stripe` (taken by waiting) and hands it on when done.
   void MarkStripeAsync(size_t stripe);
   // An asynchronous holder of `stripe` is done: the writes parked behind it get it as one
   // group (started on the writer pool), or it is released (and any parked writes go the
@@ -378,8 +404,8 @@ class Service {
       EXCLUDES(offload_mu_);
   // A parked or grouped write leaves the writer pool's bounds (started or answered).
   void LeavePoolQueue(size_t bytes) EXCLUDES(offload_mu_);
-  // A write handed off (offloaded_) is finished.
-  void FinishOffloaded() EXCLUDES(offload_mu_);
+  // `n` writes handed off (offloaded_) are finished.
+  void FinishOffloaded(size_t n = 1) EXCLUDES(offload_mu_);
   // The forward request for `r` under map epoch `epoch` (version not set).
   kv::ReplicateRequest ReplicateRequestFor(const kv::Request& r, uint64_t epoch) const;
   // A forward that failed (`forwarded`, with a backup's newer version or 0) on attempt

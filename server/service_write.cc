@@ -129,9 +129,11 @@ void Service::LeavePoolQueue(size_t bytes) {
   pool_bytes_ -= bytes;
 }
 
-void Service::FinishOffloaded() {
+void Service::FinishOffloaded(size_t n) {
+  if (n == 0) return;
   MutexLock lock(&offload_mu_);
-  if (--offloaded_ == 0) offload_cv_.SignalAll();
+  offloaded_ -= n;
+  if (offloaded_ == 0) offload_cv_.SignalAll();
 }
 
 void Service::WaitForWrites() {
@@ -177,10 +179,15 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   // enqueue: backups and RocksDB get each key's writes in version order. A transport worker
   // does not wait for a stripe (an asynchronous replicated write may hold it for a round trip
   // to its backups): the write goes to the writer pool, nothing done or counted yet.
-  TransferableHold key_lock = ex.on_worker && replicator_ != nullptr
-                                  ? TransferableHold::TryTake(KeyStripe(r.key))
-                                  : TransferableHold::Take(KeyStripe(r.key));
-  if (!key_lock) return OffloadWrite(r, ex);
+  // Replicated writes that find it held park behind this write (it hands the stripe on when
+  // it returns), as they do behind an asynchronous one.
+  const size_t stripe_index = StripeIndex(r.key);
+  TransferableHold taken = ex.on_worker && replicator_ != nullptr
+                               ? TransferableHold::TryTake(KeyStripe(r.key))
+                               : TransferableHold::Take(KeyStripe(r.key));
+  if (!taken) return OffloadWrite(r, ex);
+  if (replicator_ != nullptr) MarkStripeAsync(stripe_index);
+  StripeTurn key_lock(this, stripe_index, std::move(taken));
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
@@ -333,20 +340,13 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
   return WriteUnderLocks(r, ex, nullptr, 0);
 }
 
-Status Service::CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version,
-                                     const KeyState* assumed) {
-  // The precondition, against the store (this write holds the key's stripe), or against the
-  // state its group's earlier writes leave.
+Status Service::CheckReplicatedWrite(const kv::Request& r, uint32_t shard, uint64_t* version) {
+  // The precondition, against the store (this write holds the key's stripe; in a group, the
+  // first write of its key: the later ones are PUTs, which have none).
   uint64_t current = 0;
-  bool present = false;
-  if (assumed != nullptr) {
-    present = assumed->present;
-    current = assumed->version;
-  } else {
-    Status found = store_->Lookup(r.key, &current);
-    if (!found.ok() && !found.Is(StatusCode::kNotFound)) return found;
-    present = found.ok();
-  }
+  Status found = store_->Lookup(r.key, &current);
+  if (!found.ok() && !found.Is(StatusCode::kNotFound)) return found;
+  const bool present = found.ok();
   switch (r.op) {
     case kv::Op::kInsert:
       if (present) {
@@ -489,7 +489,7 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   // A write of this stripe in flight: parked behind it when it will hand the stripe on (no
   // thread waits), else the waiting path.
   const size_t stripe_index = StripeIndex(r.key);
-  TransferableHold stripe;
+  StripeTurn stripe;  // every return below hands the stripe on to what parks meanwhile
   switch (TakeStripeOrPark(r, ex, stripe_index, /*may_park=*/!on_receiving_thread, &stripe)) {
     case StripeTake::kTaken:
       break;
@@ -523,10 +523,9 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   w->role = ex.role;
   w->deliver = (*ex.defer)();
   w->owner = cluster_->HoldForWrite();
-  w->stripe = std::move(stripe);
+  w->stripe = stripe.Take();  // from here the completion hands the stripe on
   w->stripe_index = stripe_index;
   w->start_here = !on_receiving_thread;
-  MarkStripeAsync(stripe_index);  // from here the completion hands the stripe on
   counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
   async_writes_.fetch_add(1, std::memory_order_relaxed);
   async_bytes_.fetch_add(w->owned.bytes(), std::memory_order_relaxed);

@@ -27,18 +27,26 @@ struct Service::WriteGroup {
   std::vector<std::unique_ptr<ReplicatedWrite>> writes;
   // Forwards not answered yet, plus the starting thread's own hold.
   std::atomic<size_t> pending{1};
+  // Writes answered while the group started (refused, retried, not replicated): finished
+  // (offloaded_) only after the stripe is handed on, as the others.
+  size_t answered_at_start = 0;
 };
 
 Service::StripeTake Service::TakeStripeOrPark(const kv::Request& r, Exchange ex, size_t stripe,
-                                              bool may_park, TransferableHold* hold) {
+                                              bool may_park, StripeTurn* turn) {
   ParkShard& shard = park_[stripe % kParkShards];
   MutexLock lock(&shard.mu);
-  *hold = TransferableHold::TryTake(&key_stripes_[stripe]);
-  if (*hold) return StripeTake::kTaken;
+  if (TransferableHold hold = TransferableHold::TryTake(&key_stripes_[stripe])) {
+    // Writes may park behind this one at once: its StripeTurn (or, once it is forwarded, its
+    // completion) hands the stripe on.
+    shard.stripes[stripe].async_held = true;
+    *turn = StripeTurn(this, stripe, std::move(hold));
+    return StripeTake::kTaken;
+  }
   if (!may_park) return StripeTake::kBusy;
   auto it = shard.stripes.find(stripe);
-  // Held by something that will not hand it on (the waiting path, a move, a repair): the
-  // waiting path, as before.
+  // Held by something that will not hand it on (a move, a repair, the receiving thread's
+  // unreplicated write) or wanted by a thread waiting in Take: the waiting path, as before.
   if (it == shard.stripes.end() || !it->second.async_held) return StripeTake::kBusy;
   size_t waiting = 0, waiting_bytes = 0;
   if (!EnterPoolQueue(r, &waiting, &waiting_bytes)) return StripeTake::kBusy;  // refused there
@@ -67,8 +75,10 @@ void Service::HandOnStripe(size_t stripe, TransferableHold hold) {
     auto it = shard.stripes.find(stripe);
     const bool parked = it != shard.stripes.end() && !it->second.parked.empty();
     if (parked && !key_stripes_[stripe].Contended()) {
-      // The next group: FIFO, within the caps, and never two attempts of one request (the
-      // second would not find the first's answer recorded yet).
+      // The next group: FIFO, within the caps; never two attempts of one request (the second
+      // would not find the first's answer recorded yet); and after a key's first write only
+      // PUTs of it (a precondition is checked against the store, never against a write of
+      // the group that may still fail).
       std::deque<std::unique_ptr<ReplicatedWrite>>& q = it->second.parked;
       const size_t max_bytes = replicator_->max_batch_bytes() / 2;
       size_t bytes = 0;
@@ -82,7 +92,12 @@ void Service::HandOnStripe(size_t stripe, TransferableHold hold) {
               return g->owned.request.client_id == r.client_id &&
                      g->owned.request.request_seq == r.request_seq;
             });
-        if (repeated) break;
+        const bool conditional_after_another =
+            r.op != kv::Op::kPut &&
+            std::any_of(group.begin(), group.end(), [&](const std::unique_ptr<ReplicatedWrite>& g) {
+              return g->owned.request.key == r.key;
+            });
+        if (repeated || conditional_after_another) break;
         bytes += entry;
         group.push_back(std::move(q.front()));
         q.pop_front();
@@ -185,8 +200,6 @@ void Service::StartWriteGroup(size_t stripe, TransferableHold hold,
   g->stripe_index = stripe;
   g->stripe = std::move(hold);
   const std::shared_ptr<const cluster::ClusterMap> map = cluster_->map_held();
-  // Each key's state after the group's earlier writes of it (first: the store's).
-  std::vector<std::pair<std::string_view, KeyState>> states;
   for (std::unique_ptr<ReplicatedWrite>& w : parked) {
     LeavePoolQueue(w->owned.bytes());  // started or answered now
     const kv::Request& r = w->owned.request;
@@ -196,7 +209,7 @@ void Service::StartWriteGroup(size_t stripe, TransferableHold hold,
     Exchange ex{&response, &defer, w->op, w->received, w->role};
     auto answered_now = [&](bool answered) {
       if (answered) deliver(response);  // else it took `deliver`
-      FinishOffloaded();
+      ++g->answered_at_start;           // finished once the stripe is handed on
     };
     // Steps 0 to 2 as StartReplicatedWrite takes them (`admitted`: the group's admission).
     if (std::optional<bool> refused = CheckWriteOwner(r, ex)) {
@@ -219,16 +232,14 @@ void Service::StartWriteGroup(size_t stripe, TransferableHold hold,
       answered_now(*retried);
       continue;
     }
-    auto st =
-        std::find_if(states.begin(), states.end(), [&](const auto& s) { return s.first == r.key; });
-    const KeyState* assumed = st != states.end() ? &st->second : nullptr;
+    // Against the store: the first write of its key in the group (the later ones are PUTs,
+    // which have no precondition).
     uint64_t version = 0;
-    Status checked = CheckReplicatedWrite(r, shard, &version, assumed);
+    Status checked = CheckReplicatedWrite(r, shard, &version);
     w->deliver = std::move(deliver);
     w->shard = shard;
     if (!checked.ok()) {
-      // Answered in order at the finish: it may have failed because of an earlier write of
-      // the group, which must be published first.
+      // Answered in order at the finish, with the group's other writes.
       w->refusal = std::move(checked);
       w->refusal_version = version;
       g->writes.push_back(std::move(w));
@@ -240,12 +251,6 @@ void Service::StartWriteGroup(size_t stripe, TransferableHold hold,
     w->owner = cluster_->HoldForWrite();
     w->m.version = store_->NextVersion();
     w->forwarded = true;
-    const KeyState after{!w->m.is_delete, w->m.version};
-    if (st != states.end()) {
-      st->second = after;
-    } else {
-      states.emplace_back(w->m.key, after);
-    }
     counters_.replicated_writes.fetch_add(1, std::memory_order_relaxed);
     counters_.grouped_writes.fetch_add(1, std::memory_order_relaxed);
     async_writes_.fetch_add(1, std::memory_order_relaxed);
@@ -333,9 +338,10 @@ void Service::FinishWriteGroup(const std::shared_ptr<WriteGroup>& g) {
     // `failed` views the key: the write stays alive (its ownership hold is given back here).
     w->owner = ClusterState::WriteHold();
     if (answered) deliver(response);  // else Persist (or AnswerLater) took `deliver`
-    FinishOffloaded();
   }
   HandOnStripe(g->stripe_index, std::move(g->stripe));
+  // Last: once offloaded_ reaches 0 the Service may be destroyed (~Service waits for it).
+  FinishOffloaded(g->writes.size() + g->answered_at_start);
 }
 
 }  // namespace rdkv::server

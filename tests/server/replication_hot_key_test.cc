@@ -35,6 +35,7 @@ class HotKeyTest : public ClusterTest {
     server::ServerOptions o = ClusterTest::Options(id);
     o.worker_threads = 8;
     o.replication_timeout = replication_timeout_;
+    o.persist.durability = durability_;
     if (id == 1) {
       o.before_replica_apply = [this](std::string_view key) {
         if (held_keys_.count(std::string(key)) == 0) return;
@@ -103,66 +104,81 @@ class HotKeyTest : public ClusterTest {
   mutable int entered_ = 0;  // applies of held keys that reached the hook
   int allowed_ = 0;          // of those, the ones let through while holding
   std::chrono::milliseconds replication_timeout_{2000};
+  // With a persister a group starts on the writer pool (StartWriteGroupOnPool), without one
+  // on the backup's sender that handed the stripe on.
+  server::persistence::Durability durability_ = server::persistence::Durability::kNone;
+
+  // Sixteen writers of one key while its first write is held at the backup: the others park
+  // and go as groups; every write is acknowledged with its own version, and the primary and
+  // its backup end with the value of the highest acknowledged version.
+  void HotWritersEndTheSameEverywhere() {
+    const std::string key = KeyIn(0, 1, "hot");  // shard 0: primary 0, backup 1
+    HoldKey(key);
+    StartHolding();
+    StartReplicated(2);
+    constexpr int kThreads = 16, kPerThread = 40;
+    std::mutex acked_mu;
+    std::map<uint64_t, std::string> acked;  // version -> value
+    std::atomic<int> errors{0};
+    std::vector<std::thread> writers;
+    for (int t = 0; t < kThreads; ++t) {
+      writers.emplace_back([&, t] {
+        auto c = NewClient(0);
+        if (c == nullptr) return;
+        for (int i = 0; i < kPerThread; ++i) {
+          const std::string value = "t" + std::to_string(t) + "-" + std::to_string(i);
+          auto v = c->Put(key, value);
+          if (!v.ok()) {
+            ADD_FAILURE() << v.status().ToString();
+            ++errors;
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(acked_mu);
+          EXPECT_TRUE(acked.emplace(*v, value).second) << "two writes answered version " << *v;
+        }
+      });
+    }
+    EXPECT_TRUE(WaitParked(8)) << "writes did not park behind the held one: "
+                               << servers_[0]->stats().writes_parked;
+    Release();
+    for (std::thread& w : writers) w.join();
+    EXPECT_EQ(errors.load(), 0);
+    ASSERT_EQ(acked.size(), size_t{kThreads * kPerThread});
+    const server::ServerStats st = servers_[0]->stats();
+    EXPECT_GT(st.write_groups, 0u);
+    EXPECT_GE(st.grouped_writes, 8u);
+    // More than one write per group on average: writes went together.
+    EXPECT_GT(st.grouped_writes, st.write_groups) << st.write_groups << " groups";
+    const auto& [last_version, last_value] = *acked.rbegin();
+    auto c = NewClient(0);
+    ASSERT_NE(c, nullptr);
+    auto got = c->Get(key);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(got->value, last_value);
+    EXPECT_EQ(got->version, last_version);
+    const testing::ScannedShard on_backup = ScanOf(1, 0);
+    ASSERT_EQ(on_backup.count(key), 1u);
+    EXPECT_EQ(on_backup.at(key).value, last_value) << "the backup applied a chain out of order";
+    EXPECT_EQ(on_backup.at(key).version, last_version);
+  }
 };
 
-// Sixteen writers of one key while its first write is held at the backup: the others park and
-// go as groups; every write is acknowledged with its own version, and the primary and its
-// backup end with the value of the highest acknowledged version.
 TEST_F(HotKeyTest, ParkedWritesOfOneKeyGoTogetherAndEveryReplicaEndsTheSame) {
-  const std::string key = KeyIn(0, 1, "hot");  // shard 0: primary 0, backup 1
-  HoldKey(key);
-  StartHolding();
-  StartReplicated(2);
-  constexpr int kThreads = 16, kPerThread = 40;
-  std::mutex acked_mu;
-  std::map<uint64_t, std::string> acked;  // version -> value
-  std::atomic<int> errors{0};
-  std::vector<std::thread> writers;
-  for (int t = 0; t < kThreads; ++t) {
-    writers.emplace_back([&, t] {
-      auto c = NewClient(0);
-      if (c == nullptr) return;
-      for (int i = 0; i < kPerThread; ++i) {
-        const std::string value = "t" + std::to_string(t) + "-" + std::to_string(i);
-        auto v = c->Put(key, value);
-        if (!v.ok()) {
-          ADD_FAILURE() << v.status().ToString();
-          ++errors;
-          continue;
-        }
-        std::lock_guard<std::mutex> lock(acked_mu);
-        EXPECT_TRUE(acked.emplace(*v, value).second) << "two writes answered version " << *v;
-      }
-    });
-  }
-  EXPECT_TRUE(WaitParked(8)) << "writes did not park behind the held one: "
-                             << servers_[0]->stats().writes_parked;
-  Release();
-  for (std::thread& w : writers) w.join();
-  EXPECT_EQ(errors.load(), 0);
-  ASSERT_EQ(acked.size(), size_t{kThreads * kPerThread});
-  const server::ServerStats st = servers_[0]->stats();
-  EXPECT_GT(st.write_groups, 0u);
-  EXPECT_GE(st.grouped_writes, 8u);
-  // More than one write per group on average: writes went together.
-  EXPECT_GT(st.grouped_writes, st.write_groups) << st.write_groups << " groups";
-  const auto& [last_version, last_value] = *acked.rbegin();
-  auto c = NewClient(0);
-  ASSERT_NE(c, nullptr);
-  auto got = c->Get(key);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(got->value, last_value);
-  EXPECT_EQ(got->version, last_version);
-  const testing::ScannedShard on_backup = ScanOf(1, 0);
-  ASSERT_EQ(on_backup.count(key), 1u);
-  EXPECT_EQ(on_backup.at(key).value, last_value) << "the backup applied the group out of order";
-  EXPECT_EQ(on_backup.at(key).version, last_version);
+  HotWritersEndTheSameEverywhere();
 }
 
-// Preconditions inside a group see the group's earlier writes: concurrent CAS increments of a
+// The same with a persister: groups start on the writer pool, the stripe released meanwhile
+// (a write that takes it first makes the group park again at the front of the queue).
+TEST_F(HotKeyTest, WithAPersisterGroupsStartOnTheWriterPool) {
+  durability_ = server::persistence::Durability::kAsync;
+  HotWritersEndTheSameEverywhere();
+}
+
+// Conditional writes of hot keys keep their meaning (a group holds a key's conditional write
+// only as that key's first write, checked against the store): concurrent CAS increments of a
 // counter succeed exactly as often as the counter grows, and INSERT/DELETE of one key alternate
 // (successful inserts minus successful deletes is whether the key is there at the end).
-TEST_F(HotKeyTest, PreconditionsInAGroupSeeItsEarlierWrites) {
+TEST_F(HotKeyTest, ConditionalWritesOfHotKeysKeepTheirMeaning) {
   const std::string counter = KeyIn(0, 2, "counter"), toggled = KeyIn(0, 3, "toggled");
   ASSERT_NE(kv::KeyHash(counter) % 4096, kv::KeyHash(toggled) % 4096);
   HoldKey(counter);
@@ -207,7 +223,7 @@ TEST_F(HotKeyTest, PreconditionsInAGroupSeeItsEarlierWrites) {
           continue;
         }
         const int n = std::stoi(got->value);
-        // Several of these carry the same expected version into one group: one wins.
+        // Several of these wait behind one another with the same expected version: one wins.
         auto v = c->Cas(counter, got->version, std::to_string(n + 1));
         if (v.ok()) {
           ++cas_ok;
@@ -252,17 +268,19 @@ TEST_F(HotKeyTest, ARetryParkedBesideItsFirstAttemptIsAppliedOnce) {
   StartReplicated(2);
   kv::Response held, first, retry;
   std::thread t0([&] { held = RawWriteAlone(0, kv::Op::kPut, key, "a", 0, 501, 1); });
-  ASSERT_TRUE(WaitParked(0));
-  // The held write is in flight once the backup's hook has it; give it that moment.
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Each wait is checked after the threads are joined (an ASSERT here would leave them
+  // joinable); Release lets everything finish either way.
+  const bool in_flight = WaitEntered(1);
   std::thread t1([&] { first = RawWriteAlone(0, kv::Op::kPut, key, "b", 0, 502, 1); });
-  ASSERT_TRUE(WaitParked(1));
+  const bool first_parked = in_flight && WaitParked(1);
   std::thread t2([&] { retry = RawWriteAlone(0, kv::Op::kPut, key, "b", 0, 502, 1); });
-  ASSERT_TRUE(WaitParked(2));
+  const bool retry_parked = first_parked && WaitParked(2);
   Release();
   t0.join();
   t1.join();
   t2.join();
+  ASSERT_TRUE(in_flight) << "the first write did not reach the backup";
+  ASSERT_TRUE(retry_parked) << "the writes did not park: " << servers_[0]->stats().writes_parked;
   ASSERT_TRUE(held.status.ok()) << held.status.ToString();
   ASSERT_TRUE(first.status.ok()) << first.status.ToString();
   ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
@@ -276,35 +294,36 @@ TEST_F(HotKeyTest, ARetryParkedBesideItsFirstAttemptIsAppliedOnce) {
 }
 
 // A chain that fails at its backup: every write of the key after the first failure is kept for
-// repair, the repair applies the newest, and the retries of all of them are answered from
-// the retry table instead of being applied again (a DELETE retried after the INSERT that
-// followed it must not delete the key).
+// repair, the repair applies the newest, and the retries of all of them are answered from the
+// retry table instead of being applied again (a DELETE retried after the PUT that followed it
+// must not delete the key).
 TEST_F(HotKeyTest, ARetryOfAWriteSupersededInAFailedChainIsNotAppliedAgain) {
   const std::string key = KeyIn(0, 5, "chain");
   HoldKey(key);
-  replication_timeout_ = std::chrono::milliseconds(400);
+  replication_timeout_ = std::chrono::milliseconds(1500);
   StartReplicated(2);
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->Put(key, "v0").ok());
   StartHolding();
-  kv::Response w0, del, ins;
+  kv::Response w0, del, put;
   std::thread t0([&] { w0 = RawWriteAlone(0, kv::Op::kPut, key, "w0", 0, 600, 1); });
-  ASSERT_TRUE(WaitEntered(1)) << "the first write did not reach the backup";
+  const bool in_flight = WaitEntered(1);
   std::thread t1([&] { del = RawWriteAlone(0, kv::Op::kDelete, key, "", 0, 601, 1); });
-  ASSERT_TRUE(WaitParked(1));
-  std::thread t2([&] { ins = RawWriteAlone(0, kv::Op::kInsert, key, "new", 0, 602, 1); });
-  ASSERT_TRUE(WaitParked(2));
-  Allow(1);  // the first write goes through; the chain (DELETE, INSERT) is held past the timeout
+  const bool del_parked = in_flight && WaitParked(1);
+  std::thread t2([&] { put = RawWriteAlone(0, kv::Op::kPut, key, "new", 0, 602, 1); });
+  const bool put_parked = del_parked && WaitParked(2);
+  Allow(1);  // the first write goes through; the chain (DELETE, PUT) is held past the timeout
   t0.join();
   t1.join();
   t2.join();
+  Release();
+  ASSERT_TRUE(put_parked) << "the writes did not park: " << servers_[0]->stats().writes_parked;
   ASSERT_TRUE(w0.status.ok()) << w0.status.ToString();
   ASSERT_TRUE(del.status.Is(StatusCode::kUnavailable)) << del.status.ToString();
-  ASSERT_TRUE(ins.status.Is(StatusCode::kUnavailable)) << ins.status.ToString();
+  ASSERT_TRUE(put.status.Is(StatusCode::kUnavailable)) << put.status.ToString();
   EXPECT_GT(servers_[0]->stats().write_groups, 0u);
-  Release();
-  // The repair pass brings the newest write (the INSERT) everywhere.
+  // The repair pass brings the newest write (the PUT) everywhere.
   const auto until = Clock::now() + std::chrono::seconds(10);
   while (servers_[0]->stats().repairs_pending > 0 && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -315,11 +334,11 @@ TEST_F(HotKeyTest, ARetryOfAWriteSupersededInAFailedChainIsNotAppliedAgain) {
   EXPECT_EQ(got->value, "new");
   // The clients retry both with their ids: answered, not applied again.
   kv::Response del_again = RawWriteAlone(0, kv::Op::kDelete, key, "", 0, 601, 1);
-  kv::Response ins_again = RawWriteAlone(0, kv::Op::kInsert, key, "new", 0, 602, 1);
+  kv::Response put_again = RawWriteAlone(0, kv::Op::kPut, key, "new", 0, 602, 1);
   EXPECT_TRUE(del_again.status.ok()) << del_again.status.ToString();
-  EXPECT_TRUE(ins_again.status.ok()) << ins_again.status.ToString();
-  EXPECT_EQ(ins_again.version, got->version);
-  EXPECT_LT(del_again.version, ins_again.version);
+  EXPECT_TRUE(put_again.status.ok()) << put_again.status.ToString();
+  EXPECT_EQ(put_again.version, got->version);
+  EXPECT_LT(del_again.version, put_again.version);
   got = c->Get(key);
   ASSERT_TRUE(got.ok()) << "the DELETE's retry was applied again: " << got.status().ToString();
   EXPECT_EQ(got->value, "new");
