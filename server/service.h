@@ -333,10 +333,10 @@ class Service {
 
   // --- A hot key's writes go together (docs/design.md; service_write_group.cc) ---
   struct WriteGroup;
-  // A key stripe held by a write that hands it on (HandOnStripe) to the writes parked behind
-  // it when it lets go: at the end of its scope, or when Take() moves the hold elsewhere (to
-  // an asynchronous write, whose completion hands it on). Writes park only behind such a
-  // holder (StripeQueue::async_held).
+  // A key stripe's hold. Every holder of a key stripe keeps it in one, and hands the stripe on
+  // (HandOnStripe) to the writes parked behind it when it lets go: at the end of its scope,
+  // or, after Take() moved the hold to an asynchronous write or a group, at their completion.
+  // So a write may park behind any holder, and behind a thread waiting in Take.
   class StripeTurn {
    public:
     StripeTurn() = default;
@@ -368,14 +368,16 @@ class Service {
   };
   enum class StripeTake { kTaken, kParked, kBusy };
   static size_t StripeIndex(std::string_view key);
-  // Stripe `stripe` (of r.key) into *turn when it is free now (kTaken; writes may park behind
-  // it from now on). Else, when a holder that hands it on holds it and `may_park`, parks the
-  // write behind it, answered later through ex.defer (kParked; counted in the writer pool's
-  // bounds). kBusy: neither; nothing was done (the caller takes the waiting path).
+  // Stripe `stripe` (of r.key) into *turn when it is free now and no group waits for it
+  // (kTaken). Else, when `may_park`, parks the write behind its holder, answered later
+  // through ex.defer (kParked; counted in the writer pool's bounds). kBusy: neither (not
+  // `may_park`, or the pool's bounds are full); nothing was done (the caller takes the
+  // waiting path).
   StripeTake TakeStripeOrPark(const kv::Request& r, Exchange ex, size_t stripe, bool may_park,
                               StripeTurn* turn) EXCLUDES(offload_mu_);
-  // The caller holds `stripe` (taken by waiting) and hands it on when done.
-  void MarkStripeAsync(size_t stripe);
+  // The stripe of `key`, waiting for it / only if free now (empty otherwise).
+  StripeTurn TakeStripe(std::string_view key);
+  StripeTurn TryTakeStripe(std::string_view key);
   // An asynchronous holder of `stripe` is done: the writes parked behind it get it as one
   // group (started on the writer pool), or it is released (and any parked writes go the
   // waiting way when a thread waits for the stripe).
@@ -553,12 +555,14 @@ class Service {
   // The same for forwarded writes applied as a backup (HandleReplicate): apart from
   // key_stripes_, so that no server waits for another while holding a stripe the other needs.
   std::array<Mutex, kKeyStripes> replica_stripes_;
-  // Writes parked behind a key stripe that an asynchronous write holds (TakeStripeOrPark).
-  // A stripe has an entry only while such a write (or group) holds it; `async_held`, the
-  // queue and the stripe's release change together under the shard's lock, so a write parks
-  // only behind a holder that will hand the stripe on to it.
+  // Writes parked behind a key stripe (TakeStripeOrPark). A stripe has an entry while writes
+  // are parked behind it or a group started on the writer pool waits for it (`group_pending`:
+  // the stripe may be free meanwhile, and new writes park instead of taking it). Parking, the
+  // queue and every release of the stripe change together under the shard's lock, and every
+  // holder hands the stripe on (StripeTurn), so no parked write is left without a holder, a
+  // thread waiting in Take or a pending group that will see it.
   struct StripeQueue {
-    bool async_held = false;
+    bool group_pending = false;
     std::deque<std::unique_ptr<ReplicatedWrite>> parked;
   };
   struct ParkShard {

@@ -203,7 +203,7 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
       return true;
     });
     for (const std::string& key : keys) {
-      TransferableHold key_lock = TransferableHold::Take(KeyStripe(key));
+      StripeTurn key_lock = TakeStripe(key);
       if (!store_->Delete(key).ok()) continue;
       ++*dropped;
       if (persister_ != nullptr) persister_->EnqueueDelete(key, nullptr);

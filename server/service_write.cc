@@ -181,13 +181,9 @@ bool Service::HandleWriteNow(const kv::Request& r, Exchange ex) {
   // to its backups): the write goes to the writer pool, nothing done or counted yet.
   // Replicated writes that find it held park behind this write (it hands the stripe on when
   // it returns), as they do behind an asynchronous one.
-  const size_t stripe_index = StripeIndex(r.key);
-  TransferableHold taken = ex.on_worker && replicator_ != nullptr
-                               ? TransferableHold::TryTake(KeyStripe(r.key))
-                               : TransferableHold::Take(KeyStripe(r.key));
-  if (!taken) return OffloadWrite(r, ex);
-  if (replicator_ != nullptr) MarkStripeAsync(stripe_index);
-  StripeTurn key_lock(this, stripe_index, std::move(taken));
+  StripeTurn key_lock =
+      ex.on_worker && replicator_ != nullptr ? TryTakeStripe(r.key) : TakeStripe(r.key);
+  if (!key_lock) return OffloadWrite(r, ex);
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
@@ -332,7 +328,7 @@ bool Service::TryWriteOnReceivingThread(std::span<const uint8_t> request,
   if (cluster_ != nullptr && IsReplicated(*cluster_->map_held(), store_->ShardOfKey(r.key))) {
     return false;
   }
-  TransferableHold key_lock = TransferableHold::TryTake(KeyStripe(r.key));
+  StripeTurn key_lock = TryTakeStripe(r.key);
   if (!key_lock) return false;  // another write of a key of this stripe is running
   if (std::optional<bool> refused = CheckWriteOwner(r, ex)) return *refused;
   CountWrite(r.op);
@@ -1046,7 +1042,7 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
   size_t sent = 0, failed = 0;
   for (const auto& [shard_key, logged_version] : keys) {
     const auto& [shard, key] = shard_key;
-    TransferableHold key_lock = TransferableHold::Take(KeyStripe(key));
+    StripeTurn key_lock = TakeStripe(key);
     kv::ReplicateRequest m;
     m.key = key;
     m.map_epoch = next.epoch;
@@ -1220,7 +1216,7 @@ void Service::RepairLoop() {
       }
       if (!own.ok()) break;  // fenced or taking over: later
       std::shared_ptr<const cluster::ClusterMap> map = cluster_->map_held();
-      TransferableHold key_lock = TransferableHold::Take(KeyStripe(key));
+      StripeTurn key_lock = TakeStripe(key);
       Status repaired = RepairKey(key, *map, store_->ShardOfKey(key));
       if (!repaired.ok()) {
         LOG_EVERY_N(WARNING, 50) << "replication repair: " << repaired.message()

@@ -36,20 +36,19 @@ Service::StripeTake Service::TakeStripeOrPark(const kv::Request& r, Exchange ex,
                                               bool may_park, StripeTurn* turn) {
   ParkShard& shard = park_[stripe % kParkShards];
   MutexLock lock(&shard.mu);
-  if (TransferableHold hold = TransferableHold::TryTake(&key_stripes_[stripe])) {
-    // Writes may park behind this one at once: its StripeTurn (or, once it is forwarded, its
-    // completion) hands the stripe on.
-    shard.stripes[stripe].async_held = true;
-    *turn = StripeTurn(this, stripe, std::move(hold));
-    return StripeTake::kTaken;
-  }
-  if (!may_park) return StripeTake::kBusy;
   auto it = shard.stripes.find(stripe);
-  // Held by something that will not hand it on (a move, a repair, the receiving thread's
-  // unreplicated write) or wanted by a thread waiting in Take: the waiting path, as before.
-  if (it == shard.stripes.end() || !it->second.async_held) return StripeTake::kBusy;
+  // A group on its way to the stripe goes first: new writes park behind it.
+  if (it == shard.stripes.end() || !it->second.group_pending) {
+    if (TransferableHold hold = TransferableHold::TryTake(&key_stripes_[stripe])) {
+      *turn = StripeTurn(this, stripe, std::move(hold));
+      return StripeTake::kTaken;
+    }
+  }
+  // Held, or a thread waits in Take, or a group waits: whoever holds it next hands it on.
+  if (!may_park) return StripeTake::kBusy;
   size_t waiting = 0, waiting_bytes = 0;
   if (!EnterPoolQueue(r, &waiting, &waiting_bytes)) return StripeTake::kBusy;  // refused there
+  if (it == shard.stripes.end()) it = shard.stripes.try_emplace(stripe).first;
   auto w = std::make_unique<ReplicatedWrite>(r);
   w->op = ex.op;
   w->received = ex.received;
@@ -61,15 +60,21 @@ Service::StripeTake Service::TakeStripeOrPark(const kv::Request& r, Exchange ex,
   return StripeTake::kParked;
 }
 
-void Service::MarkStripeAsync(size_t stripe) {
-  ParkShard& shard = park_[stripe % kParkShards];
-  MutexLock lock(&shard.mu);
-  shard.stripes[stripe].async_held = true;
+Service::StripeTurn Service::TakeStripe(std::string_view key) {
+  const size_t stripe = StripeIndex(key);
+  return StripeTurn(this, stripe, TransferableHold::Take(&key_stripes_[stripe]));
+}
+
+Service::StripeTurn Service::TryTakeStripe(std::string_view key) {
+  const size_t stripe = StripeIndex(key);
+  TransferableHold hold = TransferableHold::TryTake(&key_stripes_[stripe]);
+  if (!hold) return StripeTurn();
+  return StripeTurn(this, stripe, std::move(hold));
 }
 
 void Service::HandOnStripe(size_t stripe, TransferableHold hold) {
   ParkShard& shard = park_[stripe % kParkShards];
-  std::vector<std::unique_ptr<ReplicatedWrite>> group, waiting;
+  std::vector<std::unique_ptr<ReplicatedWrite>> group;
   {
     MutexLock lock(&shard.mu);
     auto it = shard.stripes.find(stripe);
@@ -103,9 +108,10 @@ void Service::HandOnStripe(size_t stripe, TransferableHold hold) {
         q.pop_front();
       }
     } else {
-      // Released here, under the lock: a write that parks from now on sees the flag down.
-      if (it != shard.stripes.end()) {
-        for (auto& w : it->second.parked) waiting.push_back(std::move(w));
+      // Released here, under the lock. A thread waiting in Take gets it first, and hands it
+      // on to what stays parked when it is done; with nothing parked and no group on its way,
+      // the entry goes.
+      if (it != shard.stripes.end() && it->second.parked.empty() && !it->second.group_pending) {
         shard.stripes.erase(it);
       }
       hold.Release();
@@ -131,42 +137,38 @@ void Service::HandOnStripe(size_t stripe, TransferableHold hold) {
   if (!group.empty()) {
     // The writer pool starts it. The stripe is released first: a job waiting in the pool's
     // queue must never hold a stripe that the pool's running threads may be waiting for
-    // (HandleWriteNow). What is still parked beyond the group goes the waiting way.
-    ReleaseToWaiting(stripe, std::move(hold), {});
+    // (HandleWriteNow). Meanwhile the group is pending: new writes park behind it instead of
+    // taking the free stripe, and what is parked beyond the group stays parked.
+    {
+      MutexLock lock(&shard.mu);
+      shard.stripes[stripe].group_pending = true;
+      hold.Release();
+    }
     std::shared_ptr<std::vector<std::unique_ptr<ReplicatedWrite>>> job =
         std::make_shared<std::vector<std::unique_ptr<ReplicatedWrite>>>(std::move(group));
     replicator_->Submit([this, stripe, job]() { StartWriteGroupOnPool(stripe, std::move(*job)); });
   }
-  // A thread waits in Take for the stripe: the parked writes queue behind it the waiting way.
-  RunParkedWaiting(std::move(waiting));
 }
 
 void Service::StartWriteGroupOnPool(size_t stripe,
                                     std::vector<std::unique_ptr<ReplicatedWrite>> parked) {
   // As HandleWriteNow: the persister's admission, then the ownership lock (waited for here,
   // never while holding a stripe), then the stripe, only if it is free now. Taken meanwhile
-  // by an asynchronous write: the group parks again at the front of its queue, in order.
-  // Taken by anything else: the waiting way (whose threads wait for it).
+  // (by a thread that waited in Take; new writes parked behind the pending group): the group
+  // parks again at the front of the queue, in order, and that holder hands it on.
   const Status admitted = persister_ != nullptr ? persister_->Admit() : Status::Ok();
   ClusterState::OwnerGuard owner_guard(cluster_);
   TransferableHold hold;
   {
     ParkShard& shard = park_[stripe % kParkShards];
     MutexLock lock(&shard.mu);
+    StripeQueue& q = shard.stripes[stripe];
+    q.group_pending = false;
     hold = TransferableHold::TryTake(&key_stripes_[stripe]);
-    if (hold) {
-      shard.stripes[stripe].async_held = true;  // handed on by the group's finish
-    } else if (auto it = shard.stripes.find(stripe);
-               it != shard.stripes.end() && it->second.async_held) {
-      for (auto w = parked.rbegin(); w != parked.rend(); ++w) {
-        it->second.parked.push_front(std::move(*w));
-      }
+    if (!hold) {
+      for (auto w = parked.rbegin(); w != parked.rend(); ++w) q.parked.push_front(std::move(*w));
       return;
     }
-  }
-  if (!hold) {
-    RunParkedWaiting(std::move(parked));
-    return;
   }
   StartWriteGroup(stripe, std::move(hold), std::move(parked), admitted, /*may_start=*/true);
 }
