@@ -22,23 +22,46 @@ failures=0
 fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
 ok() { echo "ok - $*"; }
 
-read -r client_port peer_port < <(python3 -c '
+# Free ports are picked, then released, so another test may take one before etcd binds it:
+# start again on new ports (at most 5 tries) until etcd answers.
+start_etcd() {
+  read -r client_port peer_port < <(python3 -c '
 import socket
 s = [socket.socket() for _ in range(2)]
 for x in s: x.bind(("127.0.0.1", 0))
 print(*[x.getsockname()[1] for x in s])')
-etcd --name im --data-dir "$work/etcd" \
-  --listen-client-urls "http://127.0.0.1:$client_port" \
-  --advertise-client-urls "http://127.0.0.1:$client_port" \
-  --listen-peer-urls "http://127.0.0.1:$peer_port" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
-  --initial-cluster "im=http://127.0.0.1:$peer_port" >"$work/etcd.log" 2>&1 &
-pids+=($!)
-endpoint=127.0.0.1:$client_port
-for _ in $(seq 1 100); do
-  ETCDCTL_API=3 etcdctl --endpoints="$endpoint" endpoint health >/dev/null 2>&1 && break
-  sleep 0.1
+  rm -rf "$work/etcd"
+  etcd --name im --data-dir "$work/etcd" \
+    --listen-client-urls "http://127.0.0.1:$client_port" \
+    --advertise-client-urls "http://127.0.0.1:$client_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "im=http://127.0.0.1:$peer_port" >"$work/etcd.log" 2>&1 &
+  etcd_pid=$!
+  pids+=("$etcd_pid")
+  endpoint=127.0.0.1:$client_port
+  for _ in $(seq 1 100); do
+    ETCDCTL_API=3 etcdctl --endpoints="$endpoint" --dial-timeout=1s --command-timeout=2s \
+      endpoint health >/dev/null 2>&1 && return 0
+    kill -0 "$etcd_pid" 2>/dev/null || break  # it exited (a port taken meanwhile)
+    sleep 0.1
+  done
+  kill "$etcd_pid" 2>/dev/null
+  wait "$etcd_pid" 2>/dev/null
+  return 1
+}
+started=0
+for _ in 1 2 3 4 5; do
+  if start_etcd; then
+    started=1
+    break
+  fi
 done
+if ((started == 0)); then
+  echo "FAIL: etcd did not start in 5 tries; its last log:" >&2
+  tail -20 "$work/etcd.log" >&2
+  exit 1
+fi
 
 servers='[{"id": 0, "address": "127.0.0.1:1"}, {"id": 1, "address": "127.0.0.1:2"}, {"id": 2, "address": "127.0.0.1:3"}]'
 printf '{"epoch": 1, "shards": 3, "servers": %s}\n' "$servers" >"$work/plain.json"
@@ -50,13 +73,16 @@ printf '{"epoch": 1, "shards": 3, "servers": %s, "replication_factor": 4}\n' "$s
 import() {
   local name=$1
   shift
-  out=$("$kvcli" --etcd="$endpoint" --cluster_name="$name" cluster import-map "$@" 2>"$work/err")
+  # Bounded: a hang fails this step with its name instead of the whole test's timeout.
+  out=$(timeout 60 "$kvcli" --etcd="$endpoint" --cluster_name="$name" cluster import-map "$@" \
+    2>"$work/err")
   rc=$?
   err=$(cat "$work/err")
 }
 # factor NAME: the replication_factor of cluster NAME's map in etcd ("" when none).
 factor() {
-  ETCDCTL_API=3 etcdctl --endpoints="$endpoint" get --print-value-only "/rdkv/$1/map" |
+  ETCDCTL_API=3 etcdctl --endpoints="$endpoint" --dial-timeout=2s --command-timeout=5s \
+    get --print-value-only "/rdkv/$1/map" |
     python3 -c 'import json, sys; print(json.load(sys.stdin).get("replication_factor", ""))'
 }
 
