@@ -530,10 +530,6 @@ class Service {
   // copy of it is active.
   Status NoteCopy(uint32_t shard, bool begin) EXCLUDES(copies_mu_);
 
-  // The stripe writers of `key` hold across apply + enqueue (and a replicated write across its
-  // forward, maybe released by another thread).
-  TransferableLock* KeyStripe(std::string_view key);
-
   Store* store_;
   kv::WireLimits limits_;
   persistence::Persister* persister_;

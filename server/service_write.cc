@@ -32,10 +32,6 @@ std::string EncodeReplicateResults(const std::vector<kv::ReplicateBatchResult>& 
 }
 }  // namespace
 
-TransferableLock* Service::KeyStripe(std::string_view key) {
-  return &key_stripes_[StripeIndex(key)];
-}
-
 size_t Service::StripeIndex(std::string_view key) { return kv::KeyHash(key) % kKeyStripes; }
 
 bool Service::IsReplicated(const cluster::ClusterMap& map, uint32_t shard) {
