@@ -190,6 +190,13 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
               "Forwarded PUTs this backup refused as not above a delete it applied (a forward "
               "the primary had given up on, arriving late)",
               static_cast<double>(s.stale_forwards_refused));
+    f.Counter("rdkv_replication_answers_sent_total",
+              "Request ids of earlier writes sent to backups with a resent or repaired state, so "
+              "that their retries are answered after a later promotion",
+              static_cast<double>(s.answers_sent));
+    f.Counter("rdkv_replication_answers_received_total",
+              "Answers REPLICATEs this backup took (earlier writes' request ids)",
+              static_cast<double>(s.answers_received));
     f.Counter("rdkv_retried_writes_answered_total",
               "Retried writes answered from the retry table (applied once)",
               static_cast<double>(s.retries_answered));

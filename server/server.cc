@@ -223,6 +223,8 @@ class ServerImpl final : public Server {
       s.batches_applied = c.replicate_batches.load();
       s.overload_refused = c.pool_refused.load();
       s.stale_forwards_refused = c.stale_forwards_refused.load();
+      s.answers_sent = c.answers_sent.load();
+      s.answers_received = c.answers_received.load();
       s.repairs_pending = service_.repairs_pending();
       s.repair_bytes_pending = service_.repair_bytes_pending();
       s.repairs_noted = c.repairs_noted.load();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/cluster/cluster_map.h"
+#include "common/kv/admin_wire.h"
 #include "common/kv/layout.h"
 #include "common/kv/limits.h"
 #include "common/transport/transport.h"
@@ -85,8 +86,9 @@ struct ServerOptions {
   // many (or 64 MiB of keys and values) a write is refused with kUnavailable.
   size_t max_pool_writes = 4096;
   // Tests only (Service::set_before_replica_apply): called on a backup with a forwarded
-  // write's key after its role check, before it is applied; it may block. Empty: none.
-  std::function<void(std::string_view key)> before_replica_apply;
+  // write after its role check, before it is applied; it may block. A status other than OK
+  // refuses the write with it (an injected fault). Empty: none.
+  std::function<Status(const kv::ReplicateRequest&)> before_replica_apply;
   // Prometheus /metrics over HTTP (server/metrics.h, docs/operations.md "Metrics"): served on
   // metrics_host:metrics_port when set (0 picks a free port, see Server::metrics_port()).
   // Unset: no HTTP server.
@@ -138,6 +140,8 @@ struct ServerStats {
   // Writes refused because the writer pool's queue was full (kUnavailable, nothing applied);
   // forwarded PUTs this backup refused as older than a delete it applied (stale REPLICATEs).
   uint64_t overload_refused = 0, stale_forwards_refused = 0;
+  // Earlier writes' request ids sent to backups as answers, and answers REPLICATEs taken.
+  uint64_t answers_sent = 0, answers_received = 0;
   // Forwards of replicated writes that no thread waited for (the asynchronous path).
   uint64_t async_forwards = 0;
   // Repair of failed replicated writes: kept now, and since the start kept, repaired,

@@ -274,6 +274,8 @@ std::string Service::StatsJson() const {
         {"batches_applied", load(counters_.replicate_batches)},
         {"overload_refused", load(counters_.pool_refused)},
         {"stale_forwards_refused", load(counters_.stale_forwards_refused)},
+        {"answers_sent", load(counters_.answers_sent)},
+        {"answers_received", load(counters_.answers_received)},
         {"repairs_pending", repairs_pending_.load(std::memory_order_relaxed)},
         {"repair_bytes_pending", repair_bytes_pending_.load(std::memory_order_relaxed)},
         {"repairs_noted", load(counters_.repairs_noted)},

@@ -40,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
 #include "common/transport/transport.h"
 #include "common/util/mutex.h"
@@ -76,6 +77,9 @@ struct OpCounters {
   std::atomic<uint64_t> pool_refused{0};
   // Forwarded PUTs this backup refused as not above a delete it applied (a stale REPLICATE).
   std::atomic<uint64_t> stale_forwards_refused{0};
+  // Request ids of earlier writes sent to backups as answers (a promoted primary's resend, the
+  // repair pass), and answers REPLICATEs this backup took (docs/design.md "Exactly once").
+  std::atomic<uint64_t> answers_sent{0}, answers_received{0};
   // Catch-up: REPLICATE writes taken (answered OK) for a shard this server is joining (the
   // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN
   // answers (the source side of catch-up copies and shard moves).
@@ -187,7 +191,7 @@ class Service {
   // Tests only: called on a worker with a forwarded write's key after its role check passed,
   // before it is applied, under the key's replica stripe (the hook may block). Set before
   // the server serves; a set hook keeps REPLICATE off the receiving thread.
-  void set_before_replica_apply(std::function<void(std::string_view key)> hook) {
+  void set_before_replica_apply(std::function<Status(const kv::ReplicateRequest&)> hook) {
     before_replica_apply_ = std::move(hook);
   }
   // How often the repair pass retries the writes that await repair.
@@ -469,15 +473,23 @@ class Service {
     struct Superseded {
       uint64_t client_id, request_seq, version;
     };
-    std::vector<Superseded> superseded;
+    std::vector<Superseded> superseded;  // sent to the backups as answers before it is applied
     // This primary serves it already (a promotion's resend that failed): a backup that holds
     // a newer version keeps it, and the entry is dropped (writing the served value again
     // above it would be a write no client made).
     bool served = false;
   };
-  // Keeps `m` (of `shard`) for repair, replacing an older entry of its key.
-  void NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served = false)
-      EXCLUDES(repair_mu_);
+  // Keeps `m` (of `shard`) for repair, replacing an older entry of its key. `answered`: earlier
+  // writes of the key that `m` supersedes, whose ids the repair sends after it (a promoted
+  // primary's resend that failed).
+  void NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served = false,
+                       const std::vector<kv::AnsweredWrite>& answered = {}) EXCLUDES(repair_mu_);
+  // Sends `answered` (earlier writes of `key`, superseded by the state its backups hold) to
+  // every backup of `shard` in `map` as answers REPLICATEs (docs/design.md "Exactly once"), in
+  // pieces of at most kv::kMaxAnsweredWrites that fit a batch. The caller holds the key's
+  // stripe. Errors: the first failed forward's.
+  Status ForwardAnswers(const cluster::ClusterMap& map, uint32_t shard, std::string_view key,
+                        const std::vector<kv::AnsweredWrite>& answered);
   // Brings `key`'s pending write (if any) to every replica of `shard` in `map`: forwards it
   // again with its version (or, when a backup holds a newer version under the same epoch,
   // above it), then applies it here, records its request id and forgets it. A write
@@ -571,15 +583,19 @@ class Service {
   static constexpr size_t kMaxGroupWrites = 64;
   static_assert(kMaxGroupWrites <= kv::kMaxReplicateBatchEntries / 2);
 
-  // Keys applied as a backup (HandleReplicate), by shard, with when and the version (a delete's
-  // version for a key deleted), oldest first; at most kResyncMaxKeys, kResyncWindow old.
+  // Keys applied as a backup (HandleReplicate), by shard, with when, the version (a delete's
+  // version for a key deleted) and the request id of the write that made it (0/0: none; an
+  // answers REPLICATE's ids are remembered too), oldest first; at most kResyncMaxKeys,
+  // kResyncWindow old.
   struct RecentApply {
     uint32_t shard;
     std::string key;
     uint64_t version;
+    uint64_t client_id, request_seq;
     std::chrono::steady_clock::time_point at;
   };
-  void RememberApplied(uint32_t shard, std::string_view key, uint64_t version) EXCLUDES(recent_mu_);
+  void RememberApplied(uint32_t shard, std::string_view key, uint64_t version, uint64_t client_id,
+                       uint64_t request_seq) EXCLUDES(recent_mu_);
   Mutex recent_mu_;
   std::deque<RecentApply> recent_ GUARDED_BY(recent_mu_);
 
@@ -626,7 +642,7 @@ class Service {
   size_t pool_writes_ GUARDED_BY(offload_mu_) = 0;
   size_t pool_bytes_ GUARDED_BY(offload_mu_) = 0;
   size_t max_pool_writes_ = kDefaultMaxPoolWrites;
-  std::function<void(std::string_view key)> before_replica_apply_;  // tests only
+  std::function<Status(const kv::ReplicateRequest&)> before_replica_apply_;  // tests only
 
   mutable Mutex copies_mu_;
   // When each shard last saw a copy into this server.

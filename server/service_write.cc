@@ -700,7 +700,9 @@ bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
   Status role = cluster_->CheckReplica(shard, m->map_epoch, m->sender_id, &joining);
   if (!role.ok()) return AnswerNow(ex, role);
   if (!admitted.ok()) return AnswerNow(ex, admitted);
-  if (before_replica_apply_) before_replica_apply_(m->key);
+  if (before_replica_apply_) {
+    if (Status injected = before_replica_apply_(*m); !injected.ok()) return AnswerNow(ex, injected);
+  }
   counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
   uint64_t version = 0;
   bool changed = false;
@@ -734,6 +736,18 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
                              uint64_t* version, bool* changed) {
   *changed = false;
   *version = 0;
+  if (m.answers) {
+    // Earlier writes of the key, superseded by the state sent before this (docs/design.md
+    // "Exactly once"): nothing to apply. Their retries get these answers from now on, and this
+    // server sends them on if it is promoted.
+    for (const kv::AnsweredWrite& w : kv::DecodeAnsweredWrites(m.value)) {
+      retry_table_.Record(w.client_id, w.request_seq, {StatusCode::kOk, w.version});
+      RememberApplied(shard, m.key, w.version, w.client_id, w.request_seq);
+    }
+    counters_.answers_received.fetch_add(1, std::memory_order_relaxed);
+    *version = m.version;
+    return Status::Ok();
+  }
   Status s;
   uint64_t current = 0;
   if (m.is_delete) {
@@ -763,7 +777,7 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
                                    " here");
   }
   if (!joining && has_tombstones_.load(std::memory_order_relaxed)) ForgetDeletes(shard);
-  if (s.ok() && *changed) RememberApplied(shard, m.key, m.version);
+  if (s.ok() && *changed) RememberApplied(shard, m.key, m.version, m.client_id, m.request_seq);
   if (!s.ok()) return s;
   if (joining) counters_.catchup_applied.fetch_add(1, std::memory_order_relaxed);
   *version = m.version;
@@ -810,7 +824,12 @@ bool Service::HandleReplicateBatch(const kv::Request& r, Exchange ex) {
       results[i] = {role.code(), 0};
       continue;
     }
-    if (before_replica_apply_) before_replica_apply_(m.key);
+    if (before_replica_apply_) {
+      if (Status injected = before_replica_apply_(m); !injected.ok()) {
+        results[i] = {injected.code(), 0};
+        continue;
+      }
+    }
     counters_.replicas_applied.fetch_add(1, std::memory_order_relaxed);
     uint64_t version = 0;
     bool changed = false;
@@ -1013,10 +1032,11 @@ void Service::ForgetDeletes(uint32_t shard) {
   has_tombstones_.store(!tombstones_.empty(), std::memory_order_relaxed);
 }
 
-void Service::RememberApplied(uint32_t shard, std::string_view key, uint64_t version) {
+void Service::RememberApplied(uint32_t shard, std::string_view key, uint64_t version,
+                              uint64_t client_id, uint64_t request_seq) {
   const auto now = std::chrono::steady_clock::now();
   MutexLock lock(&recent_mu_);
-  recent_.push_back({shard, std::string(key), version, now});
+  recent_.push_back({shard, std::string(key), version, client_id, request_seq, now});
   while (!recent_.empty() &&
          (recent_.size() > kResyncMaxKeys || now - recent_.front().at > kResyncWindow)) {
     recent_.pop_front();
@@ -1025,18 +1045,23 @@ void Service::RememberApplied(uint32_t shard, std::string_view key, uint64_t ver
 
 void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
   if (replicator_ == nullptr) return;
-  // The newest entry per key of the promoted shards.
-  std::map<std::pair<uint32_t, std::string>, uint64_t> keys;
+  // The newest entry per key of the promoted shards, and the request ids of its writes.
+  struct Logged {
+    uint64_t version = 0;
+    std::vector<kv::AnsweredWrite> writes;
+  };
+  std::map<std::pair<uint32_t, std::string>, Logged> keys;
   {
     MutexLock lock(&recent_mu_);
     for (const RecentApply& r : recent_) {
       if (std::find(shards.begin(), shards.end(), r.shard) == shards.end()) continue;
-      uint64_t& v = keys[{r.shard, r.key}];
-      v = std::max(v, r.version);
+      Logged& logged = keys[{r.shard, r.key}];
+      logged.version = std::max(logged.version, r.version);
+      if (r.client_id != 0) logged.writes.push_back({r.version, r.client_id, r.request_seq});
     }
   }
-  size_t sent = 0, failed = 0;
-  for (const auto& [shard_key, logged_version] : keys) {
+  size_t sent = 0, failed = 0, answered = 0;
+  for (const auto& [shard_key, logged] : keys) {
     const auto& [shard, key] = shard_key;
     StripeTurn key_lock = TakeStripe(key);
     kv::ReplicateRequest m;
@@ -1052,35 +1077,85 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
       m.version = version;
     } else {
       m.is_delete = true;  // absent here: deleted (by the logged or a later write)
-      m.version = std::max(logged_version, store_->version_counter());
+      m.version = std::max(logged.version, store_->version_counter());
+    }
+    // The write that made this state goes with it; the key's earlier logged writes, which it
+    // supersedes, go after it as answers (docs/design.md "Exactly once"), so that a backup that
+    // missed them answers their retries once it is promoted in turn.
+    std::vector<kv::AnsweredWrite> earlier;
+    for (const kv::AnsweredWrite& w : logged.writes) {
+      if (w.version == m.version && m.client_id == 0) {
+        m.client_id = w.client_id;
+        m.request_seq = w.request_seq;
+      } else if (w.version <= m.version) {
+        earlier.push_back(w);
+      }
     }
     uint64_t newer = 0;
     Status s = replicator_->Forward(next, shard, m, &newer);
     ++sent;
-    if (!s.ok() && newer == 0) {
-      // It serves this state from now on: the repair brings it to the backups that missed it
-      // (and leaves one that holds a newer version alone, as below).
-      ++failed;
-      NoteFailedWrite(m, shard, /*served=*/true);
-    }
     // A backup that answers with a newer version (a write or a delete that failed here and
     // was never published) keeps it: writing this state again above it would be a write no
     // client made. Its state is that pending write taken effect, which a failover to it may
     // serve (design.md, "Manual promotion"); the key's next write brings every replica to one
-    // state.
+    // state. The answers are true there too (those writes took effect before it).
+    if ((s.ok() || newer != 0) && !earlier.empty()) {
+      s = ForwardAnswers(next, shard, key, earlier);
+      newer = 0;
+      answered += earlier.size();
+    }
+    if (!s.ok() && newer == 0) {
+      // It serves this state from now on: the repair brings it (and the answers) to the backups
+      // that missed it (and leaves one that holds a newer version alone, as above).
+      ++failed;
+      NoteFailedWrite(m, shard, /*served=*/true, earlier);
+    }
   }
   if (!keys.empty()) {
     LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << sent
               << " recently replicated key(s) of " << shards.size() << " shard(s) to their backups"
+              << (answered > 0 ? " with " + std::to_string(answered) + " earlier write id(s)" : "")
               << (failed > 0 ? " (" + std::to_string(failed) + " not confirmed)" : "");
   }
 }
 
-void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served) {
+Status Service::ForwardAnswers(const cluster::ClusterMap& map, uint32_t shard, std::string_view key,
+                               const std::vector<kv::AnsweredWrite>& answered) {
+  // Within half a batch, as a group's writes, and never fewer than one answer per message.
+  const size_t room = replicator_->max_batch_bytes() / 2;
+  const size_t fit =
+      room > key.size() + kv::kReplicateBatchEntryHeaderBytes
+          ? (room - key.size() - kv::kReplicateBatchEntryHeaderBytes) / kv::kAnsweredWriteBytes
+          : 1;
+  const size_t per_message = std::clamp<size_t>(fit, 1, kv::kMaxAnsweredWrites);
+  for (size_t at = 0; at < answered.size(); at += per_message) {
+    const std::vector<kv::AnsweredWrite> piece(
+        answered.begin() + at, answered.begin() + std::min(answered.size(), at + per_message));
+    const std::string value = kv::EncodeAnsweredWrites(piece);
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.answers = true;
+    m.map_epoch = map.epoch;
+    m.sender_id = cluster_->server_id();
+    for (const kv::AnsweredWrite& w : piece) m.version = std::max(m.version, w.version);
+    uint64_t newer = 0;
+    RDKV_RETURN_IF_ERROR(replicator_->Forward(map, shard, m, &newer));
+  }
+  counters_.answers_sent.fetch_add(answered.size(), std::memory_order_relaxed);
+  return Status::Ok();
+}
+
+void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served,
+                              const std::vector<kv::AnsweredWrite>& answered) {
   counters_.repairs_noted.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&repair_mu_);
   auto [it, inserted] = repairs_.try_emplace(std::string(m.key));
   PendingRepair& p = it->second;
+  // Earlier than `m`, so earlier than any entry that stays too.
+  for (const kv::AnsweredWrite& w : answered) {
+    p.superseded.push_back({w.client_id, w.request_seq, w.version});
+  }
   if (!inserted) {
     if (p.version > m.version) return;  // the newer one stays
     repair_bytes_pending_.fetch_sub(it->first.size() + p.value.size(), std::memory_order_relaxed);
@@ -1129,22 +1204,33 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
   m.sender_id = cluster_->server_id();
   m.client_id = p.client_id;
   m.request_seq = p.request_seq;
+  auto not_repaired = [&](const Status& why) {
+    counters_.repair_failures.fetch_add(1, std::memory_order_relaxed);
+    return Status::Unavailable("shard " + std::to_string(shard) +
+                               ": an earlier write of this key failed at a backup and is not "
+                               "repaired yet (" +
+                               why.message() + ")");
+  };
+  // The writes it superseded, as answers after it (docs/design.md "Exactly once"): a backup
+  // promoted later answers their retries instead of applying them again.
+  std::vector<kv::AnsweredWrite> answered;
+  for (const PendingRepair::Superseded& s : p.superseded) {
+    answered.push_back({s.version, s.client_id, s.request_seq});
+  }
   for (int attempt = 0;; ++attempt) {
     uint64_t newer = 0;
     Status forwarded = replicator_->Forward(map, shard, m, &newer);
     if (forwarded.ok()) break;
-    if (newer == 0 || attempt == 3) {
-      counters_.repair_failures.fetch_add(1, std::memory_order_relaxed);
-      return Status::Unavailable("shard " + std::to_string(shard) +
-                                 ": an earlier write of this key failed at a backup and is not "
-                                 "repaired yet (" +
-                                 forwarded.message() + ")");
-    }
+    if (newer == 0 || attempt == 3) return not_repaired(forwarded);
     if (map.epoch != p.map_epoch || p.served) {
       // Another primary wrote the key since (a promotion came between): its write supersedes
       // this one, which no client could read (it was never applied here). Or this primary
       // serves it already (a promotion's resend): the backup keeps its newer version, a
-      // pending write taken effect, as when it answers the resend itself.
+      // pending write taken effect, as when it answers the resend itself; the writes it
+      // superseded took effect before that one, and this primary answers their retries.
+      if (p.served && !answered.empty()) {
+        if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) return not_repaired(a);
+      }
       counters_.repairs_dropped.fetch_add(1, std::memory_order_relaxed);
       ForgetRepair(key);
       return Status::Ok();
@@ -1152,6 +1238,9 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
     // A backup got a newer version from a copy or an earlier primary: this write goes above.
     store_->EnsureVersionAbove(newer);
     m.version = store_->NextVersion();
+  }
+  if (!answered.empty()) {
+    if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) return not_repaired(a);
   }
   // Every in-sync replica has it: this primary applies it too (published here).
   bool changed = false;

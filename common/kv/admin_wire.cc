@@ -196,10 +196,64 @@ Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view
   return DropShardAnswer{version};
 }
 
+namespace {
+
+// Checks an answers message's value and fields (either form); the rest of `m` is checked by
+// its decoder.
+Status CheckAnswers(const ReplicateRequest& m, std::string_view what) {
+  const std::string name(what);
+  if (m.is_delete) return Status::ProtocolError(name + ": answers cannot be a delete");
+  if (m.client_id != 0 || m.request_seq != 0) {
+    return Status::ProtocolError(name + ": answers carry no request id of their own");
+  }
+  const size_t n = m.value.size() / kAnsweredWriteBytes;
+  if (m.value.size() % kAnsweredWriteBytes != 0 || n == 0 || n > kMaxAnsweredWrites) {
+    return Status::ProtocolError(name + ": answers of " + std::to_string(m.value.size()) +
+                                 " bytes are not 1.." + std::to_string(kMaxAnsweredWrites) +
+                                 " entries of " + std::to_string(kAnsweredWriteBytes));
+  }
+  for (const AnsweredWrite& w : DecodeAnsweredWrites(m.value)) {
+    RDKV_RETURN_IF_ERROR(CheckItemVersion(w.version, name + " answer version"));
+    if (w.client_id == 0 || w.request_seq == 0) {
+      return Status::ProtocolError(name + ": an answer's request id is zero");
+    }
+    if (w.version > m.version) {
+      return Status::ProtocolError(name + ": an answer's version is above the message's");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string EncodeAnsweredWrites(const std::vector<AnsweredWrite>& writes) {
+  std::string out(writes.size() * kAnsweredWriteBytes, '\0');
+  char* p = out.data();
+  for (const AnsweredWrite& w : writes) {
+    std::memcpy(p, &w.version, 8);
+    std::memcpy(p + 8, &w.client_id, 8);
+    std::memcpy(p + 16, &w.request_seq, 8);
+    p += kAnsweredWriteBytes;
+  }
+  return out;
+}
+
+std::vector<AnsweredWrite> DecodeAnsweredWrites(std::string_view value) {
+  std::vector<AnsweredWrite> out(value.size() / kAnsweredWriteBytes);
+  const char* p = value.data();
+  for (AnsweredWrite& w : out) {
+    std::memcpy(&w.version, p, 8);
+    std::memcpy(&w.client_id, p + 8, 8);
+    std::memcpy(&w.request_seq, p + 16, 8);
+    p += kAnsweredWriteBytes;
+  }
+  return out;
+}
+
 Request EncodeReplicate(const ReplicateRequest& m) {
   Request r{Op::kReplicate, m.key, m.is_delete ? std::string_view() : m.value, m.version};
   r.map_epoch = m.map_epoch;
-  r.flags = (m.is_delete ? kFlagReplicateDelete : 0) |
+  r.flags = (m.is_delete ? kFlagReplicateDelete : 0) | (m.answers ? kFlagReplicateAnswers : 0) |
             ((m.sender_id << kReplicateSenderShift) & kReplicateSenderMask);
   r.client_id = m.client_id;
   r.request_seq = m.request_seq;
@@ -213,12 +267,16 @@ Result<ReplicateRequest> DecodeReplicate(const Request& r) {
                                     .expected_version = true,
                                     .map_epoch = true,
                                     .request_id = true}));
+  if ((r.flags & ~(kFlagReplicateDelete | kFlagReplicateAnswers | kReplicateSenderMask)) != 0) {
+    return Status::ProtocolError("replicate: unknown flags are set");
+  }
   ReplicateRequest m;
   m.key = r.key;
   m.value = r.value;
   m.version = r.expected_version;
   m.map_epoch = r.map_epoch;
   m.is_delete = (r.flags & kFlagReplicateDelete) != 0;
+  m.answers = (r.flags & kFlagReplicateAnswers) != 0;
   m.sender_id = (r.flags & kReplicateSenderMask) >> kReplicateSenderShift;
   m.client_id = r.client_id;
   m.request_seq = r.request_seq;
@@ -226,6 +284,7 @@ Result<ReplicateRequest> DecodeReplicate(const Request& r) {
     return Status::ProtocolError("replicate: a forwarded delete carries no value");
   }
   RDKV_RETURN_IF_ERROR(CheckItemVersion(m.version, "REPLICATE version"));
+  if (m.answers) RDKV_RETURN_IF_ERROR(CheckAnswers(m, "replicate"));
   if (m.map_epoch == 0) {
     return Status::InvalidArgument("replicate: the primary's map epoch must be positive");
   }
@@ -253,7 +312,8 @@ bool ReplicateBatchBuilder::Add(const ReplicateRequest& m) {
   const std::string_view value = m.is_delete ? std::string_view() : m.value;
   const size_t entry = kReplicateBatchEntryHeaderBytes + m.key.size() + value.size();
   if (count_ >= kMaxReplicateBatchEntries || body_.size() + entry > max_body_bytes_) return false;
-  Put<uint8_t>(&body_, m.is_delete ? 1 : 0);
+  Put<uint8_t>(&body_, static_cast<uint8_t>((m.is_delete ? kFlagReplicateDelete : 0) |
+                                            (m.answers ? kFlagReplicateAnswers : 0)));
   Put<uint32_t>(&body_, static_cast<uint32_t>(m.key.size()));
   Put<uint32_t>(&body_, static_cast<uint32_t>(value.size()));
   Put<uint64_t>(&body_, m.version);
@@ -304,13 +364,14 @@ Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& 
     m.client_id = Get<uint64_t>(in.data() + 17);
     m.request_seq = Get<uint64_t>(in.data() + 25);
     in.remove_prefix(kReplicateBatchEntryHeaderBytes);
-    if ((flags & ~uint8_t{1}) != 0) {
+    if ((flags & ~(kFlagReplicateDelete | kFlagReplicateAnswers)) != 0) {
       return Status::ProtocolError("replicate batch: an entry has reserved flags set");
     }
     if (uint64_t{kb} + vb > in.size()) {
       return Status::ProtocolError("replicate batch: an entry is longer than the batch");
     }
-    m.is_delete = flags != 0;
+    m.is_delete = (flags & kFlagReplicateDelete) != 0;
+    m.answers = (flags & kFlagReplicateAnswers) != 0;
     m.key = in.substr(0, kb);
     m.value = in.substr(kb, vb);
     in.remove_prefix(uint64_t{kb} + vb);
@@ -325,12 +386,13 @@ Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& 
                                      std::to_string(m.key.size()) + " bytes is outside 1.." +
                                      std::to_string(limits.max_key_bytes));
     }
-    if (m.value.size() > limits.max_value_bytes) {
+    if (!m.answers && m.value.size() > limits.max_value_bytes) {
       return Status::InvalidArgument(
           "replicate batch: an entry's value of " + std::to_string(m.value.size()) +
           " bytes is larger than --max_value_size=" + std::to_string(limits.max_value_bytes));
     }
     RDKV_RETURN_IF_ERROR(CheckItemVersion(m.version, "REPLICATE batch entry version"));
+    if (m.answers) RDKV_RETURN_IF_ERROR(CheckAnswers(m, "replicate batch"));
     m.map_epoch = b.map_epoch;
     m.sender_id = b.sender_id;
     b.entries.push_back(m);

@@ -20,6 +20,10 @@
 //                                                     for delete) plus map_epoch (> 0),
 //                                                     flags (kFlagReplicateDelete) and the
 //                                                     original write's request id
+//   REPLICATE        kReplicate    key                answers     their highest version
+//     answers                                         (packed     plus map_epoch, flags
+//                                                     AnsweredWrite) (kFlagReplicateAnswers);
+//                                                     no request id
 //   REPLICATE batch  kReplicate    kReplicateBatchKey the entries 0 (what tells it from a single
 //                                                     REPLICATE) plus map_epoch (> 0) and the
 //                                                     sender in flags; no request id
@@ -95,22 +99,44 @@ struct DropShardRequest {
   uint64_t version_floor = 0;  // > 0: the start of a copy in (docs/design.md "Moving a shard")
 };
 
-// A primary's write forwarded to a backup (docs/design.md "Replication").
+// A primary's write forwarded to a backup (docs/design.md "Replication"), or answers: the
+// request ids of earlier writes of `key` that the state the backup was sent before supersedes
+// (docs/design.md "Exactly once"; a promoted primary's resend and the repair pass send them).
 struct ReplicateRequest {
   std::string_view key;
-  std::string_view value;  // empty for a delete
-  uint64_t version = 0;    // > 0: the version the primary gave the write
+  // The value; empty for a delete. Answers: 1..kMaxAnsweredWrites packed AnsweredWrite
+  // (EncodeAnsweredWrites).
+  std::string_view value;
+  uint64_t version = 0;    // > 0: the version the primary gave the write; answers: their highest
   uint64_t map_epoch = 0;  // > 0: the primary's map epoch
   bool is_delete = false;
+  bool answers = false;    // the value holds answers; apply nothing (never with is_delete)
   uint32_t sender_id = 0;  // the sending primary's server id (0..255)
-  uint64_t client_id = 0;  // the original write's request id (0/0: none)
+  uint64_t client_id = 0;  // the original write's request id (0/0: none; always none on answers)
   uint64_t request_seq = 0;
 };
 
+// One answer: the write with request id (client_id, request_seq) took effect at `version`.
+struct AnsweredWrite {
+  uint64_t version = 0;
+  uint64_t client_id = 0;
+  uint64_t request_seq = 0;
+};
+inline constexpr size_t kAnsweredWriteBytes = 24;  // u64 version | u64 client_id | u64 seq
+inline constexpr size_t kMaxAnsweredWrites = 256;  // in one answers REPLICATE (or batch entry)
+// The value of an answers REPLICATE: 1..kMaxAnsweredWrites writes, in the order given.
+std::string EncodeAnsweredWrites(const std::vector<AnsweredWrite>& writes);
+// Reads an answers value that its decoder accepted (DecodeReplicate/DecodeReplicateBatch check
+// it): every entry has a valid version and a whole request id.
+std::vector<AnsweredWrite> DecodeAnsweredWrites(std::string_view value);
+
 // Several forwarded writes of one primary in one REPLICATE (docs/design.md "Replication",
 // batching). The backup applies them in order and answers one result per entry. Body:
-//   entry  = u8 flags (bit 0: delete; others 0) | u32 key_bytes | u32 value_bytes | u64 version
+//   entry  = u8 flags (bit 0: delete, bit 1: answers; others 0) | u32 key_bytes | u32 value_bytes
+//            | u64 version
 //            | u64 client_id | u64 request_seq | key | value          (little-endian)
+//            An answers entry is as a single answers REPLICATE; its value is not bound by
+//            limits.max_value_bytes but by kMaxAnsweredWrites.
 //   answer = per entry: u8 status code | u64 version (the item's, or the newer one held for
 //            kVersionMismatch)
 inline constexpr std::string_view kReplicateBatchKey = "replicate-batch";
@@ -173,11 +199,15 @@ Result<MapInstallRequest> DecodeMapInstall(const Request& r);
 Result<ShardScanRequest> DecodeShardScan(const Request& r);
 Result<ImportRequest> DecodeImport(const Request& r);
 Result<DropShardRequest> DecodeDropShard(const Request& r);
+// A single REPLICATE: kProtocolError for an unknown flag bit, a delete with a value, or answers
+// that are malformed (see below); kInvalidArgument for a version or epoch out of range.
 Result<ReplicateRequest> DecodeReplicate(const Request& r);
 // A batch: kProtocolError for a frame field it does not use, an entry that does not fit the body
 // exactly, reserved flag bits, a delete with a value, half a request id, or no entry / more
 // than kMaxReplicateBatchEntries; kInvalidArgument for a key or value outside `limits`, a
-// version 0 or an epoch 0.
+// version 0 or an epoch 0. Answers (either form) are kProtocolError when they are also a delete,
+// carry a request id of their own, are not 1..kMaxAnsweredWrites whole entries, or hold an id
+// that is half zero or a version above the message's; kInvalidArgument for a version 0.
 Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& limits);
 
 // --- answers ---

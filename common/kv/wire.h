@@ -34,6 +34,8 @@ inline constexpr uint8_t kWireVersion = 3;
 
 // RequestHeader::flags: only REPLICATE uses them.
 inline constexpr uint32_t kFlagReplicateDelete = 1;  // the forwarded write is a delete
+// The REPLICATE carries answers, not a write (admin_wire.h, AnsweredWrite).
+inline constexpr uint32_t kFlagReplicateAnswers = 2;
 // Bits 16..23 of a REPLICATE's flags: the sending primary's server id (0..255).
 inline constexpr int kReplicateSenderShift = 16;
 inline constexpr uint32_t kReplicateSenderMask = 0xffu << kReplicateSenderShift;

@@ -16,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/kv/admin_wire.h"
 #include "common/kv/wire.h"
+#include "rdkv/admin.h"
 #include "tests/support/cluster_fixture.h"
 
 namespace rdkv {
@@ -37,12 +39,16 @@ class HotKeyTest : public ClusterTest {
     o.replication_timeout = replication_timeout_;
     o.persist.durability = durability_;
     if (id == 1) {
-      o.before_replica_apply = [this](std::string_view key) {
-        if (held_keys_.count(std::string(key)) == 0) return;
+      o.before_replica_apply = [this](const kv::ReplicateRequest& m) {
+        if (refuse_deletes_ && m.is_delete) {
+          return Status::Unavailable("injected: server 1 refuses forwarded deletes");
+        }
+        if (held_keys_.count(std::string(m.key)) == 0) return Status::Ok();
         std::unique_lock<std::mutex> lock(mu_);
         const int n = ++entered_;
         cv_.notify_all();
         cv_.wait(lock, [&] { return !holding_ || n <= allowed_; });
+        return Status::Ok();
       };
     }
     return o;
@@ -97,6 +103,7 @@ class HotKeyTest : public ClusterTest {
   }
 
   std::set<std::string> held_keys_;  // set before the servers start, read by server 1's hook
+  std::atomic<bool> refuse_deletes_{false};  // server 1 refuses every forwarded delete
   // Server 1's hook (a const Options) waits on these.
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
@@ -345,6 +352,53 @@ TEST_F(HotKeyTest, ARetryOfAWriteSupersededInAFailedChainIsNotAppliedAgain) {
   const testing::ScannedShard on_backup = ScanOf(1, 0);
   ASSERT_EQ(on_backup.count(key), 1u);
   EXPECT_EQ(on_backup.at(key).value, "new");
+}
+
+// The same chain failing at the backup on its DELETE only (the backup applies the PUT after
+// it): the repair sends the PUT again, then the DELETE's id as an answer (docs/design.md
+// "Exactly once"). The backup, promoted, answers the DELETE's retry instead of deleting the
+// key that the PUT wrote after it.
+TEST_F(HotKeyTest, ASupersededWritesRetryIsAnsweredByThePromotedBackup) {
+  const std::string key = KeyIn(0, 6, "chain");
+  HoldKey(key);
+  StartReplicated(2);
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->Put(key, "v0").ok());
+  StartHolding();
+  refuse_deletes_ = true;
+  kv::Response w0, del, put;
+  std::thread t0([&] { w0 = RawWriteAlone(0, kv::Op::kPut, key, "w0", 0, 700, 1); });
+  const bool in_flight = WaitEntered(1);
+  std::thread t1([&] { del = RawWriteAlone(0, kv::Op::kDelete, key, "", 0, 701, 1); });
+  const bool del_parked = in_flight && WaitParked(1);
+  std::thread t2([&] { put = RawWriteAlone(0, kv::Op::kPut, key, "new", 0, 702, 1); });
+  const bool put_parked = del_parked && WaitParked(2);
+  Release();  // the first write goes through; the chain (DELETE, PUT) fails on its DELETE
+  t0.join();
+  t1.join();
+  t2.join();
+  ASSERT_TRUE(put_parked) << "the writes did not park: " << servers_[0]->stats().writes_parked;
+  ASSERT_TRUE(w0.status.ok()) << w0.status.ToString();
+  ASSERT_TRUE(del.status.Is(StatusCode::kUnavailable)) << del.status.ToString();
+  ASSERT_TRUE(put.status.Is(StatusCode::kUnavailable)) << put.status.ToString();
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  while (servers_[0]->stats().repairs_pending > 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(servers_[0]->stats().repairs_pending, 0u);
+  refuse_deletes_ = false;
+  EXPECT_GE(servers_[0]->stats().answers_sent, 1u) << "the DELETE's id was not sent";
+  EXPECT_GE(servers_[1]->stats().answers_received, 1u);
+  Admin admin(*c);
+  auto promoted = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  kv::Response del_again = RawWriteAlone(1, kv::Op::kDelete, key, "", 0, 701, 1);
+  ASSERT_TRUE(del_again.status.ok()) << del_again.status.ToString();
+  const testing::ScannedShard on_1 = ScanOf(1, 0);
+  ASSERT_EQ(on_1.count(key), 1u) << "the DELETE's retry deleted the key again";
+  EXPECT_EQ(on_1.at(key).value, "new");
+  EXPECT_LT(del_again.version, on_1.at(key).version);
 }
 
 }  // namespace

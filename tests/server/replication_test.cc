@@ -62,7 +62,7 @@ class ReplicationTest : public ClusterTest {
   size_t max_value_all_ = 0;
   size_t max_value_on_2_ = 0;
   // Server 1's ServerOptions::before_replica_apply (set before StartReplicated).
-  std::function<void(std::string_view)> before_apply_on_1_;
+  std::function<Status(const kv::ReplicateRequest&)> before_apply_on_1_;
   int workers_ = 8;
   size_t max_repair_bytes_ = server::ServerOptions{}.max_repair_bytes;
   size_t max_pool_writes_ = server::ServerOptions{}.max_pool_writes;
@@ -463,12 +463,13 @@ TEST_F(ReplicationTest, AForwardHeldPastItsRoleCheckIsAppliedBeforeTheDropThatFo
   std::condition_variable cv;
   int entered = 0;
   bool released = false;
-  before_apply_on_1_ = [&](std::string_view key) {
-    if (key != single && key != batched) return;
+  before_apply_on_1_ = [&](const kv::ReplicateRequest& m) {
+    if (m.key != single && m.key != batched) return Status::Ok();
     std::unique_lock<std::mutex> lock(mu);
     ++entered;
     cv.notify_all();
     cv.wait(lock, [&] { return released; });
+    return Status::Ok();
   };
   auto release = [&] {
     std::lock_guard<std::mutex> lock(mu);
@@ -1633,6 +1634,66 @@ TEST_F(ReplicationTest, APromotedBackupResendsWhatOnlyItHasBeforeServing) {
   EXPECT_EQ(ScanOf(0, 0)[key].value, "only-on-1");
 }
 
+// Writes whose forwards reached one backup only (their primary failed with them in flight):
+// that backup, promoted, resends each key's state with the id of the write that made it and
+// the key's earlier write ids as answers (docs/design.md "Exactly once"), so the other
+// backup, promoted in turn, answers the writes' retries instead of applying them again (a PUT
+// retried there used to be applied a second time, above the key's newer write).
+TEST_F(ReplicationTest, ARetryAfterTwoPromotionsIsAnsweredOnce) {
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  const std::string key = KeyIn(0, 8, "twice"), other = KeyIn(0, 9, "twice");
+  const uint64_t base = cluster::EpochVersionFloor(1) + 200000;
+  auto forward_to_1 = [&](std::string_view k, std::string_view value, uint64_t version,
+                          uint64_t seq) {
+    kv::ReplicateRequest m;
+    m.key = k;
+    m.value = value;
+    m.version = version;
+    m.map_epoch = 1;
+    m.sender_id = 0;
+    m.client_id = 91;
+    m.request_seq = seq;
+    return Call(1, kv::EncodeReplicate(m)).status;
+  };
+  ASSERT_TRUE(forward_to_1(key, "first", base + 1, 1).ok());
+  ASSERT_TRUE(forward_to_1(key, "second", base + 2, 2).ok());
+  ASSERT_TRUE(forward_to_1(other, "alone", base + 3, 3).ok());
+  ASSERT_EQ(ScanOf(2, 0).count(key), 0u);
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  auto first = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  // Resent before server 1 served (or by its repair pass, when that forward timed out).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (ScanOf(2, 0)[key].value != "second" || ScanOf(2, 0)[other].value != "alone" ||
+          servers_[1]->stats().repairs_pending > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(ScanOf(2, 0)[key].value, "second");
+  EXPECT_GE(servers_[1]->stats().answers_sent, 1u) << "the first write's id was not sent";
+  EXPECT_GE(servers_[2]->stats().answers_received, 1u);
+  auto second = admin.Promote(0, 2, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  // The client retries each write on the newest primary: the first answers, nothing applied.
+  const struct {
+    std::string_view key, value;
+    uint64_t seq, version;
+  } writes[] = {
+      {key, "first", 1, base + 1}, {key, "second", 2, base + 2}, {other, "alone", 3, base + 3}};
+  for (const auto& w : writes) {
+    kv::Response retry = RawWrite(2, kv::Op::kPut, w.key, w.value, 0, 91, w.seq);
+    ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+    EXPECT_EQ(retry.version, w.version) << "write " << w.seq << " was applied again";
+  }
+  const Content on_2 = ScanOf(2, 0);
+  EXPECT_EQ(on_2.at(key).value, "second") << "the first write's retry overwrote the second";
+  EXPECT_EQ(on_2.at(key).version, base + 2);
+  EXPECT_EQ(on_2.at(other).version, base + 3);
+  EXPECT_EQ(servers_[2]->stats().retries_answered, 3u);
+}
+
 // Writes that cannot start now (their key's stripe is held by a write in flight) wait for the
 // writer pool with their own copy of the request; that queue is bounded: beyond
 // max_pool_writes a write is refused at once (kUnavailable, nothing applied) instead of piling
@@ -1955,7 +2016,7 @@ TEST(ReplicateBatchWire, RoundTripsAndRefusesWhatBreaksItsBounds) {
   EXPECT_TRUE(decode_body(good.substr(0, 20)).Is(StatusCode::kProtocolError));
   EXPECT_TRUE(decode_body("").Is(StatusCode::kProtocolError)) << "no entry";
   std::string bad_flags = good;
-  bad_flags[0] = 2;
+  bad_flags[0] = 4;
   EXPECT_TRUE(decode_body(bad_flags).Is(StatusCode::kProtocolError));
   std::string delete_with_value = good;
   delete_with_value[0] = 1;  // entry 0 has a value
@@ -1982,6 +2043,98 @@ TEST(ReplicateBatchWire, RoundTripsAndRefusesWhatBreaksItsBounds) {
   EXPECT_FALSE(kv::DecodeReplicateBatchAnswer(3, answer, 2).ok());
   answer[0] = static_cast<char>(200);
   EXPECT_FALSE(kv::DecodeReplicateBatchAnswer(2, answer, 2).ok()) << "an unknown status code";
+}
+
+// Answers (docs/design.md "Exactly once"): earlier writes' ids, as a single REPLICATE and as a
+// batch entry; what breaks their rules is refused.
+TEST(ReplicateAnswersWire, RoundTripsAndRefusesWhatBreaksTheirRules) {
+  const std::vector<kv::AnsweredWrite> writes = {{5, 11, 1}, {9, 11, 2}, {7, 12, 40}};
+  const std::string packed = kv::EncodeAnsweredWrites(writes);
+  ASSERT_EQ(packed.size(), 3 * kv::kAnsweredWriteBytes);
+  kv::ReplicateRequest m;
+  m.key = "k";
+  m.value = packed;
+  m.version = 9;
+  m.map_epoch = 4;
+  m.sender_id = 2;
+  m.answers = true;
+  auto check = [&](const kv::ReplicateRequest& got) {
+    EXPECT_TRUE(got.answers);
+    EXPECT_FALSE(got.is_delete);
+    EXPECT_EQ(got.version, 9u);
+    const std::vector<kv::AnsweredWrite> back = kv::DecodeAnsweredWrites(got.value);
+    ASSERT_EQ(back.size(), writes.size());
+    for (size_t i = 0; i < writes.size(); ++i) {
+      EXPECT_EQ(back[i].version, writes[i].version);
+      EXPECT_EQ(back[i].client_id, writes[i].client_id);
+      EXPECT_EQ(back[i].request_seq, writes[i].request_seq);
+    }
+  };
+  // Single, through the frame (whose decoder knows the flag).
+  std::vector<uint8_t> bytes;
+  kv::EncodeRequest(kv::EncodeReplicate(m), &bytes);
+  auto frame = kv::DecodeRequest(bytes, kv::WireLimits{});
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  auto single = kv::DecodeReplicate(*frame);
+  ASSERT_TRUE(single.ok()) << single.status().ToString();
+  check(*single);
+  // A batch entry, beside a write; not bound by the value limit (64 bytes here).
+  kv::ReplicateRequest write;
+  write.key = "w";
+  write.value = "v";
+  write.version = 10;
+  kv::ReplicateBatchBuilder builder(4096);
+  ASSERT_TRUE(builder.Add(m));
+  ASSERT_TRUE(builder.Add(write));
+  auto batch = kv::DecodeReplicateBatch(builder.Encode(4, 2), kv::WireLimits{16, 64});
+  ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+  ASSERT_EQ(batch->entries.size(), 2u);
+  check(batch->entries[0]);
+  EXPECT_FALSE(batch->entries[1].answers);
+  // Refusals, in both forms.
+  auto refused = [&](kv::ReplicateRequest bad, StatusCode code) {
+    const Status one = kv::DecodeReplicate(kv::EncodeReplicate(bad)).status();
+    kv::ReplicateBatchBuilder b(1 << 16);
+    if (!b.Add(bad)) return ::testing::AssertionFailure() << "the builder refused it";
+    const Status in_batch = kv::DecodeReplicateBatch(b.Encode(4, 2), kv::WireLimits{}).status();
+    if (!one.Is(code) || !in_batch.Is(code)) {
+      return ::testing::AssertionFailure() << one.ToString() << " / " << in_batch.ToString();
+    }
+    return ::testing::AssertionSuccess();
+  };
+  kv::ReplicateRequest bad = m;
+  bad.client_id = 3;
+  bad.request_seq = 4;
+  EXPECT_TRUE(refused(bad, StatusCode::kProtocolError)) << "a request id of its own";
+  bad = m;
+  bad.version = 8;
+  EXPECT_TRUE(refused(bad, StatusCode::kProtocolError)) << "an answer above the message";
+  const std::string cut = packed.substr(0, packed.size() - 1);
+  bad = m;
+  bad.value = cut;
+  EXPECT_TRUE(refused(bad, StatusCode::kProtocolError)) << "not whole entries";
+  bad = m;
+  bad.value = "";
+  EXPECT_TRUE(refused(bad, StatusCode::kProtocolError)) << "no entry";
+  const std::string too_many = kv::EncodeAnsweredWrites(
+      std::vector<kv::AnsweredWrite>(kv::kMaxAnsweredWrites + 1, kv::AnsweredWrite{1, 1, 1}));
+  bad = m;
+  bad.value = too_many;
+  EXPECT_TRUE(refused(bad, StatusCode::kProtocolError)) << "more than kMaxAnsweredWrites";
+  const std::string half_id = kv::EncodeAnsweredWrites({{5, 11, 0}});
+  bad = m;
+  bad.value = half_id;
+  EXPECT_TRUE(refused(bad, StatusCode::kProtocolError)) << "an id half zero";
+  const std::string version_zero = kv::EncodeAnsweredWrites({{0, 11, 1}});
+  bad = m;
+  bad.value = version_zero;
+  EXPECT_TRUE(refused(bad, StatusCode::kInvalidArgument)) << "an answer of version 0";
+  // A delete with answers: the single form carries a value, the batch entry too.
+  bad = m;
+  bad.is_delete = true;
+  kv::Request r = kv::EncodeReplicate(bad);
+  r.value = packed;
+  EXPECT_TRUE(kv::DecodeReplicate(r).status().Is(StatusCode::kProtocolError));
 }
 
 }  // namespace
