@@ -60,8 +60,9 @@ void ControlPlane::CheckAdmission() {
   // The fence thread may have fenced and dropped the lease between the check and the
   // Unfence (which can wait for an install): then it must stay fenced.
   if (!LeaseHeld()) {
-    cluster_->Fence("its etcd lease could not be renewed in time (etcd unreachable or this "
-                    "server cut off); it registers again once etcd answers");
+    cluster_->Fence(
+        "its etcd lease could not be renewed in time (etcd unreachable or this "
+        "server cut off); it registers again once etcd answers");
   }
 }
 
@@ -186,14 +187,14 @@ Status ControlPlane::Register() {
   const std::string json = RegistrationJson(me->address, released, installed);
   for (int attempt = 1;; ++attempt) {
     RDKV_ASSIGN_OR_RETURN(etcd::GetResult cur, client_->Get(key));
-    RDKV_ASSIGN_OR_RETURN(
-        etcd::PutIfResult put,
-        client_->PutIfLease(key, json, lease->lease_id(), cur.kv ? cur.kv->lease : 0));
+    RDKV_ASSIGN_OR_RETURN(etcd::PutIfResult put, client_->PutIfLease(key, json, lease->lease_id(),
+                                                                     cur.kv ? cur.kv->lease : 0));
     if (put.succeeded) break;
     if (attempt == 3) {
       return Status::Busy("the registration " + key +
                           " kept changing while this server registered (is another process "
-                          "running with --server_id=" + std::to_string(options_.server_id) + "?)");
+                          "running with --server_id=" +
+                          std::to_string(options_.server_id) + "?)");
     }
   }
   MutexLock lock(&reg_mu_);

@@ -70,7 +70,7 @@ DEFINE_double(index_fraction, 1.0 / 8,
               "item, usable to ~95%; the default suits items of any size (even 64-byte ones, two "
               "32-byte units, fill the heap first); lower it for large items "
               "(docs/operations.md).");
-DEFINE_string(max_value_size, "1MiB", "Largest value accepted (at most 1MiB).");
+DEFINE_string(max_value_size, "1MiB", "Largest value accepted (64B..1MiB).");
 DEFINE_int32(worker_threads, 2, "Threads that poll receive completions and apply writes.");
 DEFINE_int32(busy_poll_us, 50,
              "tcp: after activity, the NIC threads poll their sockets this many microseconds "
@@ -459,9 +459,10 @@ int main(int argc, char** argv) {
   o.memory_bytes = *mem;
   rdkv::Result<uint64_t> maxv = rdkv::ParseByteSize(FLAGS_max_value_size);
   if (!maxv.ok()) return fail("--max_value_size: " + maxv.status().message());
-  if (*maxv > rdkv::kv::kMaxValueBytes) {
-    return fail("--max_value_size: at most " + std::to_string(rdkv::kv::kMaxValueBytes) +
-                " bytes (1MiB)");
+  if (*maxv > rdkv::kv::kMaxValueBytes || *maxv < rdkv::kv::kMinMaxValueBytes) {
+    return fail("--max_value_size: " + std::to_string(*maxv) + " bytes is outside " +
+                std::to_string(rdkv::kv::kMinMaxValueBytes) + ".." +
+                std::to_string(rdkv::kv::kMaxValueBytes) + " (64B..1MiB)");
   }
   o.max_value_bytes = *maxv;
   if (!(FLAGS_index_fraction >= 0.001 && FLAGS_index_fraction <= 0.5)) {  // NaN fails too

@@ -207,6 +207,8 @@ class Service {
       EXCLUDES(recent_mu_);
   static constexpr std::chrono::seconds kResyncWindow{60};
   static constexpr size_t kResyncMaxKeys = 1 << 18;
+  // Forwards of a resend in flight at once (states and answers).
+  static constexpr size_t kResyncInFlight = 4096;
 
   const OpCounters& counters() const { return counters_; }
   // Every answered request by op and result, with its latency (the Prometheus exporter's).
@@ -490,6 +492,12 @@ class Service {
   // stripe. Errors: the first failed forward's.
   Status ForwardAnswers(const cluster::ClusterMap& map, uint32_t shard, std::string_view key,
                         const std::vector<kv::AnsweredWrite>& answered);
+  // `answered` cut into the pieces of ForwardAnswers, and one piece's answers REPLICATE (views
+  // `key` and `packed`).
+  std::vector<std::vector<kv::AnsweredWrite>> AnswerPieces(
+      std::string_view key, const std::vector<kv::AnsweredWrite>& answered) const;
+  kv::ReplicateRequest AnswersMessage(const cluster::ClusterMap& map, std::string_view key,
+                                      std::string_view packed) const;
   // Brings `key`'s pending write (if any) to every replica of `shard` in `map`: forwards it
   // again with its version (or, when a backup holds a newer version under the same epoch,
   // above it), then applies it here, records its request id and forgets it. A write

@@ -738,8 +738,16 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
   *version = 0;
   if (m.answers) {
     // Earlier writes of the key, superseded by the state sent before this (docs/design.md
-    // "Exactly once"): nothing to apply. Their retries get these answers from now on, and this
-    // server sends them on if it is promoted.
+    // "Exactly once"): nothing to apply. Taken only where that state (or a newer one) is:
+    // the answers say the writes took effect, which is true here only then. Their retries get
+    // these answers from now on, and this server sends them on if it is promoted.
+    uint64_t current = 0;
+    const bool held = store_->Lookup(m.key, &current).ok() && current >= m.version;
+    if (!held && replica_deletes_.DeletedAtOrAbove(m.key, m.version) == 0) {
+      return Status::Unavailable("answers for version " + std::to_string(m.version) +
+                                 " of a key this backup does not hold at that version (the "
+                                 "state sent before them did not arrive)");
+    }
     for (const kv::AnsweredWrite& w : kv::DecodeAnsweredWrites(m.value)) {
       retry_table_.Record(w.client_id, w.request_seq, {StatusCode::kOk, w.version});
       RememberApplied(shard, m.key, w.version, w.client_id, w.request_seq);
@@ -1060,87 +1068,163 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
       if (r.client_id != 0) logged.writes.push_back({r.version, r.client_id, r.request_seq});
     }
   }
-  size_t sent = 0, failed = 0, answered = 0;
+  // Each key's resend: its state, then the answers, as one chain that every backup applies in
+  // order. Up to kResyncInFlight keys at once, so that the replicator batches them (a promotion
+  // waits for the resend before it serves: one round trip per key made it last seconds once
+  // tens of thousands of keys were written in the window).
+  struct Resend {
+    uint32_t shard = 0;
+    std::string value;
+    std::vector<kv::AnsweredWrite> earlier;
+    std::vector<std::string> packed;  // the answers' values
+    std::vector<kv::ReplicateRequest> chain;
+    // Settled by the completions (under `mu` below).
+    Status state_result, answers_result;
+    uint64_t newer = 0;
+  };
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<Resend>> resends;
+  resends.reserve(keys.size());
+  Mutex mu;
+  CondVar settled;
+  size_t in_flight = 0;  // chain entries not settled yet, guarded by mu
+  size_t answered = 0;
   for (const auto& [shard_key, logged] : keys) {
     const auto& [shard, key] = shard_key;
-    StripeTurn key_lock = TakeStripe(key);
+    {
+      MutexLock lock(&mu);
+      while (in_flight >= kResyncInFlight) settled.Wait(&mu);
+    }
+    auto r = std::make_unique<Resend>();
+    r->shard = shard;
     kv::ReplicateRequest m;
     m.key = key;
     m.map_epoch = next.epoch;
     m.sender_id = cluster_->server_id();
-    uint64_t version = 0;
-    Result<std::string> value = store_->Get(key, &version);
-    std::string held;
-    if (value.ok()) {
-      held = std::move(value).value();
-      m.value = held;
-      m.version = version;
-    } else {
-      m.is_delete = true;  // absent here: deleted (by the logged or a later write)
-      m.version = std::max(logged.version, store_->version_counter());
+    {
+      StripeTurn key_lock = TakeStripe(key);
+      uint64_t version = 0;
+      Result<std::string> value = store_->Get(key, &version);
+      if (value.ok()) {
+        r->value = std::move(value).value();
+        m.version = version;
+      } else {
+        m.is_delete = true;  // absent here: deleted (by the logged or a later write)
+        m.version = std::max(logged.version, store_->version_counter());
+      }
     }
-    // The write that made this state goes with it; the key's earlier logged writes, which it
-    // supersedes, go after it as answers (docs/design.md "Exactly once"), so that a backup that
-    // missed them answers their retries once it is promoted in turn.
-    std::vector<kv::AnsweredWrite> earlier;
+    m.value = r->value;
+    // The write that made this state goes with it, and every logged write of the key up to it
+    // goes after it as answers (docs/design.md "Exactly once"), so that a backup that missed
+    // them answers their retries once it is promoted in turn. That includes the state's own
+    // write: a backup that holds a newer version refuses the state and records no id from it.
     for (const kv::AnsweredWrite& w : logged.writes) {
       if (w.version == m.version && m.client_id == 0) {
         m.client_id = w.client_id;
         m.request_seq = w.request_seq;
-      } else if (w.version <= m.version) {
-        earlier.push_back(w);
       }
+      if (w.version <= m.version) r->earlier.push_back(w);
     }
-    uint64_t newer = 0;
-    Status s = replicator_->Forward(next, shard, m, &newer);
-    ++sent;
+    answered += r->earlier.size();
+    r->chain.push_back(m);
+    for (std::vector<kv::AnsweredWrite>& piece : AnswerPieces(key, r->earlier)) {
+      r->packed.push_back(kv::EncodeAnsweredWrites(piece));
+    }
+    for (const std::string& value : r->packed) {
+      r->chain.push_back(AnswersMessage(next, key, value));
+    }
+    std::vector<const kv::ReplicateRequest*> chain;
+    std::vector<replication::Replicator::ForwardDone> dones;
+    Resend* raw = r.get();
+    for (size_t j = 0; j < r->chain.size(); ++j) {
+      chain.push_back(&r->chain[j]);
+      dones.push_back([raw, j, &mu, &settled, &in_flight](const Status& st, uint64_t newer) {
+        MutexLock lock(&mu);
+        if (j == 0) {
+          raw->state_result = st;
+          raw->newer = newer;
+        } else if (raw->answers_result.ok()) {
+          raw->answers_result = st;
+        }
+        if (--in_flight < kResyncInFlight / 2 || in_flight == 0) settled.SignalAll();
+      });
+    }
+    {
+      MutexLock lock(&mu);
+      in_flight += chain.size();
+    }
+    resends.push_back(std::move(r));
+    replicator_->ForwardChainAsync(next, shard, chain, &dones);
+  }
+  {
+    MutexLock lock(&mu);
+    while (in_flight > 0) settled.Wait(&mu);
+  }
+  counters_.answers_sent.fetch_add(answered, std::memory_order_relaxed);
+  size_t failed = 0;
+  for (const std::unique_ptr<Resend>& r : resends) {
     // A backup that answers with a newer version (a write or a delete that failed here and
     // was never published) keeps it: writing this state again above it would be a write no
     // client made. Its state is that pending write taken effect, which a failover to it may
     // serve (design.md, "Manual promotion"); the key's next write brings every replica to one
     // state. The answers are true there too (those writes took effect before it).
-    if ((s.ok() || newer != 0) && !earlier.empty()) {
-      s = ForwardAnswers(next, shard, key, earlier);
-      newer = 0;
-      answered += earlier.size();
-    }
-    if (!s.ok() && newer == 0) {
-      // It serves this state from now on: the repair brings it (and the answers) to the backups
-      // that missed it (and leaves one that holds a newer version alone, as above).
-      ++failed;
-      NoteFailedWrite(m, shard, /*served=*/true, earlier);
-    }
+    // (Not `newer != 0` alone: with one backup newer and another failing, the result is
+    // kUnavailable and `newer` is set too.)
+    const bool state_ok = r->state_result.ok() || r->state_result.Is(StatusCode::kVersionMismatch);
+    if (state_ok && r->answers_result.ok()) continue;
+    // It serves this state from now on: the repair brings it (and the answers) to the backups
+    // that missed it (and leaves one that holds a newer version alone, as above).
+    ++failed;
+    NoteFailedWrite(r->chain[0], r->shard, /*served=*/true, r->earlier);
   }
   if (!keys.empty()) {
-    LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << sent
+    LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << keys.size()
               << " recently replicated key(s) of " << shards.size() << " shard(s) to their backups"
               << (answered > 0 ? " with " + std::to_string(answered) + " earlier write id(s)" : "")
-              << (failed > 0 ? " (" + std::to_string(failed) + " not confirmed)" : "");
+              << (failed > 0 ? " (" + std::to_string(failed) + " not confirmed)" : "") << " in "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - started)
+                     .count()
+              << " ms";
   }
+}
+
+std::vector<std::vector<kv::AnsweredWrite>> Service::AnswerPieces(
+    std::string_view key, const std::vector<kv::AnsweredWrite>& answered) const {
+  // Within half a batch, as a group's writes, and never fewer than one answer per message.
+  const size_t room = replicator_->max_batch_bytes() / 2;
+  const size_t overhead = key.size() + kv::kReplicateBatchEntryHeaderBytes;
+  const size_t fit = room > overhead ? (room - overhead) / kv::kAnsweredWriteBytes : 1;
+  const size_t per_message = std::clamp<size_t>(fit, 1, kv::kMaxAnsweredWrites);
+  std::vector<std::vector<kv::AnsweredWrite>> pieces;
+  for (size_t at = 0; at < answered.size(); at += per_message) {
+    pieces.emplace_back(answered.begin() + at,
+                        answered.begin() + std::min(answered.size(), at + per_message));
+  }
+  return pieces;
+}
+
+kv::ReplicateRequest Service::AnswersMessage(const cluster::ClusterMap& map, std::string_view key,
+                                             std::string_view packed) const {
+  kv::ReplicateRequest m;
+  m.key = key;
+  m.value = packed;
+  m.answers = true;
+  m.map_epoch = map.epoch;
+  m.sender_id = cluster_->server_id();
+  for (const kv::AnsweredWrite& w : kv::DecodeAnsweredWrites(packed)) {
+    m.version = std::max(m.version, w.version);
+  }
+  return m;
 }
 
 Status Service::ForwardAnswers(const cluster::ClusterMap& map, uint32_t shard, std::string_view key,
                                const std::vector<kv::AnsweredWrite>& answered) {
-  // Within half a batch, as a group's writes, and never fewer than one answer per message.
-  const size_t room = replicator_->max_batch_bytes() / 2;
-  const size_t fit =
-      room > key.size() + kv::kReplicateBatchEntryHeaderBytes
-          ? (room - key.size() - kv::kReplicateBatchEntryHeaderBytes) / kv::kAnsweredWriteBytes
-          : 1;
-  const size_t per_message = std::clamp<size_t>(fit, 1, kv::kMaxAnsweredWrites);
-  for (size_t at = 0; at < answered.size(); at += per_message) {
-    const std::vector<kv::AnsweredWrite> piece(
-        answered.begin() + at, answered.begin() + std::min(answered.size(), at + per_message));
-    const std::string value = kv::EncodeAnsweredWrites(piece);
-    kv::ReplicateRequest m;
-    m.key = key;
-    m.value = value;
-    m.answers = true;
-    m.map_epoch = map.epoch;
-    m.sender_id = cluster_->server_id();
-    for (const kv::AnsweredWrite& w : piece) m.version = std::max(m.version, w.version);
+  for (const std::vector<kv::AnsweredWrite>& piece : AnswerPieces(key, answered)) {
+    const std::string packed = kv::EncodeAnsweredWrites(piece);
     uint64_t newer = 0;
-    RDKV_RETURN_IF_ERROR(replicator_->Forward(map, shard, m, &newer));
+    RDKV_RETURN_IF_ERROR(
+        replicator_->Forward(map, shard, AnswersMessage(map, key, packed), &newer));
   }
   counters_.answers_sent.fetch_add(answered.size(), std::memory_order_relaxed);
   return Status::Ok();
@@ -1221,15 +1305,25 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
     uint64_t newer = 0;
     Status forwarded = replicator_->Forward(map, shard, m, &newer);
     if (forwarded.ok()) break;
-    if (newer == 0 || attempt == 3) return not_repaired(forwarded);
+    // Only when every backup that did not apply it holds a newer version (one that failed
+    // makes the result kUnavailable, with `newer` set by the others).
+    if (!forwarded.Is(StatusCode::kVersionMismatch) || attempt == 3) {
+      return not_repaired(forwarded);
+    }
     if (map.epoch != p.map_epoch || p.served) {
       // Another primary wrote the key since (a promotion came between): its write supersedes
       // this one, which no client could read (it was never applied here). Or this primary
       // serves it already (a promotion's resend): the backup keeps its newer version, a
-      // pending write taken effect, as when it answers the resend itself; the writes it
-      // superseded took effect before that one, and this primary answers their retries.
-      if (p.served && !answered.empty()) {
-        if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) return not_repaired(a);
+      // pending write taken effect, as when it answers the resend itself; this write and the
+      // ones it superseded took effect before that one, and this primary answers their
+      // retries: so do the backups (the newer one never recorded this write's id).
+      if (p.served) {
+        if (p.client_id != 0) answered.push_back({p.version, p.client_id, p.request_seq});
+        if (!answered.empty()) {
+          if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) {
+            return not_repaired(a);
+          }
+        }
       }
       counters_.repairs_dropped.fetch_add(1, std::memory_order_relaxed);
       ForgetRepair(key);

@@ -77,9 +77,11 @@ Result<std::unique_ptr<Store>> Store::Format(uint8_t* region, uint64_t region_by
   if (options.shard_count == 0 || options.shard_count > kv::kMaxShards) {
     return Status::InvalidArgument("shard count must be 1.." + std::to_string(kv::kMaxShards));
   }
-  if (options.max_value_bytes > kv::kMaxValueBytes) {
-    return Status::InvalidArgument("max value size above " + std::to_string(kv::kMaxValueBytes) +
-                                   " bytes is not supported");
+  if (options.max_value_bytes > kv::kMaxValueBytes ||
+      options.max_value_bytes < kv::kMinMaxValueBytes) {
+    return Status::InvalidArgument("max value size must be " +
+                                   std::to_string(kv::kMinMaxValueBytes) + ".." +
+                                   std::to_string(kv::kMaxValueBytes) + " bytes");
   }
   std::memset(region + g.index_offset, 0, g.bucket_count * kv::kBucketBytes);
   auto* h = reinterpret_cast<kv::RegionHeader*>(region);

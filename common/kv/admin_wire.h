@@ -124,6 +124,7 @@ struct AnsweredWrite {
 };
 inline constexpr size_t kAnsweredWriteBytes = 24;  // u64 version | u64 client_id | u64 seq
 inline constexpr size_t kMaxAnsweredWrites = 256;  // in one answers REPLICATE (or batch entry)
+static_assert(kMinMaxValueBytes >= kAnsweredWriteBytes, "one answer fits any server's values");
 // The value of an answers REPLICATE: 1..kMaxAnsweredWrites writes, in the order given.
 std::string EncodeAnsweredWrites(const std::vector<AnsweredWrite>& writes);
 // Reads an answers value that its decoder accepted (DecodeReplicate/DecodeReplicateBatch check

@@ -16,6 +16,8 @@ inline constexpr size_t kMaxKeyBytes = 1024;
 // The largest --max_value_size a server accepts, and its default.
 inline constexpr uint64_t kMaxValueBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kDefaultMaxValueBytes = kMaxValueBytes;
+// The smallest --max_value_size: a replication answers message (admin_wire.h) must fit.
+inline constexpr uint64_t kMinMaxValueBytes = 64;
 // Shards a cluster may have (the region header has one ownership bit per shard).
 inline constexpr uint32_t kMaxShards = 4096;
 // The largest version an item may have: 2^63 - 1. Versions are handed out by one counter per

@@ -1694,6 +1694,187 @@ TEST_F(ReplicationTest, ARetryAfterTwoPromotionsIsAnsweredOnce) {
   EXPECT_EQ(servers_[2]->stats().retries_answered, 3u);
 }
 
+// A backup takes answers only where it holds their key at their version or above (or deleted
+// it there): elsewhere they would report writes whose effect it does not have.
+TEST_F(ReplicationTest, AnswersAreRefusedWhereTheirStateIsMissing) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1
+  const std::string key = KeyIn(0, 11, "answers"), gone = KeyIn(0, 12, "answers");
+  const uint64_t base = cluster::EpochVersionFloor(1) + 400000;
+  auto send = [&](const kv::ReplicateRequest& m) { return Call(1, kv::EncodeReplicate(m)).status; };
+  const std::string packed = kv::EncodeAnsweredWrites({{base + 1, 97, 1}, {base + 2, 97, 2}});
+  kv::ReplicateRequest answers;
+  answers.key = key;
+  answers.value = packed;
+  answers.version = base + 2;
+  answers.answers = true;
+  answers.map_epoch = 1;
+  answers.sender_id = 0;
+  EXPECT_TRUE(send(answers).Is(StatusCode::kUnavailable)) << "taken for an absent key";
+  kv::ReplicateRequest state;
+  state.key = key;
+  state.value = "old";
+  state.version = base + 1;
+  state.map_epoch = 1;
+  state.sender_id = 0;
+  ASSERT_TRUE(send(state).ok());
+  EXPECT_TRUE(send(answers).Is(StatusCode::kUnavailable)) << "taken above the version held";
+  state.value = "new";
+  state.version = base + 2;
+  ASSERT_TRUE(send(state).ok());
+  EXPECT_TRUE(send(answers).ok());
+  // A key deleted at or above the answers' version: taken.
+  state.key = gone;
+  state.value = "";
+  state.is_delete = true;
+  state.version = base + 3;
+  ASSERT_TRUE(send(state).ok());
+  answers.key = gone;
+  EXPECT_TRUE(send(answers).ok());
+  EXPECT_EQ(servers_[1]->stats().answers_received, 2u);
+}
+
+// The other backup holds a newer version of the key (a later write that failed at the old
+// primary): it refuses the promoted backup's resend, so the resent state's own write id must
+// reach it as an answer, or its promotion would apply that write's retry a second time.
+TEST_F(ReplicationTest, AResendRefusedForANewerVersionStillCarriesItsWritesId) {
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  const std::string key = KeyIn(0, 10, "newer");
+  const uint64_t base = cluster::EpochVersionFloor(1) + 200000;
+  auto forward_to = [&](int id, std::string_view value, uint64_t version, uint64_t seq) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.version = version;
+    m.map_epoch = 1;
+    m.sender_id = 0;
+    m.client_id = 95;
+    m.request_seq = seq;
+    return Call(id, kv::EncodeReplicate(m)).status;
+  };
+  ASSERT_TRUE(forward_to(1, "first", base + 1, 1).ok());  // reached server 1 only
+  ASSERT_TRUE(forward_to(2, "x", base + 5, 5).ok());      // the next write, server 2 only
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  auto first = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline && servers_[1]->stats().repairs_pending > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto second = admin.Promote(0, 2, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  kv::Response retry = RawWrite(2, kv::Op::kPut, key, "first", 0, 95, 1);
+  ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+  EXPECT_EQ(retry.version, base + 1) << "the first write was applied a second time";
+  EXPECT_EQ(ScanOf(2, 0).at(key).value, "x");
+}
+
+// The resend fails at one backup while the other holds a newer version (the replicator's
+// result is then kUnavailable with a newer version): the answers must not be taken by the
+// backup that lacks the state, and the state is repaired there before the answers count. The
+// backup, promoted after the repair, holds the key and answers the retry.
+TEST_F(ReplicationTest, AResendThatFailsAtOneBackupWhileAnotherIsNewerIsRepaired) {
+  const std::string key = KeyIn(1, 8, "mixed");
+  auto refuse = std::make_shared<std::atomic<bool>>(true);
+  before_apply_on_1_ = [refuse, key](const kv::ReplicateRequest& m) {
+    if (*refuse && m.key == key && !m.answers) return Status::Unavailable("injected");
+    return Status::Ok();
+  };
+  StartReplicated(3);  // shard 1: primary 1, backups 2 and 0
+  const uint64_t base = cluster::EpochVersionFloor(1) + 200000;
+  auto forward_to = [&](int id, std::string_view value, uint64_t version, uint64_t seq) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.version = version;
+    m.map_epoch = 1;
+    m.sender_id = 1;
+    m.client_id = 96;
+    m.request_seq = seq;
+    return Call(id, kv::EncodeReplicate(m)).status;
+  };
+  ASSERT_TRUE(forward_to(2, "first", base + 1, 1).ok());
+  ASSERT_TRUE(forward_to(2, "second", base + 2, 2).ok());
+  ASSERT_TRUE(forward_to(0, "x", base + 5, 5).ok());
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  auto to_2 = admin.Promote(1, 2, nullptr);
+  ASSERT_TRUE(to_2.ok()) << to_2.status().ToString();
+  EXPECT_EQ(ScanOf(1, 1).count(key), 0u);
+  EXPECT_GE(servers_[2]->stats().repairs_pending, 1u) << "the failed resend was not kept";
+  refuse->store(false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline && servers_[2]->stats().repairs_pending > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(servers_[2]->stats().repairs_pending, 0u);
+  ASSERT_EQ(ScanOf(1, 1).count(key), 1u) << "the repair did not bring the state to server 1";
+  auto to_1 = admin.Promote(1, 1, nullptr);
+  ASSERT_TRUE(to_1.ok()) << to_1.status().ToString();
+  for (uint64_t seq : {1, 2}) {
+    kv::Response retry = RawWrite(1, kv::Op::kPut, key, seq == 1 ? "first" : "second", 0, 96, seq);
+    ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+    EXPECT_EQ(retry.version, base + seq) << "write " << seq << " was applied again";
+  }
+  EXPECT_EQ(ScanOf(1, 1).at(key).value, "second");
+}
+
+// A promoted backup resends many keys at once (more than Service::kResyncInFlight forwards in
+// flight, so its bound is reached), in batches: every key reaches the other backup with its
+// version and its write's id.
+TEST_F(ReplicationTest, APromotedBackupResendsThousandsOfKeysTogether) {
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  constexpr int kKeys = 5000;
+  const uint64_t base = cluster::EpochVersionFloor(1) + 300000;
+  std::vector<std::string> keys, values;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(KeyIn(0, i, "many"));
+    values.push_back("value-" + std::to_string(i));
+  }
+  // Forwards that reached server 1 only, 200 to a batch.
+  for (int at = 0; at < kKeys; at += 200) {
+    kv::ReplicateBatchBuilder batch(1 << 20);
+    for (int i = at; i < std::min(kKeys, at + 200); ++i) {
+      kv::ReplicateRequest m;
+      m.key = keys[i];
+      m.value = values[i];
+      m.version = base + i;
+      m.client_id = 93;
+      m.request_seq = i + 1;
+      ASSERT_TRUE(batch.Add(m));
+    }
+    kv::Response r = Call(1, batch.Encode(1, 0));
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  ASSERT_EQ(ScanOf(2, 0).size(), 0u);
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  auto first = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (ScanOf(2, 0).size() < size_t{kKeys} || servers_[1]->stats().repairs_pending > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const Content on_2 = ScanOf(2, 0);
+  ASSERT_EQ(on_2.size(), size_t{kKeys});
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_EQ(on_2.count(keys[i]), 1u) << keys[i];
+    EXPECT_EQ(on_2.at(keys[i]).value, values[i]);
+    EXPECT_EQ(on_2.at(keys[i]).version, base + i);
+  }
+  auto second = admin.Promote(0, 2, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  for (int i : {0, kKeys / 2, kKeys - 1}) {
+    kv::Response retry = RawWrite(2, kv::Op::kPut, keys[i], values[i], 0, 93, i + 1);
+    ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
+    EXPECT_EQ(retry.version, base + i) << "the resend did not carry write " << i << "'s id";
+  }
+}
+
 // Writes that cannot start now (their key's stripe is held by a write in flight) wait for the
 // writer pool with their own copy of the request; that queue is bounded: beyond
 // max_pool_writes a write is refused at once (kUnavailable, nothing applied) instead of piling
