@@ -41,7 +41,7 @@ struct ServerOptions {
   std::chrono::milliseconds handshake_timeout{2000};
   uint64_t memory_bytes = 256ull << 20;                  // the registered region
   double index_fraction = kv::kDefaultIndexFraction;     // share of the region for the hash index
-  uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // at most kv::kMaxValueBytes
+  uint64_t max_value_bytes = kv::kDefaultMaxValueBytes;  // kv::kMinMaxValueBytes..kMaxValueBytes
   int worker_threads = 2;
   // tcp: how long the NIC threads poll after activity (transport::ListenOptions::busy_poll).
   std::chrono::microseconds busy_poll{50};

@@ -207,8 +207,10 @@ class Service {
       EXCLUDES(recent_mu_);
   static constexpr std::chrono::seconds kResyncWindow{60};
   static constexpr size_t kResyncMaxKeys = 1 << 18;
-  // Forwards of a resend in flight at once (states and answers).
+  // A resend's forwards in flight at once (states and answers), and their keys' and values'
+  // bytes (beyond them only while nothing else is in flight: one large value still goes).
   static constexpr size_t kResyncInFlight = 4096;
+  static constexpr size_t kResyncBytesInFlight = 16 << 20;
 
   const OpCounters& counters() const { return counters_; }
   // Every answered request by op and result, with its latency (the Prometheus exporter's).

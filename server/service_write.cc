@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "common/kv/admin_wire.h"
 #include "common/util/thread_name.h"
@@ -20,6 +21,24 @@ using persistence::Durability;
 // Set while the transport's receiving thread runs TryWriteOnReceivingThread: a completion that
 // runs there (every backup of a write failed at once) must not wait.
 thread_local bool t_on_receiving_thread = false;
+
+// One answer per request id (an id logged twice, e.g. by a write and by the answers that
+// repeated it, keeps its highest version, as the retry table does), in version order.
+void UniqueAnswers(std::vector<kv::AnsweredWrite>* answers) {
+  auto by_id = [](const kv::AnsweredWrite& a, const kv::AnsweredWrite& b) {
+    return std::tie(a.client_id, a.request_seq, b.version) <
+           std::tie(b.client_id, b.request_seq, a.version);
+  };
+  std::sort(answers->begin(), answers->end(), by_id);
+  answers->erase(std::unique(answers->begin(), answers->end(),
+                             [](const kv::AnsweredWrite& a, const kv::AnsweredWrite& b) {
+                               return a.client_id == b.client_id && a.request_seq == b.request_seq;
+                             }),
+                 answers->end());
+  std::sort(
+      answers->begin(), answers->end(),
+      [](const kv::AnsweredWrite& a, const kv::AnsweredWrite& b) { return a.version < b.version; });
+}
 
 // A REPLICATE batch's answer body: one result per entry.
 std::string EncodeReplicateResults(const std::vector<kv::ReplicateBatchResult>& results) {
@@ -1053,6 +1072,10 @@ void Service::RememberApplied(uint32_t shard, std::string_view key, uint64_t ver
 
 void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<uint32_t>& shards) {
   if (replicator_ == nullptr) return;
+  // A forward from the old primary that passed its role check before this map was installed
+  // is applied under its replica stripe: wait for it, so that what it wrote is in the log and
+  // the state read below (one applied after the read would be served here and resent nowhere).
+  WaitForReplicaApplies();
   // The newest entry per key of the promoted shards, and the request ids of its writes.
   struct Logged {
     uint64_t version = 0;
@@ -1069,31 +1092,36 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     }
   }
   // Each key's resend: its state, then the answers, as one chain that every backup applies in
-  // order. Up to kResyncInFlight keys at once, so that the replicator batches them (a promotion
-  // waits for the resend before it serves: one round trip per key made it last seconds once
-  // tens of thousands of keys were written in the window).
+  // order. Many keys at once (a promotion waits for the resend before it serves: one round
+  // trip per key made it last seconds once tens of thousands of keys were written in the
+  // window), within kResyncInFlight forwards and kResyncBytesInFlight bytes, so that the
+  // replicator packs them into batches and none waits in a queue past its forward timeout. A
+  // resend is freed when its last forward settles, unless it failed.
   struct Resend {
     uint32_t shard = 0;
     std::string value;
-    std::vector<kv::AnsweredWrite> earlier;
+    std::vector<kv::AnsweredWrite> answered;
     std::vector<std::string> packed;  // the answers' values
     std::vector<kv::ReplicateRequest> chain;
+    size_t bytes = 0;
     // Settled by the completions (under `mu` below).
+    size_t unsettled = 0;
     Status state_result, answers_result;
-    uint64_t newer = 0;
   };
   const auto started = std::chrono::steady_clock::now();
-  std::vector<std::unique_ptr<Resend>> resends;
-  resends.reserve(keys.size());
   Mutex mu;
   CondVar settled;
-  size_t in_flight = 0;  // chain entries not settled yet, guarded by mu
+  size_t in_flight = 0, bytes_in_flight = 0;  // guarded by mu, as is `failed`
+  std::vector<std::unique_ptr<Resend>> failed;
   size_t answered = 0;
-  for (const auto& [shard_key, logged] : keys) {
+  for (auto& [shard_key, logged] : keys) {
     const auto& [shard, key] = shard_key;
     {
       MutexLock lock(&mu);
-      while (in_flight >= kResyncInFlight) settled.Wait(&mu);
+      while (in_flight > 0 &&
+             (in_flight >= kResyncInFlight || bytes_in_flight >= kResyncBytesInFlight)) {
+        settled.Wait(&mu);
+      }
     }
     auto r = std::make_unique<Resend>();
     r->shard = shard;
@@ -1118,42 +1146,69 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     // goes after it as answers (docs/design.md "Exactly once"), so that a backup that missed
     // them answers their retries once it is promoted in turn. That includes the state's own
     // write: a backup that holds a newer version refuses the state and records no id from it.
+    UniqueAnswers(&logged.writes);
     for (const kv::AnsweredWrite& w : logged.writes) {
       if (w.version == m.version && m.client_id == 0) {
         m.client_id = w.client_id;
         m.request_seq = w.request_seq;
       }
-      if (w.version <= m.version) r->earlier.push_back(w);
+      if (w.version <= m.version) r->answered.push_back(w);
     }
-    answered += r->earlier.size();
+    answered += r->answered.size();
     r->chain.push_back(m);
-    for (std::vector<kv::AnsweredWrite>& piece : AnswerPieces(key, r->earlier)) {
+    for (std::vector<kv::AnsweredWrite>& piece : AnswerPieces(key, r->answered)) {
       r->packed.push_back(kv::EncodeAnsweredWrites(piece));
     }
     for (const std::string& value : r->packed) {
       r->chain.push_back(AnswersMessage(next, key, value));
     }
+    r->bytes =
+        r->value.size() + r->chain.size() * (key.size() + kv::kReplicateBatchEntryHeaderBytes);
+    for (const std::string& value : r->packed) r->bytes += value.size();
+    r->unsettled = r->chain.size();
     std::vector<const kv::ReplicateRequest*> chain;
     std::vector<replication::Replicator::ForwardDone> dones;
     Resend* raw = r.get();
-    for (size_t j = 0; j < r->chain.size(); ++j) {
-      chain.push_back(&r->chain[j]);
-      dones.push_back([raw, j, &mu, &settled, &in_flight](const Status& st, uint64_t newer) {
+    for (size_t j = 0; j < raw->chain.size(); ++j) {
+      chain.push_back(&raw->chain[j]);
+      dones.push_back([raw, j, &mu, &settled, &in_flight, &bytes_in_flight, &failed](
+                          const Status& st, uint64_t) {
         MutexLock lock(&mu);
         if (j == 0) {
           raw->state_result = st;
-          raw->newer = newer;
         } else if (raw->answers_result.ok()) {
           raw->answers_result = st;
         }
-        if (--in_flight < kResyncInFlight / 2 || in_flight == 0) settled.SignalAll();
+        --in_flight;
+        if (--raw->unsettled == 0) {
+          bytes_in_flight -= raw->bytes;
+          // A backup that answers with a newer version (a write or a delete that failed here
+          // and was never published) keeps it: writing this state again above it would be a
+          // write no client made. Its state is that pending write taken effect, which a
+          // failover to it may serve (design.md, "Manual promotion"); the key's next write
+          // brings every replica to one state. The answers are true there too (those writes
+          // took effect before it). (Not `newer != 0`: with one backup newer and another
+          // failing, the result is kUnavailable and `newer` is set too.)
+          const bool state_ok =
+              raw->state_result.ok() || raw->state_result.Is(StatusCode::kVersionMismatch);
+          if (state_ok && raw->answers_result.ok()) {
+            delete raw;  // the replicator is done with every entry of its chain
+          } else {
+            failed.emplace_back(raw);
+          }
+        }
+        if (in_flight == 0 || in_flight < kResyncInFlight / 2 ||
+            bytes_in_flight < kResyncBytesInFlight / 2) {
+          settled.SignalAll();
+        }
       });
     }
     {
       MutexLock lock(&mu);
       in_flight += chain.size();
+      bytes_in_flight += raw->bytes;
     }
-    resends.push_back(std::move(r));
+    r.release();  // owned by its completions from here
     replicator_->ForwardChainAsync(next, shard, chain, &dones);
   }
   {
@@ -1161,27 +1216,17 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     while (in_flight > 0) settled.Wait(&mu);
   }
   counters_.answers_sent.fetch_add(answered, std::memory_order_relaxed);
-  size_t failed = 0;
-  for (const std::unique_ptr<Resend>& r : resends) {
-    // A backup that answers with a newer version (a write or a delete that failed here and
-    // was never published) keeps it: writing this state again above it would be a write no
-    // client made. Its state is that pending write taken effect, which a failover to it may
-    // serve (design.md, "Manual promotion"); the key's next write brings every replica to one
-    // state. The answers are true there too (those writes took effect before it).
-    // (Not `newer != 0` alone: with one backup newer and another failing, the result is
-    // kUnavailable and `newer` is set too.)
-    const bool state_ok = r->state_result.ok() || r->state_result.Is(StatusCode::kVersionMismatch);
-    if (state_ok && r->answers_result.ok()) continue;
-    // It serves this state from now on: the repair brings it (and the answers) to the backups
-    // that missed it (and leaves one that holds a newer version alone, as above).
-    ++failed;
-    NoteFailedWrite(r->chain[0], r->shard, /*served=*/true, r->earlier);
+  // What failed is served from now on: the repair brings it (and its answers) to the backups
+  // that missed it, and leaves one that holds a newer version alone, as above.
+  for (const std::unique_ptr<Resend>& r : failed) {
+    NoteFailedWrite(r->chain[0], r->shard, /*served=*/true, r->answered);
   }
   if (!keys.empty()) {
     LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << keys.size()
               << " recently replicated key(s) of " << shards.size() << " shard(s) to their backups"
-              << (answered > 0 ? " with " + std::to_string(answered) + " earlier write id(s)" : "")
-              << (failed > 0 ? " (" + std::to_string(failed) + " not confirmed)" : "") << " in "
+              << (answered > 0 ? " with " + std::to_string(answered) + " write id(s)" : "")
+              << (failed.empty() ? "" : " (" + std::to_string(failed.size()) + " not confirmed)")
+              << " in "
               << std::chrono::duration_cast<std::chrono::milliseconds>(
                      std::chrono::steady_clock::now() - started)
                      .count()
@@ -1319,6 +1364,7 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
       // retries: so do the backups (the newer one never recorded this write's id).
       if (p.served) {
         if (p.client_id != 0) answered.push_back({p.version, p.client_id, p.request_seq});
+        UniqueAnswers(&answered);
         if (!answered.empty()) {
           if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) {
             return not_repaired(a);
@@ -1333,6 +1379,7 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
     store_->EnsureVersionAbove(newer);
     m.version = store_->NextVersion();
   }
+  UniqueAnswers(&answered);
   if (!answered.empty()) {
     if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) return not_repaired(a);
   }

@@ -48,6 +48,7 @@ class ReplicationTest : public ClusterTest {
     o.max_pool_writes = max_pool_writes_;
     if (id == 1) o.before_replica_apply = before_apply_on_1_;
     if (max_value_all_ != 0) o.max_value_bytes = max_value_all_;
+    if (memory_all_ != 0) o.memory_bytes = memory_all_;
     if (id == 1 && faults_on_1_ != nullptr) {
       o.persist.durability = server::persistence::Durability::kSync;
       o.persist.env = faults_on_1_->env.get();
@@ -60,6 +61,7 @@ class ReplicationTest : public ClusterTest {
   std::unique_ptr<testing::FaultInjection> faults_on_1_;
   // Every server's --max_value_size, then server 2's, when not 0 (set before StartReplicated).
   size_t max_value_all_ = 0;
+  uint64_t memory_all_ = 0;  // every server's region, when not 0
   size_t max_value_on_2_ = 0;
   // Server 1's ServerOptions::before_replica_apply (set before StartReplicated).
   std::function<Status(const kv::ReplicateRequest&)> before_apply_on_1_;
@@ -1872,6 +1874,44 @@ TEST_F(ReplicationTest, APromotedBackupResendsThousandsOfKeysTogether) {
     kv::Response retry = RawWrite(2, kv::Op::kPut, keys[i], values[i], 0, 93, i + 1);
     ASSERT_TRUE(retry.status.ok()) << retry.status.ToString();
     EXPECT_EQ(retry.version, base + i) << "the resend did not carry write " << i << "'s id";
+  }
+}
+
+// Large values: the resend stops at Service::kResyncBytesInFlight (16 MiB) in flight and goes
+// on as forwards settle; every value arrives.
+TEST_F(ReplicationTest, AResendOfLargeValuesGoesOnPastItsBytesInFlight) {
+  memory_all_ = 96ull << 20;
+  StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
+  constexpr int kKeys = 48;
+  const uint64_t base = cluster::EpochVersionFloor(1) + 500000;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) {
+    keys.push_back(KeyIn(0, i, "large"));
+    kv::ReplicateRequest m;
+    m.key = keys.back();
+    const std::string value(512 << 10, static_cast<char>('a' + i % 26));
+    m.value = value;
+    m.version = base + i;
+    m.map_epoch = 1;
+    m.sender_id = 0;
+    ASSERT_TRUE(Call(1, kv::EncodeReplicate(m)).status.ok());  // 24 MiB in all, server 1 only
+  }
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  auto promoted = admin.Promote(0, 1, nullptr);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (ScanOf(2, 0).size() < size_t{kKeys} || servers_[1]->stats().repairs_pending > 0)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const Content on_2 = ScanOf(2, 0);
+  ASSERT_EQ(on_2.size(), size_t{kKeys});
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_EQ(on_2.count(keys[i]), 1u);
+    EXPECT_EQ(on_2.at(keys[i]).version, base + i);
+    EXPECT_EQ(on_2.at(keys[i]).value, std::string(512 << 10, static_cast<char>('a' + i % 26)));
   }
 }
 
