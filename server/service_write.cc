@@ -1111,8 +1111,7 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
   const auto started = std::chrono::steady_clock::now();
   Mutex mu;
   CondVar settled;
-  size_t in_flight = 0, bytes_in_flight = 0;  // guarded by mu, as is `failed`
-  std::vector<std::unique_ptr<Resend>> failed;
+  size_t in_flight = 0, bytes_in_flight = 0, failed = 0;  // guarded by mu
   size_t answered = 0;
   for (auto& [shard_key, logged] : keys) {
     const auto& [shard, key] = shard_key;
@@ -1171,36 +1170,44 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     Resend* raw = r.get();
     for (size_t j = 0; j < raw->chain.size(); ++j) {
       chain.push_back(&raw->chain[j]);
-      dones.push_back([raw, j, &mu, &settled, &in_flight, &bytes_in_flight, &failed](
+      dones.push_back([this, raw, j, &mu, &settled, &in_flight, &bytes_in_flight, &failed](
                           const Status& st, uint64_t) {
-        MutexLock lock(&mu);
-        if (j == 0) {
-          raw->state_result = st;
-        } else if (raw->answers_result.ok()) {
-          raw->answers_result = st;
-        }
-        --in_flight;
-        if (--raw->unsettled == 0) {
-          bytes_in_flight -= raw->bytes;
-          // A backup that answers with a newer version (a write or a delete that failed here
-          // and was never published) keeps it: writing this state again above it would be a
-          // write no client made. Its state is that pending write taken effect, which a
-          // failover to it may serve (design.md, "Manual promotion"); the key's next write
-          // brings every replica to one state. The answers are true there too (those writes
-          // took effect before it). (Not `newer != 0`: with one backup newer and another
-          // failing, the result is kUnavailable and `newer` is set too.)
-          const bool state_ok =
-              raw->state_result.ok() || raw->state_result.Is(StatusCode::kVersionMismatch);
-          if (state_ok && raw->answers_result.ok()) {
-            delete raw;  // the replicator is done with every entry of its chain
-          } else {
-            failed.emplace_back(raw);
+        auto settle = [&](size_t bytes, bool failure) {  // under mu
+          --in_flight;
+          bytes_in_flight -= bytes;
+          if (failure) ++failed;
+          if (in_flight == 0 || in_flight < kResyncInFlight / 2 ||
+              bytes_in_flight < kResyncBytesInFlight / 2) {
+            settled.SignalAll();
           }
+        };
+        {
+          MutexLock lock(&mu);
+          if (j == 0) {
+            raw->state_result = st;
+          } else if (raw->answers_result.ok()) {
+            raw->answers_result = st;
+          }
+          if (--raw->unsettled > 0) return settle(0, false);
         }
-        if (in_flight == 0 || in_flight < kResyncInFlight / 2 ||
-            bytes_in_flight < kResyncBytesInFlight / 2) {
-          settled.SignalAll();
-        }
+        // The chain's last completion (the others are done with `raw`). A backup that answers
+        // with a newer version (a write or a delete that failed here and was never published)
+        // keeps it: writing this state again above it would be a write no client made. Its
+        // state is that pending write taken effect, which a failover to it may serve
+        // (design.md, "Manual promotion"); the key's next write brings every replica to one
+        // state. The answers are true there too (those writes took effect before it). (Not
+        // `newer != 0`: with one backup newer and another failing, the result is kUnavailable
+        // and `newer` is set too.) What failed is served from now on: the repair brings it and
+        // its answers to the backups that missed it. Kept for repair here, before the resend
+        // may end (its key views `keys`), so that a failed key's copy is not held until then.
+        const bool ok =
+            (raw->state_result.ok() || raw->state_result.Is(StatusCode::kVersionMismatch)) &&
+            raw->answers_result.ok();
+        if (!ok) NoteFailedWrite(raw->chain[0], raw->shard, /*served=*/true, raw->answered);
+        const size_t bytes = raw->bytes;
+        delete raw;  // the replicator is done with every entry of its chain
+        MutexLock lock(&mu);
+        settle(bytes, !ok);
       });
     }
     {
@@ -1216,17 +1223,11 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     while (in_flight > 0) settled.Wait(&mu);
   }
   counters_.answers_sent.fetch_add(answered, std::memory_order_relaxed);
-  // What failed is served from now on: the repair brings it (and its answers) to the backups
-  // that missed it, and leaves one that holds a newer version alone, as above.
-  for (const std::unique_ptr<Resend>& r : failed) {
-    NoteFailedWrite(r->chain[0], r->shard, /*served=*/true, r->answered);
-  }
   if (!keys.empty()) {
     LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << keys.size()
               << " recently replicated key(s) of " << shards.size() << " shard(s) to their backups"
               << (answered > 0 ? " with " + std::to_string(answered) + " write id(s)" : "")
-              << (failed.empty() ? "" : " (" + std::to_string(failed.size()) + " not confirmed)")
-              << " in "
+              << (failed == 0 ? "" : " (" + std::to_string(failed) + " not confirmed)") << " in "
               << std::chrono::duration_cast<std::chrono::milliseconds>(
                      std::chrono::steady_clock::now() - started)
                      .count()
