@@ -46,39 +46,17 @@ done
 work=$(mktemp -d /tmp/rdkv-promotion.XXXXXX)
 [[ -n $OUT ]] || OUT=$work/out
 mkdir -p "$OUT"
-SRV_PID=()
-stop_servers() {
-  local p t
-  for p in "${SRV_PID[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${SRV_PID[@]}"; do
-    for ((t = 0; t < 100; t++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-  done
-  SRV_PID=()
-}
+# shellcheck source=bench/lib/servers.sh
+source bench/lib/servers.sh
 cleanup() { stop_servers; rm -rf "$work"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_free() { [[ -z $(ss -Hltn "sport = :$1" 2>/dev/null) ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Listening ports from below the kernel's ephemeral range (an outgoing connection may take one
-# of that range between the check and the bind).
-read -r EPH_LOW _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || EPH_LOW=32768
-PORT_LOW=10000 PORT_SPAN=$((EPH_LOW - 10000))
-((PORT_SPAN >= 1000)) || { PORT_LOW=20000; PORT_SPAN=40000; }
-
 # start_cluster DIR: 3 servers, R = 2 map; sets SRV_PID and PORTS. Returns 1 when a port was
 # taken before a server bound it.
 start_cluster() {
-  local d=$1 i p t tries=0
-  PORTS=()
-  while ((${#PORTS[@]} < 3)); do
-    ((tries++ < 1000)) || die "found no 3 free ports"
-    p=$((PORT_LOW + RANDOM % PORT_SPAN))
-    [[ " ${PORTS[*]} " == *" $p "* ]] && continue
-    port_free "$p" && PORTS+=("$p")
-  done
+  local d=$1 i t
+  pick_ports 3
   mkdir -p "$d"
   cat >"$d/map.json" <<EOF
 {"epoch": 1, "shards": 3,

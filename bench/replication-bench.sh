@@ -127,18 +127,9 @@ else
   OUT=$work/out
   mkdir -p "$OUT"
 fi
-declare -a SRV_PID=()
+# shellcheck source=bench/lib/servers.sh
+source bench/lib/servers.sh
 BG_PID=""
-stop_servers() {
-  local p t
-  for p in "${SRV_PID[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${SRV_PID[@]}"; do
-    for ((t = 0; t < 100; t++)); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null || true
-    wait "$p" 2>/dev/null || true
-  done
-  SRV_PID=()
-}
 cleanup() {
   if [[ -n $BG_PID ]]; then kill -TERM "$BG_PID" 2>/dev/null || true; wait "$BG_PID" 2>/dev/null || true; fi
   stop_servers
@@ -148,23 +139,6 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- servers ---------------------------------------------------------------------------------
-port_free() { [[ -z $(ss -Hltn "sport = :$1" 2>/dev/null) ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-# Listening ports come from below the kernel's ephemeral range: a port of that range may be
-# taken between the check and the bind by any outgoing connection (kvbench's, the servers').
-read -r EPH_LOW _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || EPH_LOW=32768
-PORT_LOW=10000 PORT_SPAN=$((EPH_LOW - 10000))
-((PORT_SPAN >= 1000)) || { PORT_LOW=20000; PORT_SPAN=40000; }
-# pick_ports: sets PORTS to 3 free loopback ports.
-pick_ports() {
-  local p tries=0
-  PORTS=()
-  while ((${#PORTS[@]} < 3)); do
-    ((tries++ < 1000)) || die "found no 3 free ports"
-    p=$((PORT_LOW + RANDOM % PORT_SPAN))
-    [[ " ${PORTS[*]} " == *" $p "* ]] && continue
-    port_free "$p" && PORTS+=("$p")
-  done
-}
 # write_map FILE R [single]: epoch 1, servers 0..2, shard s: primary s % 3, backups the next
 # R - 1; with "single", every shard's primary is server 0 and its backups servers 1..R-1 (the
 # role split: each process then has one role).
@@ -196,8 +170,7 @@ write_map() {
 # start_cluster NAME R [single]: 3 servers with a map of replication factor R (write_map);
 # sets SRV_PID, SEED. A port taken by someone else meanwhile: again with new ports (3 tries).
 start_cluster() {
-  local attempt
-  for attempt in 1 2 3; do
+  for _ in 1 2 3; do
     start_cluster_once "$@" && return 0
     note "$1: a port was taken before the server bound it; again with new ports"
   done
@@ -207,7 +180,7 @@ start_cluster() {
 start_cluster_once() {
   local name=$1 r=$2 single=${3:-} i d t
   stop_servers
-  pick_ports
+  pick_ports 3
   d=$work/$name
   rm -rf "$d"
   mkdir -p "$d"

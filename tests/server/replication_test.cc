@@ -129,6 +129,40 @@ class ReplicationTest : public ClusterTest {
     r.request_seq = seq;
     return CallAlone(id, r);
   }
+  // A forward of `key` from primary `sender` under map epoch 1, sent to server `id` alone (it
+  // reached that backup only), with a request id (0/0: none).
+  Status ForwardTo(int id, std::string_view key, std::string_view value, uint64_t version,
+                   uint32_t sender, uint64_t client_id = 0, uint64_t seq = 0) {
+    kv::ReplicateRequest m;
+    m.key = key;
+    m.value = value;
+    m.version = version;
+    m.map_epoch = 1;
+    m.sender_id = sender;
+    m.client_id = client_id;
+    m.request_seq = seq;
+    return Call(id, kv::EncodeReplicate(m)).status;
+  }
+  // Promotes server 1 to shard 0's primary and waits until server 2 holds every key of `keys`
+  // (keys[i] with values[i] at version base + i) and server 1 has no repair pending: what its
+  // resend must bring.
+  void PromoteOneAndCheckItsResendOnTwo(Admin& admin, const std::vector<std::string>& keys,
+                                        const std::vector<std::string>& values, uint64_t base) {
+    auto promoted = admin.Promote(0, 1, nullptr);
+    ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline &&
+           (ScanOf(2, 0).size() < keys.size() || servers_[1]->stats().repairs_pending > 0)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const Content on_2 = ScanOf(2, 0);
+    ASSERT_EQ(on_2.size(), keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_EQ(on_2.count(keys[i]), 1u) << keys[i];
+      EXPECT_EQ(on_2.at(keys[i]).value, values[i]) << keys[i];
+      EXPECT_EQ(on_2.at(keys[i]).version, base + i) << keys[i];
+    }
+  }
 };
 
 TEST_F(ReplicationTest, EveryInSyncBackupHasEachAcknowledgedWrite) {
@@ -1645,21 +1679,9 @@ TEST_F(ReplicationTest, ARetryAfterTwoPromotionsIsAnsweredOnce) {
   StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
   const std::string key = KeyIn(0, 8, "twice"), other = KeyIn(0, 9, "twice");
   const uint64_t base = cluster::EpochVersionFloor(1) + 200000;
-  auto forward_to_1 = [&](std::string_view k, std::string_view value, uint64_t version,
-                          uint64_t seq) {
-    kv::ReplicateRequest m;
-    m.key = k;
-    m.value = value;
-    m.version = version;
-    m.map_epoch = 1;
-    m.sender_id = 0;
-    m.client_id = 91;
-    m.request_seq = seq;
-    return Call(1, kv::EncodeReplicate(m)).status;
-  };
-  ASSERT_TRUE(forward_to_1(key, "first", base + 1, 1).ok());
-  ASSERT_TRUE(forward_to_1(key, "second", base + 2, 2).ok());
-  ASSERT_TRUE(forward_to_1(other, "alone", base + 3, 3).ok());
+  ASSERT_TRUE(ForwardTo(1, key, "first", base + 1, 0, 91, 1).ok());
+  ASSERT_TRUE(ForwardTo(1, key, "second", base + 2, 0, 91, 2).ok());
+  ASSERT_TRUE(ForwardTo(1, other, "alone", base + 3, 0, 91, 3).ok());
   ASSERT_EQ(ScanOf(2, 0).count(key), 0u);
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
@@ -1742,19 +1764,8 @@ TEST_F(ReplicationTest, AResendRefusedForANewerVersionStillCarriesItsWritesId) {
   StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
   const std::string key = KeyIn(0, 10, "newer");
   const uint64_t base = cluster::EpochVersionFloor(1) + 200000;
-  auto forward_to = [&](int id, std::string_view value, uint64_t version, uint64_t seq) {
-    kv::ReplicateRequest m;
-    m.key = key;
-    m.value = value;
-    m.version = version;
-    m.map_epoch = 1;
-    m.sender_id = 0;
-    m.client_id = 95;
-    m.request_seq = seq;
-    return Call(id, kv::EncodeReplicate(m)).status;
-  };
-  ASSERT_TRUE(forward_to(1, "first", base + 1, 1).ok());  // reached server 1 only
-  ASSERT_TRUE(forward_to(2, "x", base + 5, 5).ok());      // the next write, server 2 only
+  ASSERT_TRUE(ForwardTo(1, key, "first", base + 1, 0, 95, 1).ok());  // reached server 1 only
+  ASSERT_TRUE(ForwardTo(2, key, "x", base + 5, 0, 95, 5).ok());  // the next write, server 2 only
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   Admin admin(*c);
@@ -1785,20 +1796,9 @@ TEST_F(ReplicationTest, AResendThatFailsAtOneBackupWhileAnotherIsNewerIsRepaired
   };
   StartReplicated(3);  // shard 1: primary 1, backups 2 and 0
   const uint64_t base = cluster::EpochVersionFloor(1) + 200000;
-  auto forward_to = [&](int id, std::string_view value, uint64_t version, uint64_t seq) {
-    kv::ReplicateRequest m;
-    m.key = key;
-    m.value = value;
-    m.version = version;
-    m.map_epoch = 1;
-    m.sender_id = 1;
-    m.client_id = 96;
-    m.request_seq = seq;
-    return Call(id, kv::EncodeReplicate(m)).status;
-  };
-  ASSERT_TRUE(forward_to(2, "first", base + 1, 1).ok());
-  ASSERT_TRUE(forward_to(2, "second", base + 2, 2).ok());
-  ASSERT_TRUE(forward_to(0, "x", base + 5, 5).ok());
+  ASSERT_TRUE(ForwardTo(2, key, "first", base + 1, 1, 96, 1).ok());
+  ASSERT_TRUE(ForwardTo(2, key, "second", base + 2, 1, 96, 2).ok());
+  ASSERT_TRUE(ForwardTo(0, key, "x", base + 5, 1, 96, 5).ok());
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   Admin admin(*c);
@@ -1854,20 +1854,8 @@ TEST_F(ReplicationTest, APromotedBackupResendsThousandsOfKeysTogether) {
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   Admin admin(*c);
-  auto first = admin.Promote(0, 1, nullptr);
-  ASSERT_TRUE(first.ok()) << first.status().ToString();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline &&
-         (ScanOf(2, 0).size() < size_t{kKeys} || servers_[1]->stats().repairs_pending > 0)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  const Content on_2 = ScanOf(2, 0);
-  ASSERT_EQ(on_2.size(), size_t{kKeys});
-  for (int i = 0; i < kKeys; ++i) {
-    ASSERT_EQ(on_2.count(keys[i]), 1u) << keys[i];
-    EXPECT_EQ(on_2.at(keys[i]).value, values[i]);
-    EXPECT_EQ(on_2.at(keys[i]).version, base + i);
-  }
+  PromoteOneAndCheckItsResendOnTwo(admin, keys, values, base);
+  if (HasFatalFailure()) return;
   auto second = admin.Promote(0, 2, nullptr);
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   for (int i : {0, kKeys / 2, kKeys - 1}) {
@@ -1884,35 +1872,16 @@ TEST_F(ReplicationTest, AResendOfLargeValuesGoesOnPastItsBytesInFlight) {
   StartReplicated(3);  // shard 0: primary 0, backups 1 and 2
   constexpr int kKeys = 48;
   const uint64_t base = cluster::EpochVersionFloor(1) + 500000;
-  std::vector<std::string> keys;
+  std::vector<std::string> keys, values;
   for (int i = 0; i < kKeys; ++i) {
     keys.push_back(KeyIn(0, i, "large"));
-    kv::ReplicateRequest m;
-    m.key = keys.back();
-    const std::string value(512 << 10, static_cast<char>('a' + i % 26));
-    m.value = value;
-    m.version = base + i;
-    m.map_epoch = 1;
-    m.sender_id = 0;
-    ASSERT_TRUE(Call(1, kv::EncodeReplicate(m)).status.ok());  // 24 MiB in all, server 1 only
+    values.emplace_back(512 << 10, static_cast<char>('a' + i % 26));
+    ASSERT_TRUE(ForwardTo(1, keys.back(), values.back(), base + i, 0).ok());  // server 1 only
   }
   auto c = NewClient(0);
   ASSERT_NE(c, nullptr);
   Admin admin(*c);
-  auto promoted = admin.Promote(0, 1, nullptr);
-  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline &&
-         (ScanOf(2, 0).size() < size_t{kKeys} || servers_[1]->stats().repairs_pending > 0)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  const Content on_2 = ScanOf(2, 0);
-  ASSERT_EQ(on_2.size(), size_t{kKeys});
-  for (int i = 0; i < kKeys; ++i) {
-    ASSERT_EQ(on_2.count(keys[i]), 1u);
-    EXPECT_EQ(on_2.at(keys[i]).version, base + i);
-    EXPECT_EQ(on_2.at(keys[i]).value, std::string(512 << 10, static_cast<char>('a' + i % 26)));
-  }
+  PromoteOneAndCheckItsResendOnTwo(admin, keys, values, base);
 }
 
 // Writes that cannot start now (their key's stripe is held by a write in flight) wait for the
