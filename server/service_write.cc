@@ -762,7 +762,10 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
     // these answers from now on, and this server sends them on if it is promoted.
     uint64_t current = 0;
     const bool held = store_->Lookup(m.key, &current).ok() && current >= m.version;
-    if (!held && replica_deletes_.DeletedAtOrAbove(m.key, m.version) == 0) {
+    // (A joining replica also counts the deletes it remembers for its catch-up: it skipped the
+    // state for one of those, and may have forgotten its own tombstone of it.)
+    if (!held && replica_deletes_.DeletedAtOrAbove(m.key, m.version) == 0 &&
+        !(joining && DeletedSince(shard, m.key, m.version))) {
       return Status::Unavailable("answers for version " + std::to_string(m.version) +
                                  " of a key this backup does not hold at that version (the "
                                  "state sent before them did not arrive)");

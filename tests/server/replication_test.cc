@@ -23,6 +23,7 @@
 #include "common/kv/wire.h"
 #include "rdkv/admin.h"
 #include "server/persistence/persister.h"
+#include "server/replica_tombstones.h"
 #include "tests/persistence/fault_fs.h"
 #include "tests/support/cluster_fixture.h"
 
@@ -1755,6 +1756,53 @@ TEST_F(ReplicationTest, AnswersAreRefusedWhereTheirStateIsMissing) {
   answers.key = gone;
   EXPECT_TRUE(send(answers).ok());
   EXPECT_EQ(servers_[1]->stats().answers_received, 2u);
+}
+
+// A joining replica skips a copied or resent state older than a delete it remembers for its
+// catch-up; the answers that follow that state must count the same delete, even after the
+// replica's own tombstone of it (ReplicaTombstones, 4,096 per stripe) is gone. Refused, they
+// would count as a forward the joining pair missed, and its join could never complete.
+TEST_F(ReplicationTest, AnswersAtAJoiningReplicaCountItsCatchUpDeletes) {
+  StartReplicated(1);  // shards 0 and 3 on server 0 alone
+  cluster::ClusterMap joining = map_;
+  joining.epoch = map_.epoch + 1;
+  joining.SetJoining(0, 1, joining.epoch);
+  ASSERT_TRUE(InstallOn(1, joining).ok());
+  ASSERT_TRUE(InstallOn(0, joining).ok());
+  const std::string key = KeyIn(0, 7, "joining-answers");
+  const uint64_t v = cluster::EpochVersionFloor(1) + 5000;
+  auto at_joining = [&](kv::ReplicateRequest m) {
+    m.map_epoch = joining.epoch;
+    return Call(1, kv::EncodeReplicate(m)).status;
+  };
+  ASSERT_TRUE(at_joining(ForwardOf(key, "", v, /*is_delete=*/true)).ok());
+  // 4,096 later deletes in the key's tombstone stripe push its tombstone out.
+  const auto stripe_of = [](std::string_view k) {
+    return std::hash<std::string_view>{}(k) % server::ReplicaTombstones::kDefaultStripes;
+  };
+  constexpr size_t kPerStripe =
+      server::ReplicaTombstones::kDefaultCapacity / server::ReplicaTombstones::kDefaultStripes;
+  std::vector<std::string> others;
+  for (int i = 0; others.size() < kPerStripe; ++i) {
+    std::string k = KeyIn(0, i, "evict");
+    if (stripe_of(k) == stripe_of(key)) others.push_back(std::move(k));
+  }
+  for (size_t at = 0; at < others.size(); at += 256) {
+    kv::ReplicateBatchBuilder batch(1 << 20);
+    for (size_t i = at; i < std::min(others.size(), at + 256); ++i) {
+      ASSERT_TRUE(batch.Add(ForwardOf(others[i], "", v + 1 + i, /*is_delete=*/true)));
+    }
+    kv::Response r = Call(1, batch.Encode(joining.epoch, 0));
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  // A state older than the delete (skipped), then its answers.
+  ASSERT_TRUE(at_joining(ForwardOf(key, "old", v - 10)).ok());
+  EXPECT_EQ(ScanOf(1, 0).count(key), 0u) << "the deleted key came back";
+  const std::string packed = kv::EncodeAnsweredWrites({{v - 10, 98, 1}});
+  kv::ReplicateRequest answers = ForwardOf(key, packed, v - 10);
+  answers.answers = true;
+  const Status taken = at_joining(answers);
+  EXPECT_TRUE(taken.ok()) << taken.ToString();
 }
 
 // The other backup holds a newer version of the key (a later write that failed at the old
