@@ -191,7 +191,7 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
               "the primary had given up on, arriving late)",
               static_cast<double>(s.stale_forwards_refused));
     f.Counter("rdkv_replication_answers_sent_total",
-              "Request ids of earlier writes sent to backups with a resent or repaired state, so "
+              "Write request ids sent to backups (and taken) with a resent or repaired state, so "
               "that their retries are answered after a later promotion",
               static_cast<double>(s.answers_sent));
     f.Counter("rdkv_replication_answers_received_total",

@@ -77,8 +77,9 @@ struct OpCounters {
   std::atomic<uint64_t> pool_refused{0};
   // Forwarded PUTs this backup refused as not above a delete it applied (a stale REPLICATE).
   std::atomic<uint64_t> stale_forwards_refused{0};
-  // Request ids of earlier writes sent to backups as answers (a promoted primary's resend, the
-  // repair pass), and answers REPLICATEs this backup took (docs/design.md "Exactly once").
+  // Request ids sent to backups as answers and taken by all of them (a promoted primary's
+  // resend, the repair pass), and answers REPLICATEs this backup took (docs/design.md "Exactly
+  // once").
   std::atomic<uint64_t> answers_sent{0}, answers_received{0};
   // Catch-up: REPLICATE writes taken (answered OK) for a shard this server is joining (the
   // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN

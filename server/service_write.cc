@@ -1206,7 +1206,11 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
         const bool ok =
             (raw->state_result.ok() || raw->state_result.Is(StatusCode::kVersionMismatch)) &&
             raw->answers_result.ok();
-        if (!ok) NoteFailedWrite(raw->chain[0], raw->shard, /*served=*/true, raw->answered);
+        if (ok) {
+          counters_.answers_sent.fetch_add(raw->answered.size(), std::memory_order_relaxed);
+        } else {
+          NoteFailedWrite(raw->chain[0], raw->shard, /*served=*/true, raw->answered);
+        }
         const size_t bytes = raw->bytes;
         delete raw;  // the replicator is done with every entry of its chain
         MutexLock lock(&mu);
@@ -1225,7 +1229,6 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     MutexLock lock(&mu);
     while (in_flight > 0) settled.Wait(&mu);
   }
-  counters_.answers_sent.fetch_add(answered, std::memory_order_relaxed);
   if (!keys.empty()) {
     LOG(INFO) << "promotion to map epoch " << next.epoch << ": resent " << keys.size()
               << " recently replicated key(s) of " << shards.size() << " shard(s) to their backups"
