@@ -475,10 +475,7 @@ class Service {
     // "A hot key's writes go together"): their request ids and versions, recorded as applied
     // when this one is repaired (it took effect after them), so that their retries are not
     // applied again.
-    struct Superseded {
-      uint64_t client_id, request_seq, version;
-    };
-    std::vector<Superseded> superseded;  // sent to the backups as answers before it is applied
+    std::vector<kv::AnsweredWrite> superseded;  // sent to the backups as answers before it
     // This primary serves it already (a promotion's resend that failed): a backup that holds
     // a newer version keeps it, and the entry is dropped (writing the served value again
     // above it would be a write no client made).
@@ -490,17 +487,18 @@ class Service {
   void NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, bool served = false,
                        const std::vector<kv::AnsweredWrite>& answered = {}) EXCLUDES(repair_mu_);
   // Sends `answered` (earlier writes of `key`, superseded by the state its backups hold) to
-  // every backup of `shard` in `map` as answers REPLICATEs (docs/design.md "Exactly once"), in
-  // pieces of at most kv::kMaxAnsweredWrites that fit a batch. The caller holds the key's
-  // stripe. Errors: the first failed forward's.
+  // every backup of `shard` in `map` as answers REPLICATEs (docs/design.md "Exactly once"), one
+  // per request id, in pieces of at most kv::kMaxAnsweredWrites that fit a batch. The caller
+  // holds the key's stripe. Errors: the first failed forward's.
   Status ForwardAnswers(const cluster::ClusterMap& map, uint32_t shard, std::string_view key,
-                        const std::vector<kv::AnsweredWrite>& answered);
-  // `answered` cut into the pieces of ForwardAnswers, and one piece's answers REPLICATE (views
-  // `key` and `packed`).
+                        std::vector<kv::AnsweredWrite> answered);
+  // `answered` cut into the pieces of ForwardAnswers, and one piece's answers REPLICATE: its
+  // value packed into `*packed` (the message views `key` and `*packed`).
   std::vector<std::vector<kv::AnsweredWrite>> AnswerPieces(
       std::string_view key, const std::vector<kv::AnsweredWrite>& answered) const;
   kv::ReplicateRequest AnswersMessage(const cluster::ClusterMap& map, std::string_view key,
-                                      std::string_view packed) const;
+                                      const std::vector<kv::AnsweredWrite>& piece,
+                                      std::string* packed) const;
   // Brings `key`'s pending write (if any) to every replica of `shard` in `map`: forwards it
   // again with its version (or, when a backup holds a newer version under the same epoch,
   // above it), then applies it here, records its request id and forgets it. A write

@@ -1158,15 +1158,13 @@ void Service::ResyncPromoted(const cluster::ClusterMap& next, const std::vector<
     }
     answered += r->answered.size();
     r->chain.push_back(m);
-    for (std::vector<kv::AnsweredWrite>& piece : AnswerPieces(key, r->answered)) {
-      r->packed.push_back(kv::EncodeAnsweredWrites(piece));
+    const std::vector<std::vector<kv::AnsweredWrite>> pieces = AnswerPieces(key, r->answered);
+    r->packed.resize(pieces.size());  // sized first: the messages view its strings
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      r->chain.push_back(AnswersMessage(next, key, pieces[i], &r->packed[i]));
     }
-    for (const std::string& value : r->packed) {
-      r->chain.push_back(AnswersMessage(next, key, value));
-    }
-    r->bytes =
-        r->value.size() + r->chain.size() * (key.size() + kv::kReplicateBatchEntryHeaderBytes);
-    for (const std::string& value : r->packed) r->bytes += value.size();
+    r->bytes = r->chain.size() * (key.size() + kv::kReplicateBatchEntryHeaderBytes);
+    for (const kv::ReplicateRequest& entry : r->chain) r->bytes += entry.value.size();
     r->unsettled = r->chain.size();
     std::vector<const kv::ReplicateRequest*> chain;
     std::vector<replication::Replicator::ForwardDone> dones;
@@ -1257,26 +1255,27 @@ std::vector<std::vector<kv::AnsweredWrite>> Service::AnswerPieces(
 }
 
 kv::ReplicateRequest Service::AnswersMessage(const cluster::ClusterMap& map, std::string_view key,
-                                             std::string_view packed) const {
+                                             const std::vector<kv::AnsweredWrite>& piece,
+                                             std::string* packed) const {
+  *packed = kv::EncodeAnsweredWrites(piece);
   kv::ReplicateRequest m;
   m.key = key;
-  m.value = packed;
+  m.value = *packed;
   m.answers = true;
   m.map_epoch = map.epoch;
   m.sender_id = cluster_->server_id();
-  for (const kv::AnsweredWrite& w : kv::DecodeAnsweredWrites(packed)) {
-    m.version = std::max(m.version, w.version);
-  }
+  for (const kv::AnsweredWrite& w : piece) m.version = std::max(m.version, w.version);
   return m;
 }
 
 Status Service::ForwardAnswers(const cluster::ClusterMap& map, uint32_t shard, std::string_view key,
-                               const std::vector<kv::AnsweredWrite>& answered) {
+                               std::vector<kv::AnsweredWrite> answered) {
+  UniqueAnswers(&answered);
+  std::string packed;
   for (const std::vector<kv::AnsweredWrite>& piece : AnswerPieces(key, answered)) {
-    const std::string packed = kv::EncodeAnsweredWrites(piece);
     uint64_t newer = 0;
     RDKV_RETURN_IF_ERROR(
-        replicator_->Forward(map, shard, AnswersMessage(map, key, packed), &newer));
+        replicator_->Forward(map, shard, AnswersMessage(map, key, piece, &packed), &newer));
   }
   counters_.answers_sent.fetch_add(answered.size(), std::memory_order_relaxed);
   return Status::Ok();
@@ -1289,15 +1288,13 @@ void Service::NoteFailedWrite(const kv::ReplicateRequest& m, uint32_t shard, boo
   auto [it, inserted] = repairs_.try_emplace(std::string(m.key));
   PendingRepair& p = it->second;
   // Earlier than `m`, so earlier than any entry that stays too.
-  for (const kv::AnsweredWrite& w : answered) {
-    p.superseded.push_back({w.client_id, w.request_seq, w.version});
-  }
+  p.superseded.insert(p.superseded.end(), answered.begin(), answered.end());
   if (!inserted) {
     if (p.version > m.version) return;  // the newer one stays
     repair_bytes_pending_.fetch_sub(it->first.size() + p.value.size(), std::memory_order_relaxed);
     // Superseded by `m`: the older write's id is answered as applied once `m` is repaired.
     if (p.client_id != 0 && p.version < m.version) {
-      p.superseded.push_back({p.client_id, p.request_seq, p.version});
+      p.superseded.push_back({p.version, p.client_id, p.request_seq});
     }
   }
   p.shard = shard;
@@ -1349,10 +1346,7 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
   };
   // The writes it superseded, as answers after it (docs/design.md "Exactly once"): a backup
   // promoted later answers their retries instead of applying them again.
-  std::vector<kv::AnsweredWrite> answered;
-  for (const PendingRepair::Superseded& s : p.superseded) {
-    answered.push_back({s.version, s.client_id, s.request_seq});
-  }
+  std::vector<kv::AnsweredWrite> answered = p.superseded;
   for (int attempt = 0;; ++attempt) {
     uint64_t newer = 0;
     Status forwarded = replicator_->Forward(map, shard, m, &newer);
@@ -1371,7 +1365,6 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
       // retries: so do the backups (the newer one never recorded this write's id).
       if (p.served) {
         if (p.client_id != 0) answered.push_back({p.version, p.client_id, p.request_seq});
-        UniqueAnswers(&answered);
         if (!answered.empty()) {
           if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) {
             return not_repaired(a);
@@ -1386,7 +1379,6 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
     store_->EnsureVersionAbove(newer);
     m.version = store_->NextVersion();
   }
-  UniqueAnswers(&answered);
   if (!answered.empty()) {
     if (Status a = ForwardAnswers(map, shard, key, answered); !a.ok()) return not_repaired(a);
   }
@@ -1402,8 +1394,8 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
                                applied.ToString());
   }
   retry_table_.Record(p.client_id, p.request_seq, {StatusCode::kOk, m.version});
-  for (const PendingRepair::Superseded& s : p.superseded) {
-    retry_table_.Record(s.client_id, s.request_seq, {StatusCode::kOk, s.version});
+  for (const kv::AnsweredWrite& w : p.superseded) {
+    retry_table_.Record(w.client_id, w.request_seq, {StatusCode::kOk, w.version});
   }
   if (changed && persister_ != nullptr) {
     // Nobody waits for it; the key's later writes are enqueued after it.
