@@ -267,7 +267,7 @@ Result<ReplicateRequest> DecodeReplicate(const Request& r) {
                                     .expected_version = true,
                                     .map_epoch = true,
                                     .request_id = true}));
-  if ((r.flags & ~(kFlagReplicateDelete | kFlagReplicateAnswers | kReplicateSenderMask)) != 0) {
+  if ((r.flags & ~kReplicateFlagBits) != 0) {
     return Status::ProtocolError("replicate: unknown flags are set");
   }
   ReplicateRequest m;
@@ -364,7 +364,7 @@ Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& 
     m.client_id = Get<uint64_t>(in.data() + 17);
     m.request_seq = Get<uint64_t>(in.data() + 25);
     in.remove_prefix(kReplicateBatchEntryHeaderBytes);
-    if ((flags & ~(kFlagReplicateDelete | kFlagReplicateAnswers)) != 0) {
+    if ((flags & ~(kReplicateFlagBits & ~kReplicateSenderMask)) != 0) {
       return Status::ProtocolError("replicate batch: an entry has reserved flags set");
     }
     if (uint64_t{kb} + vb > in.size()) {

@@ -50,9 +50,7 @@ Result<Request> DecodeRequest(std::span<const uint8_t> in, const WireLimits& lim
   const OpInfo* info = FindOp(h.op);
   if (info == nullptr) return Status::ProtocolError("unknown operation " + std::to_string(h.op));
   const uint32_t allowed_flags =
-      h.op == static_cast<uint8_t>(Op::kReplicate)
-          ? (kFlagReplicateDelete | kFlagReplicateAnswers | kReplicateSenderMask)
-          : 0;
+      h.op == static_cast<uint8_t>(Op::kReplicate) ? kReplicateFlagBits : 0;
   if ((h.flags & ~allowed_flags) != 0) {
     return Status::ProtocolError("request has reserved flags set");
   }

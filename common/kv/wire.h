@@ -39,6 +39,9 @@ inline constexpr uint32_t kFlagReplicateAnswers = 2;
 // Bits 16..23 of a REPLICATE's flags: the sending primary's server id (0..255).
 inline constexpr int kReplicateSenderShift = 16;
 inline constexpr uint32_t kReplicateSenderMask = 0xffu << kReplicateSenderShift;
+// Every flag bit a REPLICATE may carry (a batch entry's flag byte: the same, without the sender).
+inline constexpr uint32_t kReplicateFlagBits =
+    kFlagReplicateDelete | kFlagReplicateAnswers | kReplicateSenderMask;
 
 // The next cursor of a SHARD_SCAN answer that ends the scan.
 inline constexpr uint64_t kScanDone = ~uint64_t{0};
