@@ -50,8 +50,8 @@ bool Unreachable(const Status& s) {
 }
 
 Result<std::map<uint32_t, cluster::ClusterMap>> ServersMaps(AdminChannel& channel,
-                                                          const cluster::ClusterMap& known,
-                                                          const MoveProgressFn& progress) {
+                                                            const cluster::ClusterMap& known,
+                                                            const MoveProgressFn& progress) {
   std::map<uint32_t, cluster::ClusterMap> maps;
   Status last;
   for (const cluster::ServerEntry& e : known.servers) {
@@ -125,13 +125,13 @@ Status FinishEarlierChange(AdminChannel& channel, const cluster::ClusterMap& kno
       if (newest->OwnerOf(shard) != id || (shard < m.shards && m.OwnerOf(shard) == id)) continue;
       gains = true;
       if (shard >= m.shards || !m.IsBackup(shard, id)) {
-        unbacked += (unbacked.empty() ? "" : ", ") + std::string("shard ") +
-                    std::to_string(shard) + " to " + Name(*newest, id);
+        unbacked += (unbacked.empty() ? "" : ", ") + std::string("shard ") + std::to_string(shard) +
+                    " to " + Name(*newest, id);
       }
     }
     (gains ? last : first).push_back(id);
-    behind += (behind.empty() ? "" : ", ") + Name(*newest, id) + " at epoch " +
-              std::to_string(m.epoch);
+    behind +=
+        (behind.empty() ? "" : ", ") + Name(*newest, id) + " at epoch " + std::to_string(m.epoch);
   }
   if (first.empty() && last.empty()) return Status::Ok();
   if (!unbacked.empty()) {
@@ -171,8 +171,7 @@ Status CheckArgs(const cluster::ClusterMap& m, uint32_t shard, uint32_t server) 
 // be reached is skipped (said on `progress`; it gets a newer map from etcd's watch, or with the
 // next change) instead of failing the call.
 Status InstallOn(AdminChannel& channel, const cluster::ClusterMap& map,
-                 const std::vector<uint32_t>& ids, const MoveProgressFn& progress,
-                 bool required) {
+                 const std::vector<uint32_t>& ids, const MoveProgressFn& progress, bool required) {
   const std::string json = map.ToJson();
   cluster::ClusterMap normalized = map;
   normalized.NormalizeReplicas();
@@ -249,9 +248,8 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
   ReplicaReport report;
   cluster::ClusterMap next;
   uint32_t old_primary = 0;
-  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress, [&](const auto& m) {
-    return CheckArgs(m, shard, server);
-  }));
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(
+      channel, known, progress, [&](const auto& m) { return CheckArgs(m, shard, server); }));
   for (int attempt = 1;; ++attempt) {
     RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
     RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
@@ -291,8 +289,8 @@ Result<ReplicaReport> RunPromote(AdminChannel& channel, const cluster::ClusterMa
     Status first = InstallOn(channel, next, {old_primary}, progress);
     if (first.ok()) break;
     if (Unreachable(first)) {
-      return Status(first.code(),
-                    first.message() + ". The old primary must take the new map first (it lets "
+      return Status(first.code(), first.message() +
+                                      ". The old primary must take the new map first (it lets "
                                       "the shard go); nothing was changed. Bring it back and run "
                                       "this again; with etcd, kvcoord fails a dead primary over "
                                       "by its lease");
@@ -480,14 +478,23 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
                std::to_string(report.items_copied) + " items");
     }
   }
+  // Then the request ids the primary keeps for the shard: all of those of writes before the
+  // join are in its table now (docs/design.md "Ids travel with copies").
+  std::string warning;
+  if (Status s = CopyRetryIds(channel, *from, *to, shard, &report.ids_copied, &warning); !s.ok()) {
+    return Status(s.code(), s.message() + " (run the same command again to resume)");
+  }
+  if (!warning.empty() && progress) progress("  warning: " + warning);
   const double seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
   if (progress) {
-    progress("  shard " + std::to_string(shard) + ": copied " +
-             std::to_string(report.items_copied) + " items (" +
-             std::to_string(report.bytes_copied) + " bytes) in " + std::to_string(seconds) + " s");
+    progress(
+        "  shard " + std::to_string(shard) + ": copied " + std::to_string(report.items_copied) +
+        " items (" + std::to_string(report.bytes_copied) + " bytes) and " +
+        std::to_string(report.ids_copied) + " request ids in " + std::to_string(seconds) + " s");
   }
   out->items_copied += report.items_copied;
   out->bytes_copied += report.bytes_copied;
+  out->ids_copied += report.ids_copied;
   out->copy_seconds += seconds;
   return Status::Ok();
 }
@@ -603,6 +610,7 @@ std::vector<Status> CopyShards(AdminChannel& channel, const cluster::ClusterMap&
   for (const ReplicaReport& r : reports) {
     out->items_copied += r.items_copied;
     out->bytes_copied += r.bytes_copied;
+    out->ids_copied += r.ids_copied;
   }
   out->copy_seconds += std::chrono::duration<double>(Clock::now() - start).count();
   return status;
@@ -1013,9 +1021,8 @@ Result<ReplicaReport> RunRemoveReplica(AdminChannel& channel, const cluster::Clu
                                        uint32_t shard, uint32_t server,
                                        const MoveProgressFn& progress) {
   const Clock::time_point start = Clock::now();
-  RDKV_RETURN_IF_ERROR(FinishEarlierChange(channel, known, progress, [&](const auto& m) {
-    return CheckArgs(m, shard, server);
-  }));
+  RDKV_RETURN_IF_ERROR(FinishEarlierChange(
+      channel, known, progress, [&](const auto& m) { return CheckArgs(m, shard, server); }));
   RDKV_ASSIGN_OR_RETURN(cluster::ClusterMap cur, NewestMap(channel, known, progress));
   RDKV_RETURN_IF_ERROR(CheckArgs(cur, shard, server));
   ReplicaReport report;
@@ -1076,7 +1083,8 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
         Name(cur, to_server) + " is already an in-sync backup of shard(s) " + already +
         ": moving them there would leave each with one replica fewer. Nothing was changed. To "
         "make it the primary and keep the old one as a backup: cluster promote SHARD " +
-        std::to_string(to_server) + " (or cluster drain OLD_PRIMARY); to drop the old primary "
+        std::to_string(to_server) +
+        " (or cluster drain OLD_PRIMARY); to drop the old primary "
         "as well, cluster remove-replica SHARD OLD_PRIMARY after it; to move the shard to a "
         "server that holds no copy, name that server");
   }
@@ -1102,6 +1110,7 @@ Result<MoveReport> RunReplicaMove(AdminChannel& channel, const cluster::ClusterM
                             RunAddReplica(channel, cur, shard, to_server, progress));
       report.items_copied += added.items_copied;
       report.bytes_copied += added.bytes_copied;
+      report.ids_copied += added.ids_copied;
     }
     report.step_seconds[1] += std::chrono::duration<double>(Clock::now() - t).count();
     t = Clock::now();

@@ -228,16 +228,22 @@ class Mover {
               " stale item(s) on " + Name(b) + " (an earlier or interrupted move) dropped first");
         }
       }
-      uint64_t items = 0, bytes = 0;
+      uint64_t items = 0, bytes = 0, ids = 0;
       Status s = Copy(shard, a, b, &items, &bytes);
+      // The ids after the items: the target takes the shard only in step 3, after both.
+      std::string warning;
+      if (s.ok()) s = CopyRetryIds(channel_, servers_.at(a), servers_.at(b), shard, &ids, &warning);
+      if (!warning.empty()) Say("  warning: " + warning);
       report_->items_copied += items;
       report_->bytes_copied += bytes;
+      report_->ids_copied += ids;
       if (!s.ok()) {
         return failed(
             2, "copy shard " + std::to_string(shard) + " from " + Name(a) + " to " + Name(b), s);
       }
       Say("  shard " + std::to_string(shard) + ": " + std::to_string(items) + " item(s), " +
-          std::to_string(bytes) + " bytes copied from " + Name(a) + " to " + Name(b));
+          std::to_string(bytes) + " bytes and " + std::to_string(ids) +
+          " request id(s) copied from " + Name(a) + " to " + Name(b));
     }
     t2.Stop();
 
@@ -505,6 +511,50 @@ class Mover {
 };
 
 }  // namespace
+
+Status CopyRetryIds(AdminChannel& channel, const cluster::ServerEntry& from,
+                    const cluster::ServerEntry& to, uint32_t shard, uint64_t* ids,
+                    std::string* warning) {
+  std::string scratch, body;
+  uint64_t cursor = 0;
+  const std::string what = "copying the request ids of shard " + std::to_string(shard) + " from " +
+                           ServerName(from) + " to " + ServerName(to) + ": ";
+  // Only the first request to each server can meet one that predates the ops.
+  auto predates = [&](const Status& s, const cluster::ServerEntry& server, std::string_view op) {
+    if (!s.Is(StatusCode::kProtocolError) || s.message().rfind("unknown operation", 0) != 0) {
+      return false;
+    }
+    *warning = "shard " + std::to_string(shard) + ": " + ServerName(server) + " does not know " +
+               std::string(op) + " (a kvserver from before request ids travelled with copies): " +
+               "copied without the request ids of its recent writes, whose retries may be " +
+               "applied again; upgrade every server";
+    return true;
+  };
+  bool first_record = true;
+  while (cursor != kv::kScanDone) {
+    uint64_t next = 0;
+    body.clear();
+    Status s = channel.Call(from, kv::EncodeShardIds({shard, cursor}, &scratch), &next, &body);
+    if (cursor == 0 && predates(s, from, "SHARD_IDS")) return Status::Ok();
+    if (!s.ok()) return Status(s.code(), what + "SHARD_IDS: " + s.message());
+    Result<kv::ShardIdsAnswer> page = kv::DecodeShardIdsAnswer(cursor, next, body);
+    if (!page.ok()) return Status(page.status().code(), what + page.status().message());
+    if (!page->ids.empty()) {
+      uint64_t recorded = 0;
+      s = channel.Call(to, kv::EncodeRecordIds({shard, body}, &scratch), &recorded, nullptr);
+      if (first_record && predates(s, to, "RECORD_IDS")) return Status::Ok();
+      first_record = false;
+      if (!s.ok()) return Status(s.code(), what + "RECORD_IDS: " + s.message());
+      if (recorded != page->ids.size()) {
+        return Status::ProtocolError(what + "RECORD_IDS recorded " + std::to_string(recorded) +
+                                     " of " + std::to_string(page->ids.size()) + " ids");
+      }
+      *ids += recorded;
+    }
+    cursor = page->next_cursor;
+  }
+  return Status::Ok();
+}
 
 Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap& known,
                                 std::span<const uint32_t> shards, uint32_t to_server,

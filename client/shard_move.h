@@ -28,6 +28,16 @@ class AdminChannel {
 // Imports in flight at once into the new owner during a copy.
 inline constexpr size_t kImportsInFlight = 8;
 
+// The request ids `from` keeps for `shard`, recorded into `to` (docs/design.md "Ids travel with
+// copies"): each SHARD_IDS page of `from` goes to `to` as one RECORD_IDS. A copy (a catch-up
+// copy's, a shard move's) calls it after its last page of items and before the target takes
+// its new role. Adds the ids recorded to *ids. Errors name the step and the server.
+// A server from before these ops answers "unknown operation": then nothing is copied, the
+// copy goes on without ids (their retries may apply again, as before) and *warning says so.
+Status CopyRetryIds(AdminChannel& channel, const cluster::ServerEntry& from,
+                    const cluster::ServerEntry& to, uint32_t shard, uint64_t* ids,
+                    std::string* warning);
+
 // The whole move (see Admin::MoveShards for the contract). `known` is the caller's map: the
 // servers to ask first (every server any answer names is asked too).
 Result<MoveReport> RunShardMove(AdminChannel& channel, const cluster::ClusterMap& known,

@@ -267,6 +267,14 @@ std::vector<MetricFamily> ServerMetricFamilies(const ServerStats& s) {
               "Items this server sent in SHARD_SCAN answers (the source of catch-up copies and "
               "shard moves)",
               static_cast<double>(s.scan_items));
+    f.Counter("rdkv_shard_ids_sent_total",
+              "Write request ids this server sent in SHARD_IDS answers (the source of a catch-up "
+              "copy's or a shard move's ids)",
+              static_cast<double>(s.shard_ids_sent));
+    f.Counter("rdkv_copied_ids_recorded_total",
+              "Write request ids this server recorded from RECORD_IDS (a copy's ids, so that "
+              "their retries are answered here)",
+              static_cast<double>(s.copied_ids_recorded));
     std::vector<ClientMetric> progress;
     for (const auto& [shard, at] : s.scan_progress) {
       progress.push_back(Families::GaugeMetric(at));

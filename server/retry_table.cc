@@ -12,7 +12,7 @@ size_t IndexSlotsFor(size_t ring_size) { return std::bit_ceil(2 * ring_size); }
 }  // namespace
 
 RetryTable::RetryTable(size_t capacity, std::chrono::milliseconds retention, size_t stripes)
-    : stripe_count_(std::max<size_t>(1, stripes)),
+    : stripe_count_(std::clamp<size_t>(stripes, 1, kMaxStripes)),
       ring_size_(std::max<size_t>(1, capacity / stripe_count_)),
       retention_ns_(std::chrono::duration_cast<std::chrono::nanoseconds>(retention).count()),
       stripes_(new Stripe[stripe_count_]) {
@@ -117,7 +117,7 @@ std::optional<RetryTable::Answer> RetryTable::Find(uint64_t client_id, uint64_t 
   return Answer{e.code, e.version};
 }
 
-void RetryTable::Record(uint64_t client_id, uint64_t seq, Answer answer) {
+void RetryTable::Record(uint32_t shard, uint64_t client_id, uint64_t seq, Answer answer) {
   if (client_id == 0) return;
   const size_t hash = HashOf(client_id, seq);
   Stripe& s = StripeOf(hash);
@@ -141,10 +141,38 @@ void RetryTable::Record(uint64_t client_id, uint64_t seq, Answer answer) {
     }
   }
   const size_t pos = (s.head + s.count) % s.capacity;
-  s.ring[pos] = Entry{client_id, seq, answer.version, now, answer.code};
+  s.ring[pos] = Entry{client_id, seq, answer.version, now, answer.code, shard};
   // Looked up again: dropping the oldest may have moved the slot's run.
   s.index[SlotOf(s, hash, client_id, seq)] = static_cast<uint32_t>(pos + 1);
   ++s.count;
+  ++s.recorded;
+}
+
+uint64_t RetryTable::ScanShard(uint32_t shard, uint64_t cursor, size_t max,
+                               std::vector<Kept>* out) const {
+  constexpr unsigned kOrdinalBits = 48;
+  constexpr uint64_t kOrdinalMask = (uint64_t{1} << kOrdinalBits) - 1;
+  static_assert(kMaxStripes < (uint64_t{1} << (64 - kOrdinalBits)), "a stripe fits its bits");
+  const int64_t now = NowNs();
+  size_t visits = 0, added = 0;
+  for (uint64_t stripe = cursor >> kOrdinalBits; stripe < stripe_count_; ++stripe) {
+    const uint64_t from = stripe == cursor >> kOrdinalBits ? cursor & kOrdinalMask : 0;
+    Stripe& s = stripes_[stripe];
+    MutexLock lock(&s.mu);
+    // Ordinals recorded - count .. recorded - 1 are kept, oldest first from the head.
+    const uint64_t first = s.recorded - s.count;
+    for (uint64_t ordinal = std::max(from, first); ordinal < s.recorded; ++ordinal) {
+      if (added == max || visits == kMaxScanVisits) {
+        return (stripe << kOrdinalBits) | (ordinal & kOrdinalMask);
+      }
+      ++visits;
+      const Entry& e = s.ring[(s.head + (ordinal - first)) % s.capacity];
+      if (e.shard != shard || e.code != StatusCode::kOk || now - e.at_ns > retention_ns_) continue;
+      out->push_back(Kept{e.client_id, e.seq, e.version});
+      ++added;
+    }
+  }
+  return kScanEnd;
 }
 
 size_t RetryTable::size() const {

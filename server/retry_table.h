@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "common/util/mutex.h"
 #include "rdkv/status.h"
@@ -37,6 +38,7 @@ class RetryTable {
   using Clock = std::chrono::steady_clock;
 
   static constexpr size_t kDefaultStripes = 64;
+  static constexpr size_t kMaxStripes = size_t{1} << 15;  // a ScanShard cursor's stripe bits
   // `capacity`: ids kept at most, over all stripes (at least one per stripe); each stripe
   // keeps capacity / stripes and drops its own oldest (tests use one stripe: one FIFO).
   explicit RetryTable(size_t capacity = 1 << 20,
@@ -48,11 +50,30 @@ class RetryTable {
 
   // The recorded answer of (client_id, seq), if it is still kept. client_id 0: never.
   std::optional<Answer> Find(uint64_t client_id, uint64_t seq) const;
-  // Records the answer of an applied write (client_id 0: ignored). A second record of one id
-  // keeps the answer with the higher version (a backup sees a write again with a newer
-  // version when its primary forwarded it again above a newer one, or repaired it so); the
-  // id keeps its place in the order.
-  void Record(uint64_t client_id, uint64_t seq, Answer answer);
+  // Records the answer of an applied write of a key in `shard` (client_id 0: ignored). A second
+  // record of one id keeps the answer with the higher version (a backup sees a write again with
+  // a newer version when its primary forwarded it again above a newer one, or repaired it so);
+  // the id keeps its place in the order and its first shard.
+  void Record(uint32_t shard, uint64_t client_id, uint64_t seq, Answer answer);
+
+  // One id kept for a shard (ScanShard).
+  struct Kept {
+    uint64_t client_id = 0;
+    uint64_t seq = 0;
+    uint64_t version = 0;
+  };
+  // The end of a scan (ScanShard's answer when no id is left to visit).
+  static constexpr uint64_t kScanEnd = UINT64_MAX;
+  // Appends to *out up to `max` (>= 1) ids of `shard` whose answer is kOk and that are still kept,
+  // from `cursor` (0 to start; then the previous call's answer) and returns the cursor to go
+  // on from, kScanEnd at the end. Each call visits at most kMaxScanVisits entries (each
+  // stripe's lock is held for its part only) and always advances the cursor. A cursor names a
+  // stripe (bits 48..63) and an ordinal within the stripe's records (bits 0..47): entries
+  // recorded or dropped between calls move no other entry's ordinal, so a whole scan returns
+  // every id of the shard that was kept from its start to its end (and perhaps others).
+  uint64_t ScanShard(uint32_t shard, uint64_t cursor, size_t max, std::vector<Kept>* out) const;
+  static constexpr size_t kMaxScanVisits = 1 << 16;
+
   size_t size() const;
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
 
@@ -63,6 +84,7 @@ class RetryTable {
     uint64_t version;
     int64_t at_ns;  // when it was recorded (steady clock)
     StatusCode code;
+    uint32_t shard;  // in what would be padding
   };
   static_assert(sizeof(Entry) == 40, "docs/design.md counts a 40-byte ring entry");
   static constexpr uint32_t kEmpty = 0;  // an index slot naming no entry (else position + 1)
@@ -75,6 +97,8 @@ class RetryTable {
     size_t mask GUARDED_BY(mu) = 0;            // index slots - 1 (a power of two - 1)
     size_t head GUARDED_BY(mu) = 0;            // ring position of the oldest entry
     size_t count GUARDED_BY(mu) = 0;           // entries kept
+    // Entries ever appended to the ring: the newest entry's ordinal + 1 (ScanShard's cursors).
+    uint64_t recorded GUARDED_BY(mu) = 0;
   };
 
   static size_t HashOf(uint64_t client_id, uint64_t seq);

@@ -235,6 +235,8 @@ class ServerImpl final : public Server {
       s.catchup_applied = c.catchup_applied.load();
       s.catchup_tombstones = service_.catchup_tombstones();
       s.scan_items = c.scan_items.load();
+      s.shard_ids_sent = c.shard_ids_sent.load();
+      s.copied_ids_recorded = c.copied_ids_recorded.load();
       for (const auto& [shard, at] : service_.ScanProgress())
         s.scan_progress.emplace_back(shard, at);
       if (replicator_) {

@@ -159,6 +159,8 @@ struct ServerStats {
   // Catch-up: writes taken as a joining backup; items sent in SHARD_SCAN answers; how far the
   // latest scan of each shard got (0..1, by shard).
   uint64_t catchup_applied = 0, scan_items = 0;
+  // A copy's request ids: sent in SHARD_IDS answers, recorded from RECORD_IDS.
+  uint64_t shard_ids_sent = 0, copied_ids_recorded = 0;
   // Keys whose deletes this server remembers while it joins shards (see Service).
   uint64_t catchup_tombstones = 0;
   std::vector<std::pair<uint32_t, double>> scan_progress;

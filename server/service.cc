@@ -126,6 +126,10 @@ bool Service::Dispatch(const kv::Request& r, Exchange ex) {
       return HandleDropShard(r, ex);
     case kv::Op::kReplicate:
       return HandleReplicate(r, ex);
+    case kv::Op::kShardIds:
+      return HandleShardIds(r, ex);
+    case kv::Op::kRecordIds:
+      return HandleRecordIds(r, ex);
   }
   // A number that is no op (the decoder refuses those; HandleDecoded does not).
   return AnswerNow(ex,
@@ -148,6 +152,8 @@ bool Service::HasHandler(kv::Op op) {
     case kv::Op::kShardScan:
     case kv::Op::kDropShard:
     case kv::Op::kReplicate:
+    case kv::Op::kShardIds:
+    case kv::Op::kRecordIds:
       return true;
   }
   return false;
@@ -284,7 +290,9 @@ std::string Service::StatsJson() const {
         {"repair_failures", load(counters_.repair_failures)},
         {"catchup_applied", load(counters_.catchup_applied)},
         {"catchup_tombstones", catchup_tombstones()},
-        {"scan_items", load(counters_.scan_items)}};
+        {"scan_items", load(counters_.scan_items)},
+        {"shard_ids_sent", load(counters_.shard_ids_sent)},
+        {"copied_ids_recorded", load(counters_.copied_ids_recorded)}};
     nlohmann::json scans = nlohmann::json::object();
     for (const auto& [shard, at] : ScanProgress()) scans[std::to_string(shard)] = at;
     j["replication"]["scan_progress"] = std::move(scans);

@@ -14,8 +14,9 @@
 //                                 answer now or once durable; REPLICATE (single or batch), a
 //                                 backup's side
 //   queries   (service.cc)        STATS, PING, CLUSTER_MAP
-//   admin     (service_admin.cc)  SNAPSHOT, INSTALL_MAP, SHARD_SCAN, DROP_SHARD (IMPORT is a
-//                                 write whose ownership check and apply are its own)
+//   admin     (service_admin.cc)  SNAPSHOT, INSTALL_MAP, SHARD_SCAN, DROP_SHARD, SHARD_IDS,
+//                                 RECORD_IDS (IMPORT is a write whose ownership check and
+//                                 apply are its own)
 //
 // Writers of one key hold a key-stripe lock across apply + enqueue, so RocksDB receives each
 // key's writes in version order. In sync mode the reply is deferred until the write's group is
@@ -85,6 +86,9 @@ struct OpCounters {
   // copy's items and the writes forwarded meanwhile); items this server sent in SHARD_SCAN
   // answers (the source side of catch-up copies and shard moves).
   std::atomic<uint64_t> catchup_applied{0}, scan_items{0};
+  // Request ids this server sent in SHARD_IDS answers, and ids it recorded from RECORD_IDS (a
+  // copy's ids, docs/design.md "Ids travel with copies").
+  std::atomic<uint64_t> shard_ids_sent{0}, copied_ids_recorded{0};
   // Writes run on the transport's receiving thread (no handoff to a worker).
   std::atomic<uint64_t> writes_on_receiving_thread{0};
   // REPLICATE requests (single or batch) applied on the transport's receiving thread.
@@ -535,6 +539,8 @@ class Service {
   bool HandleMapInstall(const kv::Request& r, Exchange ex);
   bool HandleShardScan(const kv::Request& r, Exchange ex);
   bool HandleDropShard(const kv::Request& r, Exchange ex);
+  bool HandleShardIds(const kv::Request& r, Exchange ex);
+  bool HandleRecordIds(const kv::Request& r, Exchange ex);
   // The drop itself: deletes (and persists the deletes of) every item of `shard`; *dropped
   // counts them.
   Status DropShard(uint32_t shard, uint64_t version_floor, uint64_t* dropped);

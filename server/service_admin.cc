@@ -1,6 +1,6 @@
 // The Service's admin requests and the map fetch: SNAPSHOT, CLUSTER_MAP, INSTALL_MAP,
-// SHARD_SCAN, DROP_SHARD (IMPORT is a write: service_write.cc). Each decodes its message with
-// common/kv/admin_wire.h; none is on the datapath.
+// SHARD_SCAN, DROP_SHARD, SHARD_IDS, RECORD_IDS (IMPORT is a write: service_write.cc). Each decodes
+// its message with common/kv/admin_wire.h; none is on the datapath.
 #include <algorithm>
 
 #include "common/kv/admin_wire.h"
@@ -151,6 +151,47 @@ bool Service::HandleShardScan(const kv::Request& r, Exchange ex) {
     scan_progress_[m->shard] = at;
   }
   return AnswerNow(ex, Status::Ok(), next, answer.body());
+}
+
+bool Service::HandleShardIds(const kv::Request& r, Exchange ex) {
+  Result<kv::ShardIdsRequest> m = kv::DecodeShardIds(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (Status s = RequireCluster("shard_ids"); !s.ok()) return AnswerNow(ex, s);
+  if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
+  // No role check: a move's source no longer owns the shard, and a replica's ids are its
+  // primary's (docs/design.md "Ids travel with copies").
+  std::vector<RetryTable::Kept> kept;
+  kept.reserve(kv::kMaxIdsPerMessage);
+  const uint64_t next = retry_table_.ScanShard(m->shard, m->cursor, kv::kMaxIdsPerMessage, &kept);
+  std::vector<kv::AnsweredWrite> ids;
+  ids.reserve(kept.size());
+  for (const RetryTable::Kept& k : kept) ids.push_back({k.version, k.client_id, k.seq});
+  counters_.shard_ids_sent.fetch_add(ids.size(), std::memory_order_relaxed);
+  static_assert(RetryTable::kScanEnd == kv::kScanDone, "one end-of-scan cursor on the wire");
+  return AnswerNow(ex, Status::Ok(), next, kv::EncodeAnsweredWrites(ids));
+}
+
+bool Service::HandleRecordIds(const kv::Request& r, Exchange ex) {
+  Result<kv::RecordIdsRequest> m = kv::DecodeRecordIds(r);
+  if (!m.ok()) return AnswerNow(ex, m.status());
+  if (Status s = RequireCluster("record_ids"); !s.ok()) return AnswerNow(ex, s);
+  if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
+  // Under the ownership guard: an install that gives this server the shard waits for it.
+  ClusterState::OwnerGuard owner_guard(cluster_);
+  if (store_->Owns(m->shard)) {
+    // IMPORT's rule: an owner has answered writes of the shard itself, and its answers are
+    // what its retries must get.
+    return AnswerNow(
+        ex, Status::InvalidArgument("RECORD_IDS refused: this server owns shard " +
+                                    std::to_string(m->shard) +
+                                    " (a copy's ids go in before the new owner takes the shard)"));
+  }
+  const std::vector<kv::AnsweredWrite> ids = kv::DecodeAnsweredWrites(m->ids);
+  for (const kv::AnsweredWrite& w : ids) {
+    retry_table_.Record(m->shard, w.client_id, w.request_seq, {StatusCode::kOk, w.version});
+  }
+  counters_.copied_ids_recorded.fetch_add(ids.size(), std::memory_order_relaxed);
+  return AnswerNow(ex, Status::Ok(), ids.size());
 }
 
 bool Service::HandleDropShard(const kv::Request& r, Exchange ex) {

@@ -269,7 +269,10 @@ std::optional<bool> Service::AnswerRetry(const kv::Request& r, Exchange ex) {
 
 bool Service::AnswerApplied(const kv::Request& r, Exchange ex, uint64_t version,
                             const std::optional<kv::ItemLocation>& where) {
-  retry_table_.Record(r.client_id, r.request_seq, {StatusCode::kOk, version});
+  if (r.client_id != 0) {
+    retry_table_.Record(store_->ShardOfKey(r.key), r.client_id, r.request_seq,
+                        {StatusCode::kOk, version});
+  }
   if (persister_ == nullptr) return AnswerNow(ex, Status::Ok(), version, WriteAnswerBody(where));
   return Persist(r, version, where, ex);
 }
@@ -698,7 +701,10 @@ void Service::RecordReplicaApplied(const kv::ReplicateRequest& m) {
   // After the persister has the write (when it takes one): a retry that finds the id here after
   // a promotion waits for a marker enqueued behind it (AnswerRetry), so it is not acknowledged
   // before the write is durable.
-  retry_table_.Record(m.client_id, m.request_seq, {StatusCode::kOk, m.version});
+  if (m.client_id != 0) {
+    retry_table_.Record(store_->ShardOfKey(m.key), m.client_id, m.request_seq,
+                        {StatusCode::kOk, m.version});
+  }
 }
 
 bool Service::HandleReplicate(const kv::Request& r, Exchange ex) {
@@ -771,7 +777,7 @@ Status Service::ApplyReplica(const kv::ReplicateRequest& m, uint32_t shard, bool
                                  "state sent before them did not arrive)");
     }
     for (const kv::AnsweredWrite& w : kv::DecodeAnsweredWrites(m.value)) {
-      retry_table_.Record(w.client_id, w.request_seq, {StatusCode::kOk, w.version});
+      retry_table_.Record(shard, w.client_id, w.request_seq, {StatusCode::kOk, w.version});
       RememberApplied(shard, m.key, w.version, w.client_id, w.request_seq);
     }
     counters_.answers_received.fetch_add(1, std::memory_order_relaxed);
@@ -957,6 +963,8 @@ void Service::CountWrite(kv::Op op) {
     case kv::Op::kDropShard:
     case kv::Op::kInstallMap:
     case kv::Op::kReplicate:
+    case kv::Op::kShardIds:
+    case kv::Op::kRecordIds:
       break;  // not writes: counted by their handlers
   }
   if (counter != nullptr) counter->fetch_add(1, std::memory_order_relaxed);
@@ -1002,6 +1010,8 @@ Status Service::ApplyToStore(const kv::Request& r, uint64_t* version,
     case kv::Op::kDropShard:
     case kv::Op::kInstallMap:
     case kv::Op::kReplicate:
+    case kv::Op::kShardIds:
+    case kv::Op::kRecordIds:
       break;
   }
   return Status::Internal("operation " + std::string(kv::OpName(r.op)) + " is not a write");
@@ -1393,9 +1403,9 @@ Status Service::RepairKey(std::string_view key, const cluster::ClusterMap& map, 
                                "here: " +
                                applied.ToString());
   }
-  retry_table_.Record(p.client_id, p.request_seq, {StatusCode::kOk, m.version});
+  retry_table_.Record(shard, p.client_id, p.request_seq, {StatusCode::kOk, m.version});
   for (const kv::AnsweredWrite& w : p.superseded) {
-    retry_table_.Record(w.client_id, w.request_seq, {StatusCode::kOk, w.version});
+    retry_table_.Record(shard, w.client_id, w.request_seq, {StatusCode::kOk, w.version});
   }
   if (changed && persister_ != nullptr) {
     // Nobody waits for it; the key's later writes are enqueued after it.

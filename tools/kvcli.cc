@@ -1158,8 +1158,8 @@ class Cli {
     }
     rdkv::Result<rdkv::cluster::ClusterMap> map = rdkv::cluster::LoadClusterMap(file);
     if (!map.ok()) return Report(map.status(), "cluster import-map");
-    const uint32_t most = static_cast<uint32_t>(
-        std::min<size_t>(map->servers.size(), rdkv::cluster::kMaxReplicas));
+    const uint32_t most =
+        static_cast<uint32_t>(std::min<size_t>(map->servers.size(), rdkv::cluster::kMaxReplicas));
     const uint32_t has = static_cast<uint32_t>(map->MaxReplicas());
     if (FLAGS_replication_factor > 0) {
       const uint32_t r = static_cast<uint32_t>(FLAGS_replication_factor);
@@ -1327,14 +1327,16 @@ class Cli {
                 {"to_epoch", r->to_epoch},
                 {"items_copied", r->items_copied},
                 {"bytes_copied", r->bytes_copied},
+                {"ids_copied", r->ids_copied},
                 {"items_dropped", r->items_dropped},
                 {"copy_seconds", r->copy_seconds},
                 {"seconds", r->seconds}});
     } else {
       std::cout << "cluster " << what << " shard " << shard << " server " << server
                 << ": map epoch " << r->from_epoch << " -> " << r->to_epoch;
-      if (r->items_copied > 0) {
-        std::cout << ", " << r->items_copied << " items copied in " << r->copy_seconds << " s";
+      if (r->items_copied > 0 || r->ids_copied > 0) {
+        std::cout << ", " << r->items_copied << " items and " << r->ids_copied
+                  << " request ids copied in " << r->copy_seconds << " s";
       }
       std::cout << " (" << r->seconds << " s)\n" << std::flush;
     }
@@ -1378,6 +1380,7 @@ class Cli {
                 {"skipped", m.skipped},
                 {"items_copied", m.items_copied},
                 {"bytes_copied", m.bytes_copied},
+                {"ids_copied", m.ids_copied},
                 {"items_dropped", m.items_dropped},
                 {"step_seconds", steps},
                 {"total_seconds", m.total_seconds}};
@@ -1406,13 +1409,15 @@ class Cli {
                   << "\n";
       }
     }
-    char line[256];
+    char line[320];
     std::snprintf(line, sizeof(line),
-                  "copied %llu items (%llu bytes), dropped %llu old copies\n"
+                  "copied %llu items (%llu bytes) and %llu request ids, dropped %llu old "
+                  "copies\n"
                   "seconds: install on old owners %.3f, copy %.3f, install on new owner and "
                   "the rest %.3f, drop %.3f; total %.3f\n",
                   static_cast<unsigned long long>(m.items_copied),
                   static_cast<unsigned long long>(m.bytes_copied),
+                  static_cast<unsigned long long>(m.ids_copied),
                   static_cast<unsigned long long>(m.items_dropped), m.step_seconds[0],
                   m.step_seconds[1], m.step_seconds[2], m.step_seconds[3], m.total_seconds);
     std::cout << line << std::flush;

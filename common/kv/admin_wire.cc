@@ -198,6 +198,31 @@ Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view
 
 namespace {
 
+// Checks packed AnsweredWrite entries: `min`..`max` whole entries, each a valid version (at
+// most `max_version`; 0 too where `zero_version` allows it) and an id with both halves non-zero.
+Status CheckAnsweredWrites(std::string_view packed, size_t min, size_t max, uint64_t max_version,
+                           bool zero_version, const std::string& name) {
+  const size_t n = packed.size() / kAnsweredWriteBytes;
+  if (packed.size() % kAnsweredWriteBytes != 0 || n < min || n > max) {
+    return Status::ProtocolError(name + ": ids of " + std::to_string(packed.size()) +
+                                 " bytes are not " + std::to_string(min) + ".." +
+                                 std::to_string(max) + " entries of " +
+                                 std::to_string(kAnsweredWriteBytes));
+  }
+  for (const AnsweredWrite& w : DecodeAnsweredWrites(packed)) {
+    if (w.version != 0 || !zero_version) {
+      RDKV_RETURN_IF_ERROR(CheckItemVersion(w.version, name + ": an answer's version"));
+    }
+    if (w.client_id == 0 || w.request_seq == 0) {
+      return Status::ProtocolError(name + ": an answer's request id is zero");
+    }
+    if (w.version > max_version) {
+      return Status::ProtocolError(name + ": an answer's version is above the message's");
+    }
+  }
+  return Status::Ok();
+}
+
 // Checks an answers message's value and fields (either form); the rest of `m` is checked by
 // its decoder.
 Status CheckAnswers(const ReplicateRequest& m, std::string_view what) {
@@ -206,25 +231,49 @@ Status CheckAnswers(const ReplicateRequest& m, std::string_view what) {
   if (m.client_id != 0 || m.request_seq != 0) {
     return Status::ProtocolError(name + ": answers carry no request id of their own");
   }
-  const size_t n = m.value.size() / kAnsweredWriteBytes;
-  if (m.value.size() % kAnsweredWriteBytes != 0 || n == 0 || n > kMaxAnsweredWrites) {
-    return Status::ProtocolError(name + ": answers of " + std::to_string(m.value.size()) +
-                                 " bytes are not 1.." + std::to_string(kMaxAnsweredWrites) +
-                                 " entries of " + std::to_string(kAnsweredWriteBytes));
-  }
-  for (const AnsweredWrite& w : DecodeAnsweredWrites(m.value)) {
-    RDKV_RETURN_IF_ERROR(CheckItemVersion(w.version, name + " answer version"));
-    if (w.client_id == 0 || w.request_seq == 0) {
-      return Status::ProtocolError(name + ": an answer's request id is zero");
-    }
-    if (w.version > m.version) {
-      return Status::ProtocolError(name + ": an answer's version is above the message's");
-    }
-  }
-  return Status::Ok();
+  return CheckAnsweredWrites(m.value, 1, kMaxAnsweredWrites, m.version, false, name);
 }
 
 }  // namespace
+
+Request EncodeShardIds(const ShardIdsRequest& m, std::string* scratch) {
+  *scratch = std::to_string(m.shard);
+  return Request{Op::kShardIds, *scratch, {}, m.cursor};
+}
+
+Request EncodeRecordIds(const RecordIdsRequest& m, std::string* scratch) {
+  *scratch = std::to_string(m.shard);
+  return Request{Op::kRecordIds, *scratch, m.ids, 0};
+}
+
+Result<ShardIdsRequest> DecodeShardIds(const Request& r) {
+  RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kShardIds, {.key = true, .expected_version = true}));
+  RDKV_ASSIGN_OR_RETURN(uint32_t shard, ParseShard(r.key, r.op));
+  if (r.expected_version == kScanDone) {
+    return Status::InvalidArgument("shard_ids: the cursor is the end of the scan");
+  }
+  return ShardIdsRequest{shard, r.expected_version};
+}
+
+Result<RecordIdsRequest> DecodeRecordIds(const Request& r) {
+  RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kRecordIds, {.key = true, .value = true}));
+  RDKV_ASSIGN_OR_RETURN(uint32_t shard, ParseShard(r.key, r.op));
+  RDKV_RETURN_IF_ERROR(
+      CheckAnsweredWrites(r.value, 1, kMaxIdsPerMessage, UINT64_MAX, true, "record_ids"));
+  return RecordIdsRequest{shard, r.value};
+}
+
+Result<ShardIdsAnswer> DecodeShardIdsAnswer(uint64_t request_cursor, uint64_t version,
+                                            std::string_view body) {
+  if (version != kScanDone && version <= request_cursor) {
+    return Status::ProtocolError("shard_ids answer at cursor " + std::to_string(request_cursor) +
+                                 " makes no progress (next cursor " + std::to_string(version) +
+                                 ")");
+  }
+  RDKV_RETURN_IF_ERROR(
+      CheckAnsweredWrites(body, 0, kMaxIdsPerMessage, UINT64_MAX, true, "shard_ids answer"));
+  return ShardIdsAnswer{version, DecodeAnsweredWrites(body)};
+}
 
 std::string EncodeAnsweredWrites(const std::vector<AnsweredWrite>& writes) {
   std::string out(writes.size() * kAnsweredWriteBytes, '\0');

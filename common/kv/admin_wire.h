@@ -27,6 +27,10 @@
 //   REPLICATE batch  kReplicate    kReplicateBatchKey the entries 0 (what tells it from a single
 //                                                     REPLICATE) plus map_epoch (> 0) and the
 //                                                     sender in flags; no request id
+//   SHARD_IDS        kShardIds     shard (decimal)    -           cursor
+//   RECORD_IDS       kRecordIds    shard (decimal)    the ids     -
+//                                                     (packed
+//                                                     AnsweredWrite)
 //
 //   answer           item_version                     body
 //   SNAPSHOT         0                                the snapshot's path
@@ -38,6 +42,8 @@
 //   DROP_SHARD       items dropped                    -
 //   REPLICATE        the item's version               -
 //   REPLICATE batch  the number of entries            one result per entry, in order
+//   SHARD_IDS        next cursor (kScanDone: end)     0..kMaxIdsPerMessage packed AnsweredWrite
+//   RECORD_IDS       the number of ids recorded       -
 //
 // A shard number is written in canonical decimal (no sign, no leading zero, below kMaxShards).
 //
@@ -131,6 +137,21 @@ std::string EncodeAnsweredWrites(const std::vector<AnsweredWrite>& writes);
 // it): every entry has a valid version and a whole request id.
 std::vector<AnsweredWrite> DecodeAnsweredWrites(std::string_view value);
 
+// A copy's request ids (docs/design.md "Ids travel with copies"): SHARD_IDS asks a server for
+// one page of the ids it keeps for a shard, RECORD_IDS gives a page to the copy's target.
+inline constexpr size_t kMaxIdsPerMessage = 128;
+static_assert(sizeof(RequestHeader) + kMaxShardDigits + kMaxIdsPerMessage * kAnsweredWriteBytes <=
+                  MaxMessageBytes(kMinMaxValueBytes),
+              "a page of ids fits the smallest server's messages, both ways");
+struct ShardIdsRequest {
+  uint32_t shard = 0;
+  uint64_t cursor = 0;  // 0 to start; then the previous answer's next_cursor
+};
+struct RecordIdsRequest {
+  uint32_t shard = 0;
+  std::string_view ids;  // 1..kMaxIdsPerMessage packed AnsweredWrite (EncodeAnsweredWrites)
+};
+
 // Several forwarded writes of one primary in one REPLICATE (docs/design.md "Replication",
 // batching). The backup applies them in order and answers one result per entry. Body:
 //   entry  = u8 flags (bit 0: delete, bit 1: answers; others 0) | u32 key_bytes | u32 value_bytes
@@ -192,6 +213,8 @@ Request EncodeShardScan(const ShardScanRequest& m, std::string* scratch);
 Request EncodeImport(const ImportRequest& m);
 Request EncodeDropShard(const DropShardRequest& m, std::string* scratch);
 Request EncodeReplicate(const ReplicateRequest& m);
+Request EncodeShardIds(const ShardIdsRequest& m, std::string* scratch);
+Request EncodeRecordIds(const RecordIdsRequest& m, std::string* scratch);
 
 // Decoders of a request whose op is the message's op (checked: kInternal otherwise).
 Result<SnapshotRequest> DecodeSnapshot(const Request& r);
@@ -210,6 +233,14 @@ Result<ReplicateRequest> DecodeReplicate(const Request& r);
 // carry a request id of their own, are not 1..kMaxAnsweredWrites whole entries, or hold an id
 // that is half zero or a version above the message's; kInvalidArgument for a version 0.
 Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& limits);
+// kProtocolError for a field it does not use; kInvalidArgument for a shard that is not
+// canonical, or the cursor kScanDone.
+Result<ShardIdsRequest> DecodeShardIds(const Request& r);
+// kProtocolError for a field it does not use or ids that are not 1..kMaxIdsPerMessage whole
+// entries, each with both halves of its id non-zero; kInvalidArgument for a shard that is not
+// canonical or a version above the largest item version. A version may be 0: a DELETE of a shard
+// without replicas is answered without one.
+Result<RecordIdsRequest> DecodeRecordIds(const Request& r);
 
 // --- answers ---
 
@@ -226,6 +257,10 @@ struct ShardScanAnswer {
 };
 struct DropShardAnswer {
   uint64_t dropped = 0;
+};
+struct ShardIdsAnswer {
+  uint64_t next_cursor = kScanDone;
+  std::vector<AnsweredWrite> ids;
 };
 
 // The largest SHARD_SCAN answer body of a server whose values are at most `max_value_bytes`:
@@ -271,5 +306,10 @@ Result<std::vector<ReplicateBatchResult>> DecodeReplicateBatchAnswer(uint64_t ve
                                                                      size_t expected);
 // kProtocolError for a non-empty body.
 Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view body);
+// kProtocolError for a next cursor that does not pass `request_cursor` (and is not kScanDone),
+// or a body that is not 0..kMaxIdsPerMessage whole entries, each a version (0 allowed, as for
+// RECORD_IDS) and an id with both halves non-zero.
+Result<ShardIdsAnswer> DecodeShardIdsAnswer(uint64_t request_cursor, uint64_t version,
+                                            std::string_view body);
 
 }  // namespace rdkv::kv

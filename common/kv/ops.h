@@ -22,6 +22,8 @@ enum class Op : uint8_t {
   kDropShard = 11,   // admin: delete a shard this server does not own
   kInstallMap = 12,  // admin: install a cluster map with a higher epoch (wire version 2)
   kReplicate = 13,   // admin: a primary's write forwarded to a backup (wire version 3)
+  kShardIds = 14,    // admin: one page of the request ids a server keeps for a shard
+  kRecordIds = 15,   // admin: record a page of request ids copied from another server
 };
 
 enum class OpClass : uint8_t {
@@ -29,7 +31,7 @@ enum class OpClass : uint8_t {
            // the writer's cached location of the key goes stale
   kQuery,  // reads server state, changes nothing (STATS, PING, CLUSTER_MAP)
   kAdmin,  // operators, the shard mover and primaries (SNAPSHOT, INSTALL_MAP, SHARD_SCAN,
-           // IMPORT, DROP_SHARD, REPLICATE)
+           // IMPORT, DROP_SHARD, REPLICATE, SHARD_IDS, RECORD_IDS)
 };
 
 struct OpInfo {
@@ -56,6 +58,8 @@ inline constexpr OpInfo kOpTable[] = {
     {Op::kDropShard, "drop_shard", OpClass::kAdmin, false, false},
     {Op::kInstallMap, "install_map", OpClass::kAdmin, false, false},
     {Op::kReplicate, "replicate", OpClass::kAdmin, true, true},
+    {Op::kShardIds, "shard_ids", OpClass::kAdmin, false, false},
+    {Op::kRecordIds, "record_ids", OpClass::kAdmin, false, false},
 };
 inline constexpr uint8_t kMaxOp = sizeof(kOpTable) / sizeof(kOpTable[0]) - 1;
 

@@ -88,7 +88,8 @@ struct ReadOp {
 };
 
 // What an authenticated session may do (docs/security.md). kAdmin may do everything kData may,
-// plus the admin ops of kv::IsAdmin (IMPORT, SHARD_SCAN, DROP_SHARD, INSTALL_MAP, SNAPSHOT).
+// plus the admin ops of kv::IsAdmin (IMPORT, SHARD_SCAN, DROP_SHARD, INSTALL_MAP, SNAPSHOT,
+// REPLICATE, SHARD_IDS, RECORD_IDS).
 enum class SessionRole : uint8_t { kData = 1, kAdmin = 2 };
 
 // TLS 1.3 for the tcp transport (docs/security.md "TLS (tcp)"). PEM file paths, read when the
@@ -417,8 +418,7 @@ class Fabric {
   // a server to find a busy port before long start-up work. kUnavailable "WHAT HOST:PORT is in
   // use by another process ..." when another listener holds it; the bind error otherwise. The
   // real Listen can still lose a race. The default (a fabric with no ports) says OK.
-  virtual Status CheckListenPort(const std::string& what, const std::string& host,
-                                 uint16_t port) {
+  virtual Status CheckListenPort(const std::string& what, const std::string& host, uint16_t port) {
     (void)what, (void)host, (void)port;
     return Status::Ok();
   }

@@ -15,6 +15,8 @@
 #include "client/location_cache.h"
 #include "client/read_buffers.h"
 #include "client/session.h"
+#include "client/shard_move.h"
+#include "common/kv/admin_wire.h"
 #include "common/util/units.h"
 #include "rdkv/admin.h"
 #include "tests/client/fake_fabric.h"
@@ -1223,6 +1225,73 @@ TEST(AdminTest, NeedsAClientMadeByTheLibrary) {
   const uint32_t shard = 0;
   EXPECT_EQ(admin.MoveShards(std::span<const uint32_t>(&shard, 1), 1, nullptr).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// CopyRetryIds against scripted servers: pages go from the source to the target in order, a
+// server that predates SHARD_IDS / RECORD_IDS ("unknown operation") skips the ids with a
+// warning instead of failing the copy, and any other error fails it naming the step.
+class ScriptedChannel : public client::AdminChannel {
+ public:
+  Status Call(const cluster::ServerEntry& server, const kv::Request& request, uint64_t* version,
+              std::string* body) override {
+    calls.push_back(server.id * 100 + static_cast<uint32_t>(request.op));
+    if (server.id == 1) {  // the source
+      if (!source_error.ok()) return source_error;
+      if (request.expected_version == 0) {
+        *version = 5;
+        *body = kv::EncodeAnsweredWrites({{3, 9, 1}, {4, 9, 2}});
+      } else {
+        *version = kv::kScanDone;
+        *body = kv::EncodeAnsweredWrites({{0, 9, 3}});
+      }
+      return Status::Ok();
+    }
+    if (!target_error.ok()) return target_error;
+    Result<kv::RecordIdsRequest> m = kv::DecodeRecordIds(request);
+    if (!m.ok()) return m.status();
+    recorded += kv::DecodeAnsweredWrites(m->ids).size();
+    *version = kv::DecodeAnsweredWrites(m->ids).size();
+    return Status::Ok();
+  }
+  std::vector<uint32_t> calls;
+  size_t recorded = 0;
+  Status source_error, target_error;
+};
+
+TEST(CopyRetryIdsTest, CopiesEveryPageAndSkipsServersThatPredateTheOps) {
+  const cluster::ServerEntry from{1, "127.0.0.1:1"}, to{2, "127.0.0.1:2"};
+  {
+    ScriptedChannel ch;
+    uint64_t ids = 0;
+    std::string warning;
+    ASSERT_TRUE(client::CopyRetryIds(ch, from, to, 4, &ids, &warning).ok());
+    EXPECT_EQ(ids, 3u);
+    EXPECT_EQ(ch.recorded, 3u);
+    EXPECT_TRUE(warning.empty()) << warning;
+    EXPECT_EQ(ch.calls, (std::vector<uint32_t>{114, 215, 114, 215}));
+  }
+  for (bool old_source : {true, false}) {
+    ScriptedChannel ch;
+    (old_source ? ch.source_error : ch.target_error) =
+        Status::ProtocolError(old_source ? "unknown operation 14" : "unknown operation 15");
+    uint64_t ids = 0;
+    std::string warning;
+    EXPECT_TRUE(client::CopyRetryIds(ch, from, to, 4, &ids, &warning).ok());
+    EXPECT_EQ(ids, 0u);
+    EXPECT_NE(warning.find(old_source ? "SHARD_IDS" : "RECORD_IDS"), std::string::npos) << warning;
+    EXPECT_NE(warning.find("upgrade"), std::string::npos) << warning;
+  }
+  for (bool source : {true, false}) {
+    ScriptedChannel ch;
+    (source ? ch.source_error : ch.target_error) = Status::Unavailable("connection reset");
+    uint64_t ids = 0;
+    std::string warning;
+    Status s = client::CopyRetryIds(ch, from, to, 4, &ids, &warning);
+    EXPECT_TRUE(s.Is(StatusCode::kUnavailable)) << s.ToString();
+    EXPECT_NE(s.message().find(source ? "SHARD_IDS" : "RECORD_IDS"), std::string::npos)
+        << s.ToString();
+    EXPECT_NE(s.message().find("shard 4"), std::string::npos) << s.ToString();
+  }
 }
 
 }  // namespace

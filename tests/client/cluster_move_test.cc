@@ -299,8 +299,8 @@ TEST_F(ClusterMoveTest, AReplicaCommandDoesNotFinishAMoveWhoseCopyIsMissing) {
   auto admin = NewClient(2);
   ASSERT_NE(admin, nullptr);
   std::string log;
-  auto removed = Admin(*admin).RemoveReplica(
-      5, 2, [&](std::string_view l) { log += std::string(l) + "\n"; });
+  auto removed =
+      Admin(*admin).RemoveReplica(5, 2, [&](std::string_view l) { log += std::string(l) + "\n"; });
   EXPECT_FALSE(removed.ok()) << "server 2 is no replica of shard 5";
   EXPECT_EQ(EpochOf(1), 1u) << "the move's new owner got the map without its copy";
   EXPECT_EQ(ItemsIn(1, 3), 0u);
@@ -705,6 +705,62 @@ TEST_F(ClusterMoveTest, ImportIntoAnOwnedShardIsRefused) {
   auto g = c->Get(k);
   ASSERT_TRUE(g.ok());
   EXPECT_EQ(g->value, "newer");
+}
+
+// A write's retry that reaches the new owner after a move gets the first answer: the move
+// copies the old owner's request ids of the shard with its items (docs/design.md "Ids travel
+// with copies"). Without them the PUT would be applied again, the CAS fail on its own first
+// attempt and the DELETE find nothing. RECORD_IDS into a shard the server owns is refused.
+TEST_F(ClusterMoveTest, ARetryAfterAMoveIsAnsweredByTheNewOwner) {
+  StartAll();
+  const std::string k = KeyIn(3, 7), gone = KeyIn(3, 8);  // shard 3: server 0 -> 1
+  auto write = [&](int id, kv::Op op, const std::string& key, std::string_view value,
+                   uint64_t expected, uint64_t seq) {
+    kv::Request r{op, key, value, expected};
+    r.client_id = 95;
+    r.request_seq = seq;
+    return Call(id, r);
+  };
+  kv::Response put = write(0, kv::Op::kPut, k, "first", 0, 1);
+  ASSERT_TRUE(put.status.ok()) << put.status.ToString();
+  kv::Response cas = write(0, kv::Op::kCas, k, "second", put.version, 2);
+  ASSERT_TRUE(cas.status.ok()) << cas.status.ToString();
+  ASSERT_TRUE(write(0, kv::Op::kPut, gone, "x", 0, 3).status.ok());
+  kv::Response del = write(0, kv::Op::kDelete, gone, "", 0, 4);
+  ASSERT_TRUE(del.status.ok()) << del.status.ToString();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  const std::vector<uint32_t> shards = {3};
+  auto moved = Admin(*c).MoveShards(shards, 1, nullptr);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_GE(moved->ids_copied, 4u);
+  const uint64_t answered_before = servers_[1]->stats().retries_answered;
+  kv::Response put_again = write(1, kv::Op::kPut, k, "first", 0, 1);
+  ASSERT_TRUE(put_again.status.ok()) << put_again.status.ToString();
+  EXPECT_EQ(put_again.version, put.version) << "the PUT was applied again";
+  kv::Response cas_again = write(1, kv::Op::kCas, k, "second", put.version, 2);
+  EXPECT_TRUE(cas_again.status.ok())
+      << "the CAS failed on its own first attempt: " << cas_again.status.ToString();
+  EXPECT_EQ(cas_again.version, cas.version);
+  kv::Response del_again = write(1, kv::Op::kDelete, gone, "", 0, 4);
+  EXPECT_TRUE(del_again.status.ok())
+      << "the DELETE was applied again: " << del_again.status.ToString();
+  EXPECT_EQ(servers_[1]->stats().retries_answered, answered_before + 3);
+  EXPECT_GE(servers_[1]->stats().copied_ids_recorded, 4u);
+  EXPECT_GE(servers_[0]->stats().shard_ids_sent, 4u);
+  auto got = c->Get(k);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "second");
+  EXPECT_EQ(got->version, cas.version);
+  EXPECT_TRUE(c->Get(gone).status().Is(StatusCode::kNotFound));
+
+  std::string scratch;
+  const std::string one = kv::EncodeAnsweredWrites({{cas.version, 95, 9}});
+  kv::Response owned = Call(1, kv::EncodeRecordIds({3, one}, &scratch));
+  EXPECT_TRUE(owned.status.Is(StatusCode::kInvalidArgument)) << owned.status.ToString();
+  kv::Response retry = write(1, kv::Op::kPut, k, "new", 0, 9);
+  ASSERT_TRUE(retry.status.ok());
+  EXPECT_GT(retry.version, cas.version) << "ids refused into an owned shard answered a write";
 }
 
 // Versions: the target's counter is only raised to the versions of the items copied, not to

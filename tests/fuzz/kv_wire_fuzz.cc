@@ -61,6 +61,25 @@ void CheckAdminRequest(const Request& r) {
         again = kv::EncodeDropShard(*m, &scratch);
       }
       break;
+    case kv::Op::kShardIds:
+      if (auto m = kv::DecodeShardIds(r); m.ok()) {
+        if (m->shard >= kv::kMaxShards || m->cursor == kv::kScanDone) std::abort();
+        again = kv::EncodeShardIds(*m, &scratch);
+      }
+      break;
+    case kv::Op::kRecordIds:
+      if (auto m = kv::DecodeRecordIds(r); m.ok()) {
+        const std::vector<kv::AnsweredWrite> ids = kv::DecodeAnsweredWrites(m->ids);
+        if (m->shard >= kv::kMaxShards || ids.empty() || ids.size() > kv::kMaxIdsPerMessage ||
+            ids.size() * kv::kAnsweredWriteBytes != m->ids.size() || !Inside(m->ids, r.value)) {
+          std::abort();
+        }
+        for (const kv::AnsweredWrite& w : ids) {
+          if (w.client_id == 0 || w.request_seq == 0) std::abort();
+        }
+        again = kv::EncodeRecordIds(*m, &scratch);
+      }
+      break;
     case kv::Op::kPut:
     case kv::Op::kInsert:
     case kv::Op::kDelete:
@@ -68,6 +87,8 @@ void CheckAdminRequest(const Request& r) {
     case kv::Op::kStats:
     case kv::Op::kPing:
       break;  // no admin message
+    case kv::Op::kReplicate:
+      break;  // replicate_batch_fuzz.cc
   }
   if (again.has_value() && !SameRequest(*again, r)) std::abort();
 }
@@ -94,6 +115,16 @@ void CheckAdminAnswers(std::string_view text, const rdkv::kv::WireLimits& limits
   auto snapshot = kv::DecodeSnapshotAnswer(version, body);
   if (snapshot.ok() && !Inside(snapshot->path, body)) std::abort();
   if (kv::DecodeDropShardAnswer(version, body).ok() && !body.empty()) std::abort();
+  if (auto ids = kv::DecodeShardIdsAnswer(cursor, version, body); ids.ok()) {
+    if (ids->next_cursor != kv::kScanDone && ids->next_cursor <= cursor) std::abort();
+    if (ids->ids.size() > kv::kMaxIdsPerMessage ||
+        ids->ids.size() * kv::kAnsweredWriteBytes != body.size()) {
+      std::abort();
+    }
+    for (const kv::AnsweredWrite& w : ids->ids) {
+      if (w.client_id == 0 || w.request_seq == 0) std::abort();
+    }
+  }
 }
 
 }  // namespace

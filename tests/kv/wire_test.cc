@@ -327,5 +327,73 @@ TEST(WireTest, OtherVersionsGetAClearError) {
   EXPECT_NE(a.status().message().find("version 1"), std::string::npos) << a.status().message();
 }
 
+// SHARD_IDS and RECORD_IDS (a copy's request ids): round trips, and everything that breaks
+// their rules refused by the right code.
+TEST(AdminWireTest, RequestIdPagesRoundTripAndAreChecked) {
+  std::vector<uint8_t> buf;
+  std::string scratch;
+  auto code = [](const auto& r) { return r.status().code(); };
+  const StatusCode kProto = StatusCode::kProtocolError, kInvalid = StatusCode::kInvalidArgument;
+  for (uint32_t shard : {0u, 10u, kMaxShards - 1}) {
+    Result<ShardIdsRequest> m =
+        DecodeShardIds(Reframe(EncodeShardIds({shard, 77}, &scratch), &buf));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->shard, shard);
+    EXPECT_EQ(m->cursor, 77u);
+  }
+  std::vector<AnsweredWrite> page;
+  for (uint64_t i = 1; i <= kMaxIdsPerMessage; ++i) page.push_back({100 + i, 5, i});
+  const std::string packed = EncodeAnsweredWrites(page);
+  {
+    Result<RecordIdsRequest> m =
+        DecodeRecordIds(Reframe(EncodeRecordIds({12, packed}, &scratch), &buf));
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(m->shard, 12u);
+    const std::vector<AnsweredWrite> back = DecodeAnsweredWrites(m->ids);
+    ASSERT_EQ(back.size(), page.size());
+    EXPECT_EQ(back.back().version, page.back().version);
+    EXPECT_EQ(back.back().request_seq, page.back().request_seq);
+  }
+  EXPECT_EQ(static_cast<int>(Op::kShardIds), 14);
+  EXPECT_EQ(static_cast<int>(Op::kRecordIds), 15);
+  EXPECT_TRUE(IsAdmin(Op::kShardIds));
+  EXPECT_TRUE(IsAdmin(Op::kRecordIds));
+
+  // SHARD_IDS: a shard and a cursor, nothing else.
+  EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "3", "v", 0})), kProto);
+  EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "3", "", kScanDone})), kInvalid);
+  EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "03", "", 0})), kInvalid);
+  EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "4096", "", 0})), kInvalid);
+  // RECORD_IDS: 1..kMaxIdsPerMessage whole entries, valid ids and versions, no version field.
+  const std::string one = EncodeAnsweredWrites({{9, 1, 1}});
+  EXPECT_TRUE(DecodeRecordIds({Op::kRecordIds, "3", one, 0}).ok());
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", "", 0})), kProto) << "no ids";
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", one, 1})), kProto) << "a version";
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", one.substr(1), 0})), kProto) << "part";
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", packed + one, 0})), kProto) << "129";
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", EncodeAnsweredWrites({{9, 0, 1}}), 0})),
+            kProto);
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", EncodeAnsweredWrites({{9, 1, 0}}), 0})),
+            kProto);
+  // Version 0: a DELETE's answer on a shard without replicas carries none.
+  EXPECT_TRUE(DecodeRecordIds({Op::kRecordIds, "3", EncodeAnsweredWrites({{0, 1, 1}}), 0}).ok());
+  EXPECT_EQ(code(DecodeRecordIds(
+                {Op::kRecordIds, "3", EncodeAnsweredWrites({{kMaxItemVersion + 1, 1, 1}}), 0})),
+            kInvalid);
+  EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "x", one, 0})), kInvalid);
+  EXPECT_EQ(code(DecodeRecordIds({Op::kShardIds, "3", one, 0})), StatusCode::kInternal);
+
+  // The answer: a cursor that advances (or the end) and 0..kMaxIdsPerMessage valid entries.
+  Result<ShardIdsAnswer> a = DecodeShardIdsAnswer(5, 6, packed);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->next_cursor, 6u);
+  EXPECT_EQ(a->ids.size(), kMaxIdsPerMessage);
+  EXPECT_TRUE(DecodeShardIdsAnswer(5, kScanDone, "").ok());
+  EXPECT_EQ(code(DecodeShardIdsAnswer(5, 5, one)), kProto) << "no progress";
+  EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, packed + one)), kProto) << "129";
+  EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, one + "x")), kProto) << "part";
+  EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, EncodeAnsweredWrites({{9, 0, 1}}))), kProto);
+}
+
 }  // namespace
 }  // namespace rdkv::kv

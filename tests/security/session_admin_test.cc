@@ -48,7 +48,8 @@ class ServiceRoles : public ::testing::Test {
 
 TEST_F(ServiceRoles, EveryAdminOpIsRefusedToTheDataRoleAndNothingChanges) {
   ASSERT_TRUE(Send({kv::Op::kPut, "k", "v1", 0}, SessionRole::kData).status.ok());
-  std::string s1, s2;
+  std::string s1, s2, s3, s4;
+  const std::string ids = kv::EncodeAnsweredWrites({{7, 1, 1}});
   const std::string map = R"({"epoch":99,"shards":16,"servers":[{"id":1,"address":"6.6.6.6:1"}]})";
   const kv::Request admin_ops[] = {
       kv::EncodeSnapshot({"x"}),
@@ -57,6 +58,8 @@ TEST_F(ServiceRoles, EveryAdminOpIsRefusedToTheDataRoleAndNothingChanges) {
       kv::EncodeImport({"k", "evil", 12345}),
       kv::EncodeDropShard({0, 1}, &s2),
       kv::EncodeReplicate({.key = "k", .value = "evil", .version = 1u << 20, .map_epoch = 1}),
+      kv::EncodeShardIds({0, 0}, &s3),
+      kv::EncodeRecordIds({0, ids}, &s4),
   };
   int checked = 0;
   for (const kv::Request& r : admin_ops) {

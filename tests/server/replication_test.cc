@@ -1719,6 +1719,48 @@ TEST_F(ReplicationTest, ARetryAfterTwoPromotionsIsAnsweredOnce) {
   EXPECT_EQ(servers_[2]->stats().retries_answered, 3u);
 }
 
+// A replica added after a write answers that write's retry once it is promoted: the catch-up
+// copy brings the primary's request ids of the shard with its items (docs/design.md "Ids
+// travel with copies"). Without them the PUT would be applied again, the CAS fail on its own
+// first attempt and the DELETE find nothing.
+TEST_F(ReplicationTest, ARetryAcrossACatchUpCopyAndAPromotionIsAnsweredOnce) {
+  StartReplicated(2);  // shard 0: primary 0, backup 1; server 2 holds none of it
+  const std::string key = KeyIn(0, 10, "copied-ids"), gone = KeyIn(0, 11, "copied-ids");
+  kv::Response put = RawWrite(0, kv::Op::kPut, key, "first", 0, 93, 1);
+  ASSERT_TRUE(put.status.ok()) << put.status.ToString();
+  kv::Response cas = RawWrite(0, kv::Op::kCas, key, "second", put.version, 93, 2);
+  ASSERT_TRUE(cas.status.ok()) << cas.status.ToString();
+  ASSERT_TRUE(RawWrite(0, kv::Op::kPut, gone, "x", 0, 93, 3).status.ok());
+  kv::Response del = RawWrite(0, kv::Op::kDelete, gone, "", 0, 93, 4);
+  ASSERT_TRUE(del.status.ok()) << del.status.ToString();
+  auto c = NewClient(0);
+  ASSERT_NE(c, nullptr);
+  Admin admin(*c);
+  auto added = admin.AddReplica(0, 2, nullptr);
+  ASSERT_TRUE(added.ok()) << added.status().ToString();
+  EXPECT_GE(added->ids_copied, 4u);
+  EXPECT_GE(servers_[2]->stats().copied_ids_recorded, 4u);
+  auto promoted = admin.Promote(0, 2, nullptr);
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  const uint64_t answered_before = servers_[2]->stats().retries_answered;
+  kv::Response put_again = RawWrite(2, kv::Op::kPut, key, "first", 0, 93, 1);
+  ASSERT_TRUE(put_again.status.ok()) << put_again.status.ToString();
+  EXPECT_EQ(put_again.version, put.version) << "the PUT was applied again";
+  kv::Response cas_again = RawWrite(2, kv::Op::kCas, key, "second", put.version, 93, 2);
+  EXPECT_TRUE(cas_again.status.ok())
+      << "the CAS failed on its own first attempt: " << cas_again.status.ToString();
+  EXPECT_EQ(cas_again.version, cas.version);
+  kv::Response del_again = RawWrite(2, kv::Op::kDelete, gone, "", 0, 93, 4);
+  EXPECT_TRUE(del_again.status.ok())
+      << "the DELETE was applied again: " << del_again.status.ToString();
+  EXPECT_EQ(servers_[2]->stats().retries_answered, answered_before + 3);
+  const Content on_2 = ScanOf(2, 0);
+  ASSERT_EQ(on_2.count(key), 1u);
+  EXPECT_EQ(on_2.at(key), (Item{"second", cas.version}));
+  EXPECT_EQ(on_2.count(gone), 0u);
+  EXPECT_EQ(ScanOf(0, 0), on_2) << "the replicas differ";
+}
+
 // A backup takes answers only where it holds their key at their version or above (or deleted
 // it there): elsewhere they would report writes whose effect it does not have.
 TEST_F(ReplicationTest, AnswersAreRefusedWhereTheirStateIsMissing) {

@@ -54,6 +54,7 @@ struct MoveReport {
   uint64_t resumed_to_epoch = 0;    // the epoch it installed everywhere
   uint64_t items_copied = 0;        // items imported into new owners (resume included)
   uint64_t bytes_copied = 0;        // their keys and values
+  uint64_t ids_copied = 0;          // request ids of recent writes copied with them
   uint64_t items_dropped = 0;       // stale copies deleted from old owners (step 4)
   // Seconds spent in each step (resume included): [0] install the new map on the old owners,
   // [1] copy, [2] install it on the new owner and every other server, [3] drop the old copies.
@@ -67,6 +68,7 @@ struct ReplicaReport {
   uint64_t to_epoch = 0;       // the epoch it installed (== from_epoch: nothing to do)
   uint64_t items_copied = 0;   // AddReplica: items copied into the new replica
   uint64_t bytes_copied = 0;   // their keys and values
+  uint64_t ids_copied = 0;     // request ids of recent writes copied with them
   uint64_t items_dropped = 0;  // RemoveReplica: items dropped from the removed replica
   double copy_seconds = 0;     // the copies' wall time (AddReplicas: the copies run at once)
   double seconds = 0;
