@@ -481,16 +481,20 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
   // Then the request ids the primary keeps for the shard: all of those of writes before the
   // join are in its table now (docs/design.md "Ids travel with copies").
   std::string warning;
+  const Clock::time_point ids_start = Clock::now();
   if (Status s = CopyRetryIds(channel, *from, *to, shard, &report.ids_copied, &warning); !s.ok()) {
     return Status(s.code(), s.message() + " (run the same command again to resume)");
   }
   if (!warning.empty() && progress) progress("  warning: " + warning);
-  const double seconds = std::chrono::duration<double>(Clock::now() - copy_start).count();
+  const Clock::time_point end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - copy_start).count();
   if (progress) {
-    progress(
-        "  shard " + std::to_string(shard) + ": copied " + std::to_string(report.items_copied) +
-        " items (" + std::to_string(report.bytes_copied) + " bytes) and " +
-        std::to_string(report.ids_copied) + " request ids in " + std::to_string(seconds) + " s");
+    progress("  shard " + std::to_string(shard) + ": copied " +
+             std::to_string(report.items_copied) + " items (" +
+             std::to_string(report.bytes_copied) + " bytes) and " +
+             std::to_string(report.ids_copied) + " request ids in " + std::to_string(seconds) +
+             " s (the ids " +
+             std::to_string(std::chrono::duration<double>(end - ids_start).count()) + " s)");
   }
   out->items_copied += report.items_copied;
   out->bytes_copied += report.bytes_copied;

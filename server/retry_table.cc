@@ -112,7 +112,7 @@ std::optional<RetryTable::Answer> RetryTable::Find(uint64_t client_id, uint64_t 
   const uint32_t v = s.index[SlotOf(s, hash, client_id, seq)];
   if (v == kEmpty) return std::nullopt;
   const Entry& e = s.ring[v - 1];
-  if (NowNs() - e.at_ns > retention_ns_) return std::nullopt;
+  if (e.shard == kForgotten || NowNs() - e.at_ns > retention_ns_) return std::nullopt;
   hits_.fetch_add(1, std::memory_order_relaxed);
   return Answer{e.code, e.version};
 }
@@ -127,6 +127,11 @@ void RetryTable::Record(uint32_t shard, uint64_t client_id, uint64_t seq, Answer
   Expire(s, now);
   if (const uint32_t at = s.index[SlotOf(s, hash, client_id, seq)]; at != kEmpty) {
     Entry& e = s.ring[at - 1];
+    if (e.shard == kForgotten) {
+      // Forgotten: this record is the id's first answer again (it keeps its place in the ring).
+      e = Entry{client_id, seq, answer.version, now, answer.code, shard};
+      return;
+    }
     if (answer.version > e.version) {
       e.version = answer.version;
       e.code = answer.code;
@@ -146,6 +151,21 @@ void RetryTable::Record(uint32_t shard, uint64_t client_id, uint64_t seq, Answer
   s.index[SlotOf(s, hash, client_id, seq)] = static_cast<uint32_t>(pos + 1);
   ++s.count;
   ++s.recorded;
+}
+
+size_t RetryTable::ForgetShard(uint32_t shard) {
+  size_t forgotten = 0;
+  for (size_t i = 0; i < stripe_count_; ++i) {
+    Stripe& s = stripes_[i];
+    MutexLock lock(&s.mu);
+    for (size_t k = 0; k < s.count; ++k) {
+      Entry& e = s.ring[(s.head + k) % s.capacity];
+      if (e.shard != shard) continue;
+      e.shard = kForgotten;
+      ++forgotten;
+    }
+  }
+  return forgotten;
 }
 
 uint64_t RetryTable::ScanShard(uint32_t shard, uint64_t cursor, size_t max,

@@ -74,6 +74,13 @@ class RetryTable {
   uint64_t ScanShard(uint32_t shard, uint64_t cursor, size_t max, std::vector<Kept>* out) const;
   static constexpr size_t kMaxScanVisits = 1 << 16;
 
+  // Forgets every id of `shard` (Find and ScanShard no longer see them; a later Record of one
+  // is a new answer). For a server that drops its copy of a shard: an id it kept could be of a
+  // write that never took effect in the history a later copy brings it. Returns how many.
+  size_t ForgetShard(uint32_t shard);
+  // The shard an entry ForgetShard took has (never a real shard: kv::kMaxShards is far below).
+  static constexpr uint32_t kForgotten = UINT32_MAX;
+
   size_t size() const;
   uint64_t hits() const { return hits_.load(std::memory_order_relaxed); }
 
@@ -84,7 +91,7 @@ class RetryTable {
     uint64_t version;
     int64_t at_ns;  // when it was recorded (steady clock)
     StatusCode code;
-    uint32_t shard;  // in what would be padding
+    uint32_t shard;  // in what would be padding; kForgotten: ForgetShard took it
   };
   static_assert(sizeof(Entry) == 40, "docs/design.md counts a 40-byte ring entry");
   static constexpr uint32_t kEmpty = 0;  // an index slot naming no entry (else position + 1)

@@ -176,6 +176,8 @@ bool Service::HandleRecordIds(const kv::Request& r, Exchange ex) {
   if (!m.ok()) return AnswerNow(ex, m.status());
   if (Status s = RequireCluster("record_ids"); !s.ok()) return AnswerNow(ex, s);
   if (Status s = CheckShardInRange(m->shard); !s.ok()) return AnswerNow(ex, s);
+  // Part of a copy: a new copy's start (DROP_SHARD with a floor) waits until this one is quiet.
+  NoteCopy(m->shard, /*begin=*/false).IgnoreError();
   // Under the ownership guard: an install that gives this server the shard waits for it.
   ClusterState::OwnerGuard owner_guard(cluster_);
   if (store_->Owns(m->shard)) {
@@ -186,6 +188,7 @@ bool Service::HandleRecordIds(const kv::Request& r, Exchange ex) {
                                     std::to_string(m->shard) +
                                     " (a copy's ids go in before the new owner takes the shard)"));
   }
+  static_assert(kv::kMaxShards < RetryTable::kForgotten, "no shard is the forgotten mark");
   const std::vector<kv::AnsweredWrite> ids = kv::DecodeAnsweredWrites(m->ids);
   for (const kv::AnsweredWrite& w : ids) {
     retry_table_.Record(m->shard, w.client_id, w.request_seq, {StatusCode::kOk, w.version});
@@ -223,6 +226,10 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
   // A join of the shard given up (the replica removed) leaves its deletes behind; a copy that
   // follows starts with none of them.
   ForgetDeletes(shard);
+  // And the request ids of its writes: one kept here could be of a write that never took effect
+  // where the shard is served (a forward applied here, then lost with its primary), and a copy
+  // back into this server must not bring it along ("Ids travel with copies").
+  retry_table_.ForgetShard(shard);
   if (version_floor > 0) {
     // The start of a copy into this server: refused while another copy of the shard is active.
     RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));

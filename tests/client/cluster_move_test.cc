@@ -748,6 +748,13 @@ TEST_F(ClusterMoveTest, ARetryAfterAMoveIsAnsweredByTheNewOwner) {
   EXPECT_EQ(servers_[1]->stats().retries_answered, answered_before + 3);
   EXPECT_GE(servers_[1]->stats().copied_ids_recorded, 4u);
   EXPECT_GE(servers_[0]->stats().shard_ids_sent, 4u);
+  // The old owner dropped its copy in step 4, and its ids of the shard with it.
+  std::string ids_scratch;
+  kv::Response left = Call(0, kv::EncodeShardIds({3, 0}, &ids_scratch));
+  ASSERT_TRUE(left.status.ok()) << left.status.ToString();
+  EXPECT_EQ(left.version, kv::kScanDone);
+  EXPECT_TRUE(left.body.empty()) << left.body.size() / kv::kAnsweredWriteBytes
+                                 << " ids of the dropped shard are still kept";
   auto got = c->Get(k);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   EXPECT_EQ(got->value, "second");
@@ -869,6 +876,12 @@ TEST_F(ClusterMoveTest, ASecondCopyOfAShardIsRefusedWhileTheFirstIsActive) {
   kv::Response later = Call(1, kv::EncodeDropShard({3, 100}, &scratch));
   EXPECT_TRUE(later.status.ok()) << later.status.ToString();
   EXPECT_EQ(ItemsIn(1, 3), 0u);
+  // The copy's request ids count as its requests too (`later` began a copy: let it go quiet).
+  std::this_thread::sleep_for(server::Service::kCopyQuiet + 200ms);
+  const std::string ids = kv::EncodeAnsweredWrites({{7, 96, 1}});
+  ASSERT_TRUE(Call(1, kv::EncodeRecordIds({3, ids}, &scratch)).status.ok());
+  kv::Response after_ids = Call(1, kv::EncodeDropShard({3, 100}, &scratch));
+  EXPECT_TRUE(after_ids.status.Is(StatusCode::kBusy)) << after_ids.status.ToString();
 }
 
 // From the review: a server without a data dir that restarted after a move went back to its

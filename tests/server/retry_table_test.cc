@@ -168,7 +168,7 @@ TEST(RetryTableTest, ConcurrentRecordsAndFinds) {
   for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, client = uint64_t(i + 1)] {
       for (uint64_t seq = 1; seq <= kPerThread; ++seq) {
-        t.Record(0, client, seq, {StatusCode::kOk, seq});
+        t.Record(static_cast<uint32_t>(client), client, seq, {StatusCode::kOk, seq});
         // Its own latest record is there (4 x 20000 ids fit the capacity of 65536 only in
         // part: a recent one is always kept).
         auto a = t.Find(client, seq);
@@ -176,7 +176,23 @@ TEST(RetryTableTest, ConcurrentRecordsAndFinds) {
       }
     });
   }
+  // A copy's scan beside them: every id it returns is one of theirs (shard = client).
+  std::atomic<bool> done{false};
+  std::atomic<int> foreign{0};
+  std::thread scanner([&] {
+    while (!done) {
+      uint64_t cursor = 0;
+      do {
+        std::vector<RetryTable::Kept> got;
+        cursor = t.ScanShard(2, cursor, 64, &got);
+        for (const RetryTable::Kept& k : got) foreign.fetch_add(k.client_id != 2);
+      } while (cursor != RetryTable::kScanEnd);
+    }
+  });
   for (auto& th : threads) th.join();
+  done = true;
+  scanner.join();
+  EXPECT_EQ(foreign.load(), 0);
   EXPECT_EQ(missing.load(), 0);
   EXPECT_LE(t.size(), size_t{1} << 16);
 }
@@ -279,6 +295,33 @@ TEST(RetryTableTest, AShardScanSkipsExpiredAndFailedAnswersAndBoundsItsVisits) {
     EXPECT_EQ(t.ScanShard(7, next, 128, &got), RetryTable::kScanEnd);
     EXPECT_EQ(got.size(), 5u);
   }
+}
+
+// A shard's ids forgotten (its copy dropped): no longer found or scanned, others untouched, and
+// a later record of one of them is a new answer (a lower version too).
+TEST(RetryTableTest, ForgettingAShardHidesItsIdsUntilOneIsRecordedAgain) {
+  RetryTable t(/*capacity=*/1000, 3600s, /*stripes=*/4);
+  for (uint64_t seq = 1; seq <= 100; ++seq) {
+    t.Record(static_cast<uint32_t>(seq % 2), 8, seq, {StatusCode::kOk, 1000 + seq});
+  }
+  EXPECT_EQ(t.ForgetShard(1), 50u);
+  for (uint64_t seq = 1; seq <= 100; ++seq) {
+    EXPECT_EQ(t.Find(8, seq).has_value(), seq % 2 == 0) << seq;
+  }
+  std::vector<RetryTable::Kept> got;
+  EXPECT_EQ(t.ScanShard(1, 0, 128, &got), RetryTable::kScanEnd);
+  EXPECT_TRUE(got.empty());
+  EXPECT_EQ(t.ScanShard(0, 0, 128, &got), RetryTable::kScanEnd);
+  EXPECT_EQ(got.size(), 50u);
+  t.Record(1, 8, 3, {StatusCode::kOk, 5});
+  auto again = t.Find(8, 3);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->version, 5u);
+  got.clear();
+  EXPECT_EQ(t.ScanShard(1, 0, 128, &got), RetryTable::kScanEnd);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].seq, 3u);
+  EXPECT_EQ(t.ForgetShard(1), 1u);
 }
 
 }  // namespace
