@@ -530,6 +530,21 @@ Status CopyRetryIds(AdminChannel& channel, const cluster::ServerEntry& from,
                "applied again; upgrade every server";
     return true;
   };
+  // One RECORD_IDS of `chunk` (whole packed ids, at most kMaxIdsPerRecord).
+  auto record = [&](std::string_view chunk) -> Status {
+    std::string own_scratch;
+    uint64_t recorded = 0;
+    Status s =
+        channel.Call(to, kv::EncodeRecordIds({shard, chunk}, &own_scratch), &recorded, nullptr);
+    if (!s.ok()) return s;
+    const size_t sent = chunk.size() / kv::kAnsweredWriteBytes;
+    if (recorded != sent) {
+      return Status::ProtocolError("recorded " + std::to_string(recorded) + " of " +
+                                   std::to_string(sent) + " ids");
+    }
+    return Status::Ok();
+  };
+  constexpr size_t kChunkBytes = kv::kMaxIdsPerRecord * kv::kAnsweredWriteBytes;
   bool first_record = true;
   while (cursor != kv::kScanDone) {
     uint64_t next = 0;
@@ -539,18 +554,38 @@ Status CopyRetryIds(AdminChannel& channel, const cluster::ServerEntry& from,
     if (!s.ok()) return Status(s.code(), what + "SHARD_IDS: " + s.message());
     Result<kv::ShardIdsAnswer> page = kv::DecodeShardIdsAnswer(cursor, next, body);
     if (!page.ok()) return Status(page.status().code(), what + page.status().message());
-    if (!page->ids.empty()) {
-      uint64_t recorded = 0;
-      s = channel.Call(to, kv::EncodeRecordIds({shard, body}, &scratch), &recorded, nullptr);
-      if (first_record && predates(s, to, "RECORD_IDS")) return Status::Ok();
-      first_record = false;
-      if (!s.ok()) return Status(s.code(), what + "RECORD_IDS: " + s.message());
-      if (recorded != page->ids.size()) {
-        return Status::ProtocolError(what + "RECORD_IDS recorded " + std::to_string(recorded) +
-                                     " of " + std::to_string(page->ids.size()) + " ids");
-      }
-      *ids += recorded;
+    // The page in RECORD_IDS of kMaxIdsPerRecord, up to kImportsInFlight at once; the copy's
+    // very first one alone (it tells a target that predates the op).
+    std::vector<std::string_view> chunks;
+    for (size_t at = 0; at < body.size(); at += kChunkBytes) {
+      chunks.push_back(std::string_view(body).substr(at, kChunkBytes));
     }
+    size_t start = 0;
+    if (first_record && !chunks.empty()) {
+      first_record = false;
+      s = record(chunks[0]);
+      if (predates(s, to, "RECORD_IDS")) return Status::Ok();
+      if (!s.ok()) return Status(s.code(), what + "RECORD_IDS: " + s.message());
+      start = 1;
+    }
+    const size_t lanes = std::min(kImportsInFlight, chunks.size() - start);
+    std::vector<Status> lane_status(lanes);
+    std::vector<std::thread> senders;
+    for (size_t lane = 0; lane < lanes; ++lane) {
+      senders.emplace_back([&, lane] {
+        for (size_t j = start + lane; j < chunks.size(); j += lanes) {
+          if (Status c = record(chunks[j]); !c.ok()) {
+            lane_status[lane] = c;
+            return;
+          }
+        }
+      });
+    }
+    for (std::thread& t : senders) t.join();
+    for (const Status& c : lane_status) {
+      if (!c.ok()) return Status(c.code(), what + "RECORD_IDS: " + c.message());
+    }
+    *ids += page->ids.size();
     cursor = page->next_cursor;
   }
   return Status::Ok();

@@ -161,8 +161,9 @@ bool Service::HandleShardIds(const kv::Request& r, Exchange ex) {
   // No role check: a move's source no longer owns the shard, and a replica's ids are its
   // primary's (docs/design.md "Ids travel with copies").
   std::vector<RetryTable::Kept> kept;
-  kept.reserve(kv::kMaxIdsPerMessage);
-  const uint64_t next = retry_table_.ScanShard(m->shard, m->cursor, kv::kMaxIdsPerMessage, &kept);
+  const size_t page = kv::MaxIdsPerShardIdsAnswer(limits_.max_value_bytes);
+  kept.reserve(page);
+  const uint64_t next = retry_table_.ScanShard(m->shard, m->cursor, page, &kept);
   std::vector<kv::AnsweredWrite> ids;
   ids.reserve(kept.size());
   for (const RetryTable::Kept& k : kept) ids.push_back({k.version, k.client_id, k.seq});

@@ -259,7 +259,7 @@ Result<RecordIdsRequest> DecodeRecordIds(const Request& r) {
   RDKV_RETURN_IF_ERROR(CheckFields(r, Op::kRecordIds, {.key = true, .value = true}));
   RDKV_ASSIGN_OR_RETURN(uint32_t shard, ParseShard(r.key, r.op));
   RDKV_RETURN_IF_ERROR(
-      CheckAnsweredWrites(r.value, 1, kMaxIdsPerMessage, UINT64_MAX, true, "record_ids"));
+      CheckAnsweredWrites(r.value, 1, kMaxIdsPerRecord, UINT64_MAX, true, "record_ids"));
   return RecordIdsRequest{shard, r.value};
 }
 
@@ -271,7 +271,7 @@ Result<ShardIdsAnswer> DecodeShardIdsAnswer(uint64_t request_cursor, uint64_t ve
                                  ")");
   }
   RDKV_RETURN_IF_ERROR(
-      CheckAnsweredWrites(body, 0, kMaxIdsPerMessage, UINT64_MAX, true, "shard_ids answer"));
+      CheckAnsweredWrites(body, 0, kMaxIdsPerShardIdsAnswer, UINT64_MAX, true, "shard_ids answer"));
   return ShardIdsAnswer{version, DecodeAnsweredWrites(body)};
 }
 

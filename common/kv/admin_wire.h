@@ -42,7 +42,8 @@
 //   DROP_SHARD       items dropped                    -
 //   REPLICATE        the item's version               -
 //   REPLICATE batch  the number of entries            one result per entry, in order
-//   SHARD_IDS        next cursor (kScanDone: end)     0..kMaxIdsPerMessage packed AnsweredWrite
+//   SHARD_IDS        next cursor (kScanDone: end)     0..kMaxIdsPerShardIdsAnswer packed
+//                                                     AnsweredWrite
 //   RECORD_IDS       the number of ids recorded       -
 //
 // A shard number is written in canonical decimal (no sign, no leading zero, below kMaxShards).
@@ -138,18 +139,22 @@ std::string EncodeAnsweredWrites(const std::vector<AnsweredWrite>& writes);
 std::vector<AnsweredWrite> DecodeAnsweredWrites(std::string_view value);
 
 // A copy's request ids (docs/design.md "Ids travel with copies"): SHARD_IDS asks a server for
-// one page of the ids it keeps for a shard, RECORD_IDS gives a page to the copy's target.
-inline constexpr size_t kMaxIdsPerMessage = 128;
-static_assert(sizeof(RequestHeader) + kMaxShardDigits + kMaxIdsPerMessage * kAnsweredWriteBytes <=
+// one page of the ids it keeps for a shard, RECORD_IDS gives up to kMaxIdsPerRecord of them to
+// the copy's target (which may be the smallest server: the admin side cannot know).
+inline constexpr size_t kMaxIdsPerRecord = 128;
+static_assert(sizeof(RequestHeader) + kMaxShardDigits + kMaxIdsPerRecord * kAnsweredWriteBytes <=
                   MaxMessageBytes(kMinMaxValueBytes),
-              "a page of ids fits the smallest server's messages, both ways");
+              "a RECORD_IDS fits the smallest server's messages");
+// A SHARD_IDS answer holds at most this many, and at most what fits its server's own scan
+// answers (MaxIdsPerShardIdsAnswer).
+inline constexpr size_t kMaxIdsPerShardIdsAnswer = 4096;
 struct ShardIdsRequest {
   uint32_t shard = 0;
   uint64_t cursor = 0;  // 0 to start; then the previous answer's next_cursor
 };
 struct RecordIdsRequest {
   uint32_t shard = 0;
-  std::string_view ids;  // 1..kMaxIdsPerMessage packed AnsweredWrite (EncodeAnsweredWrites)
+  std::string_view ids;  // 1..kMaxIdsPerRecord packed AnsweredWrite (EncodeAnsweredWrites)
 };
 
 // Several forwarded writes of one primary in one REPLICATE (docs/design.md "Replication",
@@ -236,7 +241,7 @@ Result<ReplicateBatch> DecodeReplicateBatch(const Request& r, const WireLimits& 
 // kProtocolError for a field it does not use; kInvalidArgument for a shard that is not
 // canonical, or the cursor kScanDone.
 Result<ShardIdsRequest> DecodeShardIds(const Request& r);
-// kProtocolError for a field it does not use or ids that are not 1..kMaxIdsPerMessage whole
+// kProtocolError for a field it does not use or ids that are not 1..kMaxIdsPerRecord whole
 // entries, each with both halves of its id non-zero; kInvalidArgument for a shard that is not
 // canonical or a version above the largest item version. A version may be 0: a DELETE of a shard
 // without replicas is answered without one.
@@ -272,6 +277,14 @@ inline constexpr size_t MaxScanAnswerBodyBytes(uint64_t max_value_bytes) {
 static_assert(sizeof(ResponseHeader) + MaxScanAnswerBodyBytes(kMaxValueBytes) <=
                   MaxMessageBytes(kMaxValueBytes),
               "a full shard-scan answer must fit the message limit");
+// The most ids a server whose values are at most `max_value_bytes` puts in a SHARD_IDS answer:
+// within its scan answers' bound (so the answer fits its messages), at most
+// kMaxIdsPerShardIdsAnswer, and never fewer than a RECORD_IDS takes.
+inline constexpr size_t MaxIdsPerShardIdsAnswer(uint64_t max_value_bytes) {
+  const size_t fit = MaxScanAnswerBodyBytes(max_value_bytes) / kAnsweredWriteBytes;
+  return fit < kMaxIdsPerShardIdsAnswer ? fit : kMaxIdsPerShardIdsAnswer;
+}
+static_assert(MaxIdsPerShardIdsAnswer(kMinMaxValueBytes) >= 1, "a page holds an id");
 
 // Builds a SHARD_SCAN answer body: Add appends an entry when the body stays within
 // MaxScanAnswerBodyBytes (the first entry always goes in) and returns false, appending
@@ -307,8 +320,8 @@ Result<std::vector<ReplicateBatchResult>> DecodeReplicateBatchAnswer(uint64_t ve
 // kProtocolError for a non-empty body.
 Result<DropShardAnswer> DecodeDropShardAnswer(uint64_t version, std::string_view body);
 // kProtocolError for a next cursor that does not pass `request_cursor` (and is not kScanDone),
-// or a body that is not 0..kMaxIdsPerMessage whole entries, each a version (0 allowed, as for
-// RECORD_IDS) and an id with both halves non-zero.
+// or a body that is not 0..kMaxIdsPerShardIdsAnswer whole entries, each a version (0 allowed, as
+// for RECORD_IDS) and an id with both halves non-zero.
 Result<ShardIdsAnswer> DecodeShardIdsAnswer(uint64_t request_cursor, uint64_t version,
                                             std::string_view body);
 

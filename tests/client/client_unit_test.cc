@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1234,28 +1237,35 @@ class ScriptedChannel : public client::AdminChannel {
  public:
   Status Call(const cluster::ServerEntry& server, const kv::Request& request, uint64_t* version,
               std::string* body) override {
+    std::lock_guard<std::mutex> lock(mu);
     calls.push_back(server.id * 100 + static_cast<uint32_t>(request.op));
     if (server.id == 1) {  // the source
       if (!source_error.ok()) return source_error;
       if (request.expected_version == 0) {
         *version = 5;
-        *body = kv::EncodeAnsweredWrites({{3, 9, 1}, {4, 9, 2}});
+        std::vector<kv::AnsweredWrite> page;
+        for (uint64_t i = 1; i <= first_page; ++i) page.push_back({2 + i, 9, i});
+        *body = kv::EncodeAnsweredWrites(page);
       } else {
         *version = kv::kScanDone;
         *body = kv::EncodeAnsweredWrites({{0, 9, 3}});
       }
       return Status::Ok();
     }
-    if (!target_error.ok()) return target_error;
+    if (!target_error.ok() && records_before_error-- <= 0) return target_error;
     Result<kv::RecordIdsRequest> m = kv::DecodeRecordIds(request);
     if (!m.ok()) return m.status();
-    recorded += kv::DecodeAnsweredWrites(m->ids).size();
-    *version = kv::DecodeAnsweredWrites(m->ids).size();
+    const std::vector<kv::AnsweredWrite> ids = kv::DecodeAnsweredWrites(m->ids);
+    for (const kv::AnsweredWrite& w : ids) seqs.insert(w.request_seq);
+    *version = ids.size();
     return Status::Ok();
   }
+  uint64_t first_page = 2;  // ids in the source's first page (then one more page of one)
+  std::mutex mu;            // RECORD_IDS come from several threads
   std::vector<uint32_t> calls;
-  size_t recorded = 0;
+  std::multiset<uint64_t> seqs;  // the ids the target recorded, by seq
   Status source_error, target_error;
+  int records_before_error = 0;
 };
 
 TEST(CopyRetryIdsTest, CopiesEveryPageAndSkipsServersThatPredateTheOps) {
@@ -1266,9 +1276,29 @@ TEST(CopyRetryIdsTest, CopiesEveryPageAndSkipsServersThatPredateTheOps) {
     std::string warning;
     ASSERT_TRUE(client::CopyRetryIds(ch, from, to, 4, &ids, &warning).ok());
     EXPECT_EQ(ids, 3u);
-    EXPECT_EQ(ch.recorded, 3u);
+    EXPECT_EQ(ch.seqs, (std::multiset<uint64_t>{1, 2, 3}));
     EXPECT_TRUE(warning.empty()) << warning;
     EXPECT_EQ(ch.calls, (std::vector<uint32_t>{114, 215, 114, 215}));
+  }
+  {
+    // A page of 1,000: in RECORD_IDS of kMaxIdsPerRecord, every id once.
+    ScriptedChannel ch;
+    ch.first_page = 1000;
+    uint64_t ids = 0;
+    std::string warning;
+    ASSERT_TRUE(client::CopyRetryIds(ch, from, to, 4, &ids, &warning).ok());
+    EXPECT_EQ(ids, 1001u);
+    ASSERT_EQ(ch.seqs.size(), 1001u);
+    for (uint64_t seq = 1; seq <= 1000; ++seq) EXPECT_EQ(ch.seqs.count(seq), seq == 3 ? 2u : 1u);
+    EXPECT_EQ(std::count(ch.calls.begin(), ch.calls.end(), 215u),
+              (1000 + kv::kMaxIdsPerRecord - 1) / kv::kMaxIdsPerRecord + 1);
+    // One of the parallel RECORD_IDS failing fails the copy.
+    ScriptedChannel failing;
+    failing.first_page = 1000;
+    failing.target_error = Status::Unavailable("gone");
+    failing.records_before_error = 3;
+    Status s = client::CopyRetryIds(failing, from, to, 4, &ids, &warning);
+    EXPECT_TRUE(s.Is(StatusCode::kUnavailable)) << s.ToString();
   }
   for (bool old_source : {true, false}) {
     ScriptedChannel ch;

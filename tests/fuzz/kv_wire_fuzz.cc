@@ -70,7 +70,7 @@ void CheckAdminRequest(const Request& r) {
     case kv::Op::kRecordIds:
       if (auto m = kv::DecodeRecordIds(r); m.ok()) {
         const std::vector<kv::AnsweredWrite> ids = kv::DecodeAnsweredWrites(m->ids);
-        if (m->shard >= kv::kMaxShards || ids.empty() || ids.size() > kv::kMaxIdsPerMessage ||
+        if (m->shard >= kv::kMaxShards || ids.empty() || ids.size() > kv::kMaxIdsPerRecord ||
             ids.size() * kv::kAnsweredWriteBytes != m->ids.size() || !Inside(m->ids, r.value)) {
           std::abort();
         }
@@ -117,7 +117,7 @@ void CheckAdminAnswers(std::string_view text, const rdkv::kv::WireLimits& limits
   if (kv::DecodeDropShardAnswer(version, body).ok() && !body.empty()) std::abort();
   if (auto ids = kv::DecodeShardIdsAnswer(cursor, version, body); ids.ok()) {
     if (ids->next_cursor != kv::kScanDone && ids->next_cursor <= cursor) std::abort();
-    if (ids->ids.size() > kv::kMaxIdsPerMessage ||
+    if (ids->ids.size() > kv::kMaxIdsPerShardIdsAnswer ||
         ids->ids.size() * kv::kAnsweredWriteBytes != body.size()) {
       std::abort();
     }

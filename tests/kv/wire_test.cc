@@ -342,7 +342,7 @@ TEST(AdminWireTest, RequestIdPagesRoundTripAndAreChecked) {
     EXPECT_EQ(m->cursor, 77u);
   }
   std::vector<AnsweredWrite> page;
-  for (uint64_t i = 1; i <= kMaxIdsPerMessage; ++i) page.push_back({100 + i, 5, i});
+  for (uint64_t i = 1; i <= kMaxIdsPerRecord; ++i) page.push_back({100 + i, 5, i});
   const std::string packed = EncodeAnsweredWrites(page);
   {
     Result<RecordIdsRequest> m =
@@ -364,7 +364,7 @@ TEST(AdminWireTest, RequestIdPagesRoundTripAndAreChecked) {
   EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "3", "", kScanDone})), kInvalid);
   EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "03", "", 0})), kInvalid);
   EXPECT_EQ(code(DecodeShardIds({Op::kShardIds, "4096", "", 0})), kInvalid);
-  // RECORD_IDS: 1..kMaxIdsPerMessage whole entries, valid ids and versions, no version field.
+  // RECORD_IDS: 1..kMaxIdsPerRecord whole entries, valid ids and versions, no version field.
   const std::string one = EncodeAnsweredWrites({{9, 1, 1}});
   EXPECT_TRUE(DecodeRecordIds({Op::kRecordIds, "3", one, 0}).ok());
   EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "3", "", 0})), kProto) << "no ids";
@@ -383,14 +383,23 @@ TEST(AdminWireTest, RequestIdPagesRoundTripAndAreChecked) {
   EXPECT_EQ(code(DecodeRecordIds({Op::kRecordIds, "x", one, 0})), kInvalid);
   EXPECT_EQ(code(DecodeRecordIds({Op::kShardIds, "3", one, 0})), StatusCode::kInternal);
 
-  // The answer: a cursor that advances (or the end) and 0..kMaxIdsPerMessage valid entries.
-  Result<ShardIdsAnswer> a = DecodeShardIdsAnswer(5, 6, packed);
+  // The answer: a cursor that advances (or the end) and 0..kMaxIdsPerShardIdsAnswer valid
+  // entries; a server sends no more than its scan answers hold, and never fewer than one.
+  std::vector<AnsweredWrite> full;
+  for (uint64_t i = 1; i <= kMaxIdsPerShardIdsAnswer; ++i) full.push_back({i, 5, i});
+  Result<ShardIdsAnswer> a = DecodeShardIdsAnswer(5, 6, EncodeAnsweredWrites(full));
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->next_cursor, 6u);
-  EXPECT_EQ(a->ids.size(), kMaxIdsPerMessage);
+  EXPECT_EQ(a->ids.size(), kMaxIdsPerShardIdsAnswer);
   EXPECT_TRUE(DecodeShardIdsAnswer(5, kScanDone, "").ok());
   EXPECT_EQ(code(DecodeShardIdsAnswer(5, 5, one)), kProto) << "no progress";
-  EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, packed + one)), kProto) << "129";
+  EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, EncodeAnsweredWrites(full) + one)), kProto) << "4097";
+  EXPECT_EQ(MaxIdsPerShardIdsAnswer(kMaxValueBytes), kMaxIdsPerShardIdsAnswer);
+  EXPECT_EQ(MaxIdsPerShardIdsAnswer(kMinMaxValueBytes),
+            MaxScanAnswerBodyBytes(kMinMaxValueBytes) / kAnsweredWriteBytes);
+  EXPECT_LE(
+      sizeof(ResponseHeader) + MaxIdsPerShardIdsAnswer(kMinMaxValueBytes) * kAnsweredWriteBytes,
+      MaxMessageBytes(kMinMaxValueBytes));
   EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, one + "x")), kProto) << "part";
   EXPECT_EQ(code(DecodeShardIdsAnswer(5, 6, EncodeAnsweredWrites({{9, 0, 1}}))), kProto);
 }
