@@ -75,8 +75,10 @@ class RetryTable {
   static constexpr size_t kMaxScanVisits = 1 << 16;
 
   // Forgets every id of `shard` (Find and ScanShard no longer see them; a later Record of one
-  // is a new answer). For a server that drops its copy of a shard: an id it kept could be of a
-  // write that never took effect in the history a later copy brings it. Returns how many.
+  // is a new answer, which keeps the forgotten entry's place in the order: under capacity
+  // pressure it goes sooner than its time says). For a server that drops its copy of a shard:
+  // an id it kept could be of a write that never took effect in the history a later copy
+  // brings it. Forgotten entries count in size() until they are dropped. Returns how many.
   size_t ForgetShard(uint32_t shard);
   // The shard an entry ForgetShard took has (never a real shard: kv::kMaxShards is far below).
   static constexpr uint32_t kForgotten = UINT32_MAX;

@@ -226,14 +226,17 @@ Status Service::DropShard(uint32_t shard, uint64_t version_floor, uint64_t* drop
   WaitForReplicaApplies();
   // A join of the shard given up (the replica removed) leaves its deletes behind; a copy that
   // follows starts with none of them.
+  if (version_floor > 0) {
+    // The start of a copy into this server: refused while another copy of the shard is active
+    // (before anything is forgotten or dropped: the active copy's deletes and ids stay).
+    RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));
+  }
   ForgetDeletes(shard);
   // And the request ids of its writes: one kept here could be of a write that never took effect
   // where the shard is served (a forward applied here, then lost with its primary), and a copy
   // back into this server must not bring it along ("Ids travel with copies").
   retry_table_.ForgetShard(shard);
   if (version_floor > 0) {
-    // The start of a copy into this server: refused while another copy of the shard is active.
-    RDKV_RETURN_IF_ERROR(NoteCopy(shard, /*begin=*/true));
     // A version floor from the shard's old owner: keys of the shard deleted there left no item
     // to carry their versions, and must not get them again here (CAS would be fooled).
     store_->EnsureVersionAbove(version_floor);

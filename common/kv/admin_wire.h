@@ -278,8 +278,8 @@ static_assert(sizeof(ResponseHeader) + MaxScanAnswerBodyBytes(kMaxValueBytes) <=
                   MaxMessageBytes(kMaxValueBytes),
               "a full shard-scan answer must fit the message limit");
 // The most ids a server whose values are at most `max_value_bytes` puts in a SHARD_IDS answer:
-// within its scan answers' bound (so the answer fits its messages), at most
-// kMaxIdsPerShardIdsAnswer, and never fewer than a RECORD_IDS takes.
+// within its scan answers' bound (so the answer fits its messages; 46 ids at the smallest
+// value limit) and at most kMaxIdsPerShardIdsAnswer.
 inline constexpr size_t MaxIdsPerShardIdsAnswer(uint64_t max_value_bytes) {
   const size_t fit = MaxScanAnswerBodyBytes(max_value_bytes) / kAnsweredWriteBytes;
   return fit < kMaxIdsPerShardIdsAnswer ? fit : kMaxIdsPerShardIdsAnswer;

@@ -882,6 +882,10 @@ TEST_F(ClusterMoveTest, ASecondCopyOfAShardIsRefusedWhileTheFirstIsActive) {
   ASSERT_TRUE(Call(1, kv::EncodeRecordIds({3, ids}, &scratch)).status.ok());
   kv::Response after_ids = Call(1, kv::EncodeDropShard({3, 100}, &scratch));
   EXPECT_TRUE(after_ids.status.Is(StatusCode::kBusy)) << after_ids.status.ToString();
+  // The refused start changed nothing: the active copy's id is still there.
+  kv::Response kept = Call(1, kv::EncodeShardIds({3, 0}, &scratch));
+  ASSERT_TRUE(kept.status.ok()) << kept.status.ToString();
+  EXPECT_EQ(kept.body, ids) << "a refused copy start forgot the active copy's ids";
 }
 
 // From the review: a server without a data dir that restarted after a move went back to its

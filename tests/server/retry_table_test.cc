@@ -271,9 +271,9 @@ TEST(RetryTableTest, AShardScanSeesEveryIdKeptThroughGrowthAndDrops) {
 // still advances, so a shard whose ids lie behind many of other shards' takes several calls.
 TEST(RetryTableTest, AShardScanSkipsExpiredAndFailedAnswersAndBoundsItsVisits) {
   {
-    RetryTable t(/*capacity=*/100, 100ms, /*stripes=*/1);
+    RetryTable t(/*capacity=*/100, 1s, /*stripes=*/1);
     t.Record(2, 1, 1, {StatusCode::kOk, 5});
-    std::this_thread::sleep_for(200ms);
+    std::this_thread::sleep_for(1200ms);
     t.Find(1, 1);  // no effect on what is kept
     t.Record(2, 1, 2, {StatusCode::kOk, 6});
     t.Record(2, 1, 3, {StatusCode::kAlreadyExists, 7});
