@@ -142,7 +142,9 @@ constexpr const char* kCommandsHelp = R"(Commands:
   cluster add-replica SHARD SERVER_ID
                                Add SERVER_ID as a replica of SHARD: it joins (gets every new
                                write), the shard's items are copied while writes go on, then
-                               it is in sync. Run again to resume after a failure.
+                               the request ids of its recent writes (so that retries get their
+                               first answers there), then it is in sync. Run again to resume
+                               after a failure.
   cluster remove-replica SHARD SERVER_ID
                                Remove backup SERVER_ID from SHARD and drop its copy.
   cluster drain SERVER_ID      Promote an in-sync backup of every shard SERVER_ID is primary of
@@ -155,8 +157,9 @@ constexpr const char* kCommandsHelp = R"(Commands:
                                that is already a backup is refused: use cluster promote.)
                                Move shards (3, 3,5,9 or 0-7) to server TO_SERVER_ID in one
                                command: the map (epoch + 1) goes to the old owners, the items
-                               are copied, the map goes to the new owner and every other
-                               server, the old copies are dropped. Prints each step, the
+                               and the request ids of recent writes are copied, the map goes
+                               to the new owner and every other server, the old copies are
+                               dropped. Prints each step, the
                                copy's progress (items done/estimated total, rate, ETA; one
                                updating line on a terminal) and a report. Every server must be reachable. A move that was
                                interrupted (servers on different epochs) is finished first;
