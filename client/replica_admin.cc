@@ -439,27 +439,15 @@ Status CopyShard(AdminChannel& channel, const cluster::ClusterMap& joining, uint
     // applies each only over an older version, in any order).
     const std::vector<kv::ScanEntry>& entries = answer->entries;
     const std::vector<CopyJob> jobs = CopyJobs(entries, joining.epoch, primary, batching.load());
-    const size_t lanes = std::min(kImportsInFlight, jobs.size());
-    std::vector<Status> lane_status(lanes);
-    std::vector<std::thread> senders;
-    for (size_t lane = 0; lane < lanes; ++lane) {
-      senders.emplace_back([&, lane] {
-        for (size_t j = lane; j < jobs.size(); j += lanes) {
-          Status c = SendCopyJob(channel, *to, jobs[j], entries, joining.epoch, primary, &batching);
-          if (!c.ok()) {
-            lane_status[lane] = c;
-            return;
-          }
-        }
-      });
-    }
-    for (std::thread& t : senders) t.join();
-    for (const Status& c : lane_status) {
-      if (!c.ok()) {
-        return Status(c.code(), "copying shard " + std::to_string(shard) + " into " +
-                                    Name(joining, server) + ": " + c.message() +
-                                    " (run the same command again to resume)");
-      }
+    if (Status c = RunInLanes(0, jobs.size(),
+                              [&](size_t j) {
+                                return SendCopyJob(channel, *to, jobs[j], entries, joining.epoch,
+                                                   primary, &batching);
+                              });
+        !c.ok()) {
+      return Status(c.code(), "copying shard " + std::to_string(shard) + " into " +
+                                  Name(joining, server) + ": " + c.message() +
+                                  " (run the same command again to resume)");
     }
     if (!batching.load() && !said_unbatched && progress) {
       said_unbatched = true;

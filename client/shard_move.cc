@@ -512,6 +512,27 @@ class Mover {
 
 }  // namespace
 
+Status RunInLanes(size_t first, size_t count, const std::function<Status(size_t)>& job) {
+  const size_t lanes = first < count ? std::min(kImportsInFlight, count - first) : 0;
+  std::vector<Status> lane_status(lanes);
+  std::vector<std::thread> senders;
+  for (size_t lane = 0; lane < lanes; ++lane) {
+    senders.emplace_back([&, lane] {
+      for (size_t j = first + lane; j < count; j += lanes) {
+        if (Status s = job(j); !s.ok()) {
+          lane_status[lane] = std::move(s);
+          return;
+        }
+      }
+    });
+  }
+  for (std::thread& t : senders) t.join();
+  for (Status& s : lane_status) {
+    if (!s.ok()) return std::move(s);
+  }
+  return Status::Ok();
+}
+
 Status CopyRetryIds(AdminChannel& channel, const cluster::ServerEntry& from,
                     const cluster::ServerEntry& to, uint32_t shard, uint64_t* ids,
                     std::string* warning) {
@@ -568,22 +589,9 @@ Status CopyRetryIds(AdminChannel& channel, const cluster::ServerEntry& from,
       if (!s.ok()) return Status(s.code(), what + "RECORD_IDS: " + s.message());
       start = 1;
     }
-    const size_t lanes = std::min(kImportsInFlight, chunks.size() - start);
-    std::vector<Status> lane_status(lanes);
-    std::vector<std::thread> senders;
-    for (size_t lane = 0; lane < lanes; ++lane) {
-      senders.emplace_back([&, lane] {
-        for (size_t j = start + lane; j < chunks.size(); j += lanes) {
-          if (Status c = record(chunks[j]); !c.ok()) {
-            lane_status[lane] = c;
-            return;
-          }
-        }
-      });
-    }
-    for (std::thread& t : senders) t.join();
-    for (const Status& c : lane_status) {
-      if (!c.ok()) return Status(c.code(), what + "RECORD_IDS: " + c.message());
+    if (Status c = RunInLanes(start, chunks.size(), [&](size_t j) { return record(chunks[j]); });
+        !c.ok()) {
+      return Status(c.code(), what + "RECORD_IDS: " + c.message());
     }
     *ids += page->ids.size();
     cursor = page->next_cursor;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -27,6 +28,11 @@ class AdminChannel {
 
 // Imports in flight at once into the new owner during a copy.
 inline constexpr size_t kImportsInFlight = 8;
+
+// Runs job(first), ..., job(count - 1) on up to kImportsInFlight threads, lane k taking jobs
+// first + k, first + k + lanes, ...; a lane stops at its first failure. Returns OK, or the
+// failure of the lowest-numbered lane that failed. `job` must be safe from several threads.
+Status RunInLanes(size_t first, size_t count, const std::function<Status(size_t)>& job);
 
 // The request ids `from` keeps for `shard`, recorded into `to` (docs/design.md "Ids travel with
 // copies"): each SHARD_IDS page of `from` goes to `to` as one RECORD_IDS. A copy (a catch-up
