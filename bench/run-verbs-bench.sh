@@ -2,6 +2,9 @@
 # READ and GET latency over real verbs (Soft-RoCE in the rdkv VM), as ratios to perftest on the
 # same device in the same boot. Also runs the tcp figures on the host for comparison.
 #   bench/run-verbs-bench.sh [BUILD_DIR]      (default build/default; builds what it needs)
+# BASELINE_KV_BENCH=FILE (a kv_bench binary of another commit, inside the repo tree so the VM
+# sees it) also runs that kv_bench in every round, right after this build's, and prints its
+# GET ratios beside: a before/after of the client in one boot.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build/default}
@@ -12,7 +15,14 @@ fi
 OUT=$PWD/build/bench-verbs
 ROUNDS=${ROUNDS:-5}
 rm -rf "$OUT" && mkdir -p "$OUT"
-tests/rxe/vm.sh --timeout 2400 --out "$OUT" -- bench/verbs-bench-guest.sh "$B" "$OUT" "$ROUNDS"
+BASELINE=${BASELINE_KV_BENCH:-}
+if [[ -n $BASELINE ]]; then
+  [[ -x $BASELINE ]] || { echo "BASELINE_KV_BENCH=$BASELINE is not an executable" >&2; exit 2; }
+  BASELINE=$(realpath --relative-to=. "$BASELINE")
+  [[ $BASELINE != ../* ]] || { echo "BASELINE_KV_BENCH must lie inside $PWD" >&2; exit 2; }
+fi
+tests/rxe/vm.sh --timeout 2400 --out "$OUT" -- bench/verbs-bench-guest.sh "$B" "$OUT" "$ROUNDS" \
+  "$BASELINE"
 
 # j FILE a.b.c: a field of a JSON file.
 j() {
@@ -39,10 +49,12 @@ for r in range(1, rounds + 1):
     c = json.load(open(f"{out}/kv-cache-{r}.json"))
     i = json.load(open(f"{out}/kv-index-{r}.json"))
     t = json.load(open(f"{out}/transport-128-{r}.json"))
+    fl = json.load(open(f"{out}/transport-floor-{r}.json"))
     read, srtt = p["ib_read_lat"]["p50_us"], p["ib_send_lat"]["rtt_p50_us"]
     rows.append(dict(read=read, srtt=srtt, get=c["get_p50_us"], idx=i["get_p50_us"],
                      put=c["put_p50_us"], rpg=c["reads_per_get"], irpg=i["reads_per_get"],
-                     tread=t["p50_us"], tidx=t["index_pattern_p50_us"]))
+                     tread=t["p50_us"], tidx=t["index_pattern_p50_us"],
+                     floor=fl["index_pattern_p50_us"]))
 print("round  ib_read_lat128  SEND-rtt  GET-cached  GET-index  PUT   | GET/read  index/read  PUT/rtt"
       " | READ128  idx-READs | GET/READ128  index/idx-READs")
 for n, w in enumerate(rows, 1):
@@ -58,7 +70,26 @@ print("the same READs through rdkv's transport alone (READ128: one 128 B READ; i
 print("then 128 B), so what the KV code adds shows apart from what the bytes cost the fabric:")
 print(f"  transport READ 128 B / ib_read_lat 128 B:     {med(lambda w: w['tread'] / w['read']):.2f}")
 print(f"  index path's READs alone / ib_read_lat 128 B: {med(lambda w: w['tidx'] / w['read']):.2f}")
+print(f"  two 128 B READs in turn / ib_read_lat 128 B:  {med(lambda w: w['floor'] / w['read']):.2f}"
+      "  (the floor of any GET of two round trips)")
 print(f"  GET, cached / transport READ 128 B:           {med(lambda w: w['get'] / w['tread']):.2f}")
 print(f"  GET, index path / its READs alone:            {med(lambda w: w['idx'] / w['tidx']):.2f}")
+import os
+if os.path.exists(f"{out}/base-cache-1.json"):
+    base = []
+    for r in range(1, rounds + 1):
+        c = json.load(open(f"{out}/base-cache-{r}.json"))
+        i = json.load(open(f"{out}/base-index-{r}.json"))
+        base.append((c["get_p50_us"], i["get_p50_us"]))
+    print("the baseline kv_bench (BASELINE_KV_BENCH), run right after this build's in each round:")
+    print("round  GET-cached base/this  GET-index base/this")
+    for n, (w, (bc, bi)) in enumerate(zip(rows, base), 1):
+        print(f"{n:5d}  {bc:9.1f} / {w['get']:6.1f}  {bi:9.1f} / {w['idx']:6.1f}")
+    bmed = lambda k: statistics.median(b[k] / w['read'] for w, b in zip(rows, base))
+    bpair = lambda k, f: statistics.median(f(w) / b[k] for w, b in zip(rows, base))
+    print(f"  baseline GET p50, location cache / ib_read_lat 128 B: {bmed(0):.2f}")
+    print(f"  baseline GET p50, index path / ib_read_lat 128 B:     {bmed(1):.2f}")
+    print(f"  this / baseline, cached GET p50 (median of rounds):   {bpair(0, lambda w: w['get']):.3f}")
+    print(f"  this / baseline, index-path GET p50:                  {bpair(1, lambda w: w['idx']):.3f}")
 PY
 echo "raw JSON: $OUT"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs INSIDE the Soft-RoCE VM (see bench/run-verbs-bench.sh): perftest's ib_read_lat/ib_read_bw
 # and rdkv's own benchmarks on the same rxe device in the same boot, so ratios mean something.
-#   bench/verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]
+#   bench/verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS] [BASELINE_KV_BENCH]
 #
 # The VM has two vCPUs; each side gets its own, as two machines would: the server side (kvserver,
 # perftest's server) on vCPU 0, the client side (kv_bench --server, perftest's client) on vCPU 1.
@@ -15,6 +15,7 @@ set -euo pipefail
 B=${1:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]}
 OUT=${2:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]}
 ROUNDS=${3:-5}
+BASELINE=${4:-}  # another commit's kv_bench, run after this build's in every round
 : "${RDKV_RXE_ADDR:?runs inside tests/rxe/vm.sh}"
 SERVER_CPU=0
 CLIENT_CPU=1
@@ -43,11 +44,23 @@ for ((r = 1; r <= ROUNDS; ++r)); do
   taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
     --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
     --location_cache=false --json="$OUT/kv-index-$r.json" 2>"$OUT/kv-index-$r.log"
+  if [[ -n $BASELINE ]]; then
+    taskset -c "$CLIENT_CPU" "$BASELINE" --server="$target" --transport=verbs \
+      --value_size=64 --keys=2000 --ops=3000 --seconds=1 --threads=2 --multiget_keys=0 \
+      --json="$OUT/base-cache-$r.json" 2>"$OUT/base-cache-$r.log"
+    taskset -c "$CLIENT_CPU" "$BASELINE" --server="$target" --transport=verbs \
+      --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
+      --location_cache=false --json="$OUT/base-index-$r.json" 2>"$OUT/base-index-$r.log"
+  fi
   # The same READs through the transport alone (a 128-byte READ; the index path's 2 x 512 B then
   # 128 B): what the fabric charges for a GET's bytes, so the KV code's own share shows.
   taskset -c "$CLIENT_CPU" "$B/bench/transport_bench" --transport=verbs --host="$RDKV_RXE_ADDR" \
     --size=128 --iters=2000 --qd=16 --seconds=0.3 --index_pattern \
     --json="$OUT/transport-128-$r.json" 2>"$OUT/transport-128-$r.log"
+  # The floor of any GET of two round trips: one 128-byte READ, then another (no second bucket).
+  taskset -c "$CLIENT_CPU" "$B/bench/transport_bench" --transport=verbs --host="$RDKV_RXE_ADDR" \
+    --size=128 --iters=2000 --qd=16 --seconds=0.3 --index_pattern --index_buckets=1 \
+    --index_bucket_bytes=128 --json="$OUT/transport-floor-$r.json" 2>"$OUT/transport-floor-$r.log"
   echo "round $r of $ROUNDS done"
 done
 
