@@ -350,7 +350,8 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
   }
   const Clock::time_point start = Clock::now();  // op_timeout runs from here, on either path
   bool stale = false;
-  std::optional<Result<GetResult>> out = TryCachedGet(key, start, &stale);
+  Link* reroute = nullptr;  // a fast path found the key's owner unreachable or not the owner
+  std::optional<Result<GetResult>> out = TryCachedGet(key, start, &stale, &reroute);
   if (out.has_value()) {
     if (!out->ok()) Add(counters_->errors);  // the fast path ends with a value or an error
     return std::move(*out);
@@ -359,7 +360,14 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
   job.key = key;
   job.out = &out;
   job.contended = stale;  // its cached item was stale: the location found is kept as contended
-  Status s = RunJobs(std::span<KeyJob>(&job, 1), start);
+  if (reroute == nullptr) {
+    out = TryIndexGet(job, &reroute);
+    if (out.has_value()) {
+      if (!out->ok() && !out->status().Is(StatusCode::kNotFound)) Add(counters_->errors);
+      return std::move(*out);
+    }
+  }
+  Status s = RunJobs(std::span<KeyJob>(&job, 1), start, reroute);
   if (!s.ok()) {
     Add(counters_->errors);
     return s;
@@ -382,7 +390,8 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
 // in a coordinated cluster), or a lease that does not allow the item. A stale item (not LIVE,
 // torn, another key's) is a cache miss: the entry is forgotten and *stale set.
 std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
-                                                         Clock::time_point start, bool* stale) {
+                                                         Clock::time_point start, bool* stale,
+                                                         Link** reroute) {
   if (options_.cache_checks_slot) return std::nullopt;
   const uint64_t hash = kv::KeyHash(key);
   const bool cluster = router_->cluster();
@@ -400,7 +409,10 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   // The session first: a reconnect to a new incarnation of the server clears the cache.
   Result<std::shared_ptr<Session>> opened = links_->SessionOf(*link);
   if (!opened.ok()) {  // what the engine would end with (it would not try again)
-    if (cluster && Unreachable(*rt, opened.status())) return std::nullopt;  // re-routed
+    if (cluster && Unreachable(*rt, opened.status())) {  // re-routed
+      *reroute = link;
+      return std::nullopt;
+    }
     return Result<GetResult>(opened.status());
   }
   Session& session = **opened;
@@ -430,7 +442,10 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   const Clock::time_point completed = cluster ? Clock::now() : Clock::time_point{};
   Status s = CheckReads(session, x, std::move(waited));
   if (!s.ok()) {
-    if (cluster && Unreachable(*rt, s)) return std::nullopt;  // RunJobs re-routes it
+    if (cluster && Unreachable(*rt, s)) {  // RunJobs re-routes it
+      *reroute = link;
+      return std::nullopt;
+    }
     Add(counters_->gets);
     return Result<GetResult>(std::move(s));
   }
@@ -448,12 +463,176 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
     *stale = true;
     return std::nullopt;
   }
-  if (cluster && session.CheckLease(shard, completed, lease_) != Session::LeaseVerdict::kOk) {
-    return std::nullopt;  // not owned (re-routed) or no valid lease (READ again): the engine
+  if (cluster) {
+    switch (session.CheckLease(shard, completed, lease_)) {
+      case Session::LeaseVerdict::kOk:
+        break;
+      case Session::LeaseVerdict::kNotOwned:
+        *reroute = link;  // re-routed with a refreshed map
+        return std::nullopt;
+      case Session::LeaseVerdict::kExpired:
+        return std::nullopt;  // READ again under a fresh lease: the engine
+    }
   }
   Add(counters_->gets);
   Add(counters_->cache_hits);
   return Result<GetResult>(GetResult{std::string(value), version});
+}
+
+// The single-key index path (docs/design.md "The single-key index path"): one attempt of the
+// index path for a key this client has no cached location for, without the engine's runs and
+// coroutines: the two buckets (with the ownership READ beside them when the lease wants a
+// refresh), then every candidate in one batch, each judged by the engine's own rules
+// (JudgeCandidate, NotFound, EndAttempt on a KeyJob of its own). What those rules finish is
+// the answer: a value, NotFound, or the error a failed READ (or no session) ends the GET with.
+// Everything else returns nullopt having decided nothing, and Get runs the engine (an attempt
+// the rules would retry is the engine job's first: its attempts, slow attempts and problem are
+// left in `engine_job`, so max_get_attempts counts the GET's attempts on both paths): a cached
+// location (the engine's cache pass, or a contended key's batch), no scratch, a candidate the
+// layout forbids or more than one batch of them, a failure the engine re-routes, a shard the
+// server does not serve, and any attempt the rules would retry.
+std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Link** reroute) {
+  std::optional<Result<GetResult>> out;
+  KeyJob job;
+  const std::string_view key = engine_job.key;
+  job.key = key;
+  job.out = &out;
+  job.contended = engine_job.contended;
+  job.hash = kv::KeyHash(key);
+  const bool cluster = router_->cluster();
+  std::shared_ptr<const Routing> rt;
+  if (cluster) {
+    rt = router_->routing();
+    job.shard = kv::ShardOf(job.hash, rt->map->shards);
+    job.link = rt->owners[job.shard];
+  } else {
+    job.link = &links_->seed();
+  }
+  if (job.link->cache.entries() > 0 && job.link->cache.Lookup(job.hash).has_value()) {
+    return std::nullopt;
+  }
+  Result<std::shared_ptr<Session>> opened = links_->SessionOf(*job.link);
+  if (!opened.ok()) {  // what the engine would end with (it would not try again)
+    if (cluster && Unreachable(*rt, opened.status())) {  // re-routed
+      *reroute = job.link;
+      return std::nullopt;
+    }
+    return Result<GetResult>(opened.status());
+  }
+  Session& session = **opened;
+  Result<std::unique_ptr<ReadScratch>> raw = pool_->Acquire();
+  if (!raw.ok()) return std::nullopt;
+  ScratchLease x(pool_, std::move(*raw));
+  if (x->bucket_capacity < kv::kChoices) return std::nullopt;
+  // A failed batch: the engine's error, or (re-routed) the engine.
+  auto failed = [&](Status s) -> std::optional<Result<GetResult>> {
+    if (cluster && Unreachable(*rt, s)) {
+      *reroute = job.link;
+      return std::nullopt;
+    }
+    Add(counters_->gets);
+    return Result<GetResult>(std::move(s));
+  };
+  // An attempt made and not finished: the engine's next one is the GET's second.
+  auto hand_over = [&]() -> std::optional<Result<GetResult>> {
+    engine_job.attempts = job.attempts;
+    engine_job.slow_attempts = job.slow_attempts;
+    engine_job.problem = job.problem;
+    return std::nullopt;
+  };
+  // What the rules finished is the answer; a job they left for a retry (after a yield, as the
+  // engine's first back-off), or re-route, is the engine's.
+  auto decided = [&]() -> std::optional<Result<GetResult>> {
+    if (job.wrong_owner) {
+      *reroute = job.link;
+      return std::nullopt;
+    }
+    if (!job.done) {
+      std::this_thread::yield();
+      return hand_over();
+    }
+    Add(counters_->gets);
+    Add(counters_->single_key_index);
+    return std::move(out);
+  };
+
+  // The buckets (IndexChunk's first batch, for one key).
+  const kv::RegionHeader& h = session.header();
+  const kv::Buckets b = kv::BucketsOf(job.hash, kv::SecondHash(key), h.bucket_count);
+  job.fingerprint = kv::FingerprintOf(job.hash);
+  x->batch.clear();
+  x->tags.clear();
+  job.t0 = Clock::now();
+  job.attempts = 1;
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    AddRead(session, *x, x->buckets + c * kv::kBucketBytes,
+            h.index_offset + b.b[c] * kv::kBucketBytes, kv::kBucketBytes, c);
+  }
+  const bool probe = cluster && session.ClaimLeaseRefresh(job.t0, lease_ / 2);
+  uint8_t* own = x->items + OwnershipOffset(*x);
+  if (probe) AddRead(session, *x, own, kv::kOwnershipOffset, kv::kOwnershipBytes, kOwnershipTag);
+  if (cluster) {
+    job.owned_before_slots =
+        session.CheckLease(job.shard, Clock::now(), lease_) == Session::LeaseVerdict::kOk;
+  }
+  Add(counters_->get_round_trips);
+  Add(counters_->get_reads, x->batch.size());
+  Status waited = session.conn().ReadAndWait(x->batch, job.t0 + options_.op_timeout);
+  const Clock::time_point buckets_done = Clock::now();
+  if (Status s = CheckReads(session, x, std::move(waited)); !s.ok()) return failed(std::move(s));
+  if (probe) session.UpdateLease(job.t0, own);
+  bool any_retry = false;
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    job.candidates[c] = kv::MatchFingerprints(x->buckets + c * kv::kBucketBytes, job.fingerprint);
+    job.ncand += static_cast<uint8_t>(std::popcount(job.candidates[c]));
+  }
+  if (job.ncand == 0) {
+    NotFound(session, job, buckets_done, &any_retry);
+    return decided();
+  }
+
+  // Every candidate in one batch (IndexChunk's second), judged in slot order.
+  x->batch.clear();
+  x->tags.clear();
+  const size_t max_ops = std::min(x->op_capacity, batch_limit_);
+  size_t bytes = 0;
+  job.unresolved = job.ncand;
+  for (size_t c = NextCandidate(job, 0); c < kMaxCandidates; c = NextCandidate(job, c + 1)) {
+    const kv::SlotFields f = kv::UnpackSlot(SlotWord(x->buckets, c));
+    const uint32_t len = uint32_t{f.units} * kv::kUnit;
+    const auto off = kv::SlotItemOffset(h, f);
+    if (!off.has_value() || len > x->item_capacity) {
+      // Not a readable item: the server broke the layout contract (IndexChunk's rule).
+      job.problem = Problem::kBadSlot;
+      job.retry = true;
+      --job.unresolved;
+      continue;
+    }
+    // More than one batch of candidates: the engine's, with this attempt counted.
+    if (len > x->item_capacity - bytes || x->batch.size() == max_ops) return hand_over();
+    AddRead(session, *x, x->items + bytes, *off, len,
+            ReadTag{0, static_cast<uint8_t>(c), static_cast<uint32_t>(bytes)}.Pack());
+    bytes += len;
+  }
+  Clock::time_point completed = buckets_done;
+  if (!x->batch.empty()) {
+    Add(counters_->get_round_trips);
+    Add(counters_->get_reads, x->batch.size());
+    waited = session.conn().ReadAndWait(x->batch, buckets_done + options_.op_timeout);
+    completed = Clock::now();
+    if (Status s = CheckReads(session, x, std::move(waited)); !s.ok()) {
+      return failed(std::move(s));
+    }
+  }
+  for (size_t n = 0; n < x->batch.size() && !job.done; ++n) {
+    const ReadTag tag = ReadTag::Unpack(x->tags[n]);
+    --job.unresolved;
+    JudgeCandidate(session, job, x->items + tag.offset, x->batch[n]->length,
+                   SlotWord(x->buckets, tag.candidate), tag.candidate, CacheItemLimit(*x),
+                   completed);
+  }
+  if (!job.done) EndAttempt(session, job, completed, &any_retry);
+  return decided();
 }
 
 std::vector<Result<GetResult>> GetEngine::MultiGet(std::span<const std::string_view> keys) {
@@ -485,14 +664,14 @@ std::vector<Result<GetResult>> GetEngine::MultiGet(std::span<const std::string_v
 // are grouped by owner; a server's failure ends only its own jobs (with the error naming
 // it), and jobs whose server no longer serves their shard are re-routed after a map refresh
 // until op_timeout.
-Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start) {
+Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start, Link* reroute) {
   if (!router_->cluster()) {
     Link& seed = links_->seed();
     for (KeyJob& job : jobs) job.link = &seed;
     return ResolveOn(seed, jobs, start);
   }
   const Clock::time_point deadline = start + options_.op_timeout;
-  router_->RunRouted([&](const Routing& rt) -> Link* {
+  router_->RunRouted(reroute, [&](const Routing& rt) -> Link* {
     std::map<Link*, std::vector<size_t>> groups;
     for (size_t i = 0; i < jobs.size(); ++i) {
       KeyJob& job = jobs[i];
@@ -1118,6 +1297,58 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
   co_return Status::Ok();
 }
 
+void GetEngine::JudgeCandidate(const Session& session, KeyJob& job, const uint8_t* item,
+                               uint32_t length, uint64_t slot_word, size_t candidate,
+                               size_t cache_item_limit, Clock::time_point completed) {
+  if (completed - job.t0 > options_.read_deadline) {
+    // Too slow: the block may have been reused since the buckets were read.
+    if (!job.slow) {
+      Add(counters_->slow_reads);
+      ++job.slow_attempts;
+    }
+    job.slow = true;
+    job.problem = Problem::kSlow;
+    job.retry = true;
+    return;
+  }
+  std::string_view value;
+  uint64_t version = 0;
+  bool torn = false;
+  bool live = false;
+  // Candidates are READ only after their buckets' batch completed, and this one within
+  // read_deadline of t0: the slot was read first.
+  Verdict v =
+      ClassifyItem(item, length, job.key, &value, &version, &torn,
+                   job.owned_before_slots ? Reach::kSlotReadFirst : Reach::kCachedLocation, &live);
+  if (torn) {
+    Add(counters_->torn_reads);
+    job.problem = Problem::kTorn;
+  }
+  if (v == Verdict::kAccept) {
+    if (LeaseAllows(session, job, completed)) {
+      // A retired item is an answer but not a location worth remembering, nor is one that
+      // fits no cache batch (the cache pass would only erase it again).
+      const kv::SlotFields f = kv::UnpackSlot(slot_word);
+      if (live && uint32_t{f.units} * kv::kUnit <= cache_item_limit) {
+        job.link->cache.Store(
+            job.hash,
+            CachedLocation{f.offset_units, f.units,
+                           static_cast<uint8_t>(candidate / kv::kSlotsPerBucket), job.contended});
+      } else if (!live) {
+        Add(counters_->retired_accepts);
+      }
+      Accept(job, value, version);
+      return;
+    }
+    if (job.done) return;  // kWrongOwner
+    job.retry = true;      // retried with a fresh lease
+  }
+  if (v == Verdict::kRetry) {
+    if (!torn) job.problem = Problem::kRetired;
+    job.retry = true;
+  }
+}
+
 // READs the batched candidates and judges them, in slot order per job.
 GetTask GetEngine::JudgeCandidates(OwnerRun& run, bool* any_retry) {
   Session& session = *run.session;
@@ -1129,55 +1360,11 @@ GetTask GetEngine::JudgeCandidates(OwnerRun& run, bool* any_retry) {
     const ReadTag tag = ReadTag::Unpack(x->tags[n]);
     KeyJob& job = jobs[tag.job];
     if (job.done) continue;  // an earlier candidate was accepted
-    const uint8_t* item = x->items + tag.offset;
     --job.unresolved;
-    if (now - job.t0 > options_.read_deadline) {
-      // Too slow: the block may have been reused since the buckets were read.
-      if (!job.slow) {
-        Add(counters_->slow_reads);
-        ++job.slow_attempts;
-      }
-      job.slow = true;
-      job.problem = Problem::kSlow;
-      job.retry = true;
-    } else {
-      std::string_view value;
-      uint64_t version = 0;
-      bool torn = false;
-      bool live = false;
-      // Candidates are READ only after their buckets' batch completed (IndexChunk), and this
-      // one within read_deadline of t0: the slot was read first.
-      Verdict v = ClassifyItem(
-          item, x->batch[n]->length, job.key, &value, &version, &torn,
-          job.owned_before_slots ? Reach::kSlotReadFirst : Reach::kCachedLocation, &live);
-      if (torn) {
-        Add(counters_->torn_reads);
-        job.problem = Problem::kTorn;
-      }
-      if (v == Verdict::kAccept) {
-        if (LeaseAllows(session, job, now)) {
-          // A retired item is an answer but not a location worth remembering, nor is one that
-          // fits no cache batch (the cache pass would only erase it again).
-          const kv::SlotFields f = kv::UnpackSlot(SlotWord(x->buckets + job.images, tag.candidate));
-          if (live && uint32_t{f.units} * kv::kUnit <= CacheItemLimit(*x)) {
-            job.link->cache.Store(
-                job.hash, CachedLocation{f.offset_units, f.units,
-                                         static_cast<uint8_t>(tag.candidate / kv::kSlotsPerBucket),
-                                         job.contended});
-          } else if (!live) {
-            Add(counters_->retired_accepts);
-          }
-          Accept(job, value, version);
-          continue;
-        }
-        if (job.done) continue;  // kWrongOwner
-        job.retry = true;        // retried with a fresh lease
-      }
-      if (v == Verdict::kRetry) {
-        if (!torn) job.problem = Problem::kRetired;
-        job.retry = true;
-      }
-    }
+    JudgeCandidate(session, job, x->items + tag.offset, x->batch[n]->length,
+                   SlotWord(x->buckets + job.images, tag.candidate), tag.candidate,
+                   CacheItemLimit(*x), now);
+    if (job.done) continue;
     if (job.unresolved == 0) EndAttempt(session, job, now, any_retry);
   }
   co_return Status::Ok();

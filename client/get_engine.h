@@ -120,7 +120,10 @@ class GetEngine {
   // ResolveOn for a call that began at `start` (its op_timeout runs from there).
   Status ResolveOn(Link& link, std::span<KeyJob> jobs, std::chrono::steady_clock::time_point start);
   // `start`: when the call began (its op_timeout runs from there).
-  Status RunJobs(std::span<KeyJob> jobs, std::chrono::steady_clock::time_point start);
+  // `reroute`: a fast path found the owner unreachable or not serving the shard: the map is
+  // refreshed from that server before the first round, as after a round of the engine's own.
+  Status RunJobs(std::span<KeyJob> jobs, std::chrono::steady_clock::time_point start,
+                 Link* reroute = nullptr);
   // Sets up a run for `jobs` on `link`'s server (session, scratch, each job's buckets, each
   // job's deadline op_timeout after `start`) and starts nothing; an error (no connection, no
   // scratch) is the run's result at once.
@@ -140,9 +143,23 @@ class GetEngine {
   static bool Unreachable(const Routing& rt, const Status& s);
   // Get's fast path for a key with a cached location (get_engine.cc says what it decides).
   // `start`: when Get began (its op_timeout and the lease's posting time run from there).
+  // *reroute: set when nullopt means "re-route the key" (its owner unreachable, or not the
+  // owner), for RunJobs.
   std::optional<Result<GetResult>> TryCachedGet(std::string_view key,
                                                 std::chrono::steady_clock::time_point start,
-                                                bool* stale);
+                                                bool* stale, Link** reroute);
+  // Get's path for a key without a cached location (get_engine.cc says what it decides): one
+  // attempt of the index path, straight-line. `engine_job`: the job Get gives the engine when
+  // this returns nullopt (key, out and contended set; this may count an attempt in it).
+  std::optional<Result<GetResult>> TryIndexGet(KeyJob& engine_job, Link** reroute);
+  // One candidate item READ through the index, judged (JudgeCandidates and TryIndexGet):
+  // `slot_word` is the slot that led to it (candidate `candidate` of the job's two bucket
+  // images), `completed` when its READ completed. Too late (read_deadline after job.t0), not
+  // the key's current value, or not allowed by the lease: the job is marked for a retry (or
+  // ends with kWrongOwner); accepted: the job is done, and its location cached if it is LIVE.
+  void JudgeCandidate(const Session& session, KeyJob& job, const uint8_t* item, uint32_t length,
+                      uint64_t slot_word, size_t candidate, size_t cache_item_limit,
+                      std::chrono::steady_clock::time_point completed);
   // The resolution of one run's jobs, and its steps; each suspends at every batch of READs.
   GetTask Resolve(OwnerRun& run);
   GetTask CachePass(OwnerRun& run);

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "client/call.h"
@@ -62,9 +63,17 @@ class Router {
   // the map). Cluster only. Used by GETs and writes alike.
   template <typename Round>
   void RunRouted(Round&& round) {
-    for (int n = 0;; ++n) {
+    RunRouted(nullptr, std::forward<Round>(round));
+  }
+  // The same, after work already redirected by `redirected` (null: none): the map is refreshed
+  // from it before the first round, as after a round that returned it.
+  template <typename Round>
+  void RunRouted(Link* redirected, Round&& round) {
+    int n = 0;
+    if (redirected != nullptr) AfterRedirect(redirected, n++);
+    for (;; ++n) {
       std::shared_ptr<const Routing> rt = routing();
-      Link* redirected = round(*rt);
+      redirected = round(*rt);
       if (redirected == nullptr) return;
       AfterRedirect(redirected, n);
     }

@@ -84,6 +84,10 @@ class GetEngineTest : public ::testing::Test {
 
   ClientStats stats() const { return counters_.Snapshot(); }
   bool IsItemRead(uint64_t offset) const { return offset >= server_.header().heap_offset; }
+  // A READ of an index bucket (not the region header READ at connect, nor an ownership READ).
+  bool IsBucketRead(uint64_t offset) const {
+    return offset >= server_.header().index_offset && offset < server_.header().heap_offset;
+  }
 
   FakeServer server_{4 << 20};  // room in its injection area for an item of ~130 KiB
   FakeFabric fabric_{&server_};
@@ -269,7 +273,7 @@ TEST_F(GetEngineTest, NotFoundNeedsALeaseFromBeforeItsSlotRead) {
   SetOwnership(false);
   int bucket_reads = 0;
   server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
-    if (!IsItemRead(offset) && offset != kv::kOwnershipOffset && ++bucket_reads == 2) {
+    if (IsBucketRead(offset) && ++bucket_reads == 2) {
       Put("k", "moved-in");  // both bucket images are copied: neither shows it
       SetOwnership(true);
     }
@@ -388,6 +392,175 @@ TEST_F(GetEngineTest, ACachedItemTooLargeForACacheBatchGoesThroughTheIndex) {
   EXPECT_FALSE(router_->routing()->owners[0]->cache.Lookup(kv::KeyHash(key)).has_value());
   EXPECT_EQ(stats().cache_hits, 0u);
   EXPECT_EQ(stats().cache_misses, 0u);
+}
+
+// --- Get's single-key index path (docs/design.md "The single-key index path") ---
+
+TEST_F(GetEngineTest, TheIndexPathAnswersAColdGetOnItsOwnInTwoRoundTrips) {
+  options_.location_cache_entries = 0;  // every GET through the index
+  Start();
+  const uint64_t v = Put("k", "value");
+  auto g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+  EXPECT_EQ(g->version, v);
+  EXPECT_EQ(counters_.single_key_index.load(), 1u) << "the engine answered, not the path";
+  EXPECT_EQ(stats().gets, 1u);
+  EXPECT_EQ(stats().get_round_trips, 2u);  // buckets, then the item
+  EXPECT_EQ(stats().get_reads, 3u);
+  // Absent: the buckets alone answer, in one round trip.
+  EXPECT_EQ(engine_->Get("absent").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(counters_.single_key_index.load(), 2u);
+  EXPECT_EQ(stats().get_round_trips, 3u);
+  // A slot with "mine"'s fingerprint pointing at another key's intact item: NotFound, no retry.
+  kv::SlotFields f = kv::UnpackSlot(server_.WriteItem("other", "x", 7));
+  f.fingerprint = kv::FingerprintOf(kv::KeyHash("mine"));
+  server_.Bucket("mine", 1)[0] = kv::PackSlot(f);
+  EXPECT_EQ(engine_->Get("mine").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(counters_.single_key_index.load(), 3u);
+  // ... and the key itself, in a slot of its buckets beside the foreign one, is found.
+  const uint64_t mine = Put("mine", "value");
+  g = engine_->Get("mine");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->version, mine);
+  EXPECT_EQ(counters_.single_key_index.load(), 4u);
+  EXPECT_EQ(stats().gets, 4u);
+  EXPECT_EQ(stats().get_retries, 0u);
+  EXPECT_EQ(stats().errors, 0u);
+
+  // A failed READ ends the GET with its error, counted once, as the engine would.
+  const ClientStats before = stats();
+  server_.on_read = [&](transport::ReadOp&, uint64_t) {
+    return transport::ReadStatus::kConnectionLost;
+  };
+  auto lost = engine_->Get("k");
+  EXPECT_TRUE(lost.status().Is(StatusCode::kConnectionLost)) << lost.status().ToString();
+  EXPECT_EQ(stats().gets, before.gets + 1);
+  EXPECT_EQ(stats().errors, before.errors + 1);
+  EXPECT_EQ(stats().get_round_trips, before.get_round_trips + 1);
+  server_.on_read = nullptr;
+}
+
+// An attempt the rules retry is handed to the engine as the GET's first: max_get_attempts
+// counts both paths' attempts together.
+TEST_F(GetEngineTest, AnAttemptTheIndexPathRetriesCountsTowardsMaxGetAttempts) {
+  options_.location_cache_entries = 0;
+  Start();
+  Put("k", "value");
+  int torn_left = 2;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && torn_left > 0) {
+      --torn_left;
+      op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;  // the value of "k": the checksum fails
+    }
+    return transport::ReadStatus::kOk;
+  };
+  auto g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "value");
+  EXPECT_EQ(stats().torn_reads, 2u);
+  EXPECT_EQ(stats().get_retries, 2u);
+  EXPECT_EQ(stats().gets, 1u);
+  EXPECT_EQ(counters_.single_key_index.load(), 0u);  // the engine's third attempt answered
+
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
+    return transport::ReadStatus::kOk;
+  };
+  g = engine_->Get("k");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("4 attempts"), std::string::npos) << g.status().message();
+  EXPECT_EQ(stats().torn_reads, 2u + 4u);  // max_get_attempts READs of the item, no more
+  EXPECT_EQ(stats().gets, 2u);
+  EXPECT_EQ(stats().errors, 1u);
+  server_.on_read = nullptr;
+}
+
+// A slot the layout forbids (past the heap) is judged as the engine judges it: the other
+// candidates still answer; alone, it is retried, and every attempt counts.
+TEST_F(GetEngineTest, TheIndexPathSkipsASlotOutsideTheHeapAndCountsItsAttempts) {
+  options_.location_cache_entries = 0;
+  Start();
+  const uint64_t v = Put("k", "value");  // in slot 0 of one of its buckets
+  // (Forged after the PUT: the fake server would follow it.)
+  kv::SlotFields bad{kv::FingerprintOf(kv::KeyHash("k")), 1, 0xfffffff0u};
+  server_.Bucket("k", 0)[63] = kv::PackSlot(bad);
+  server_.Bucket("k", 1)[63] = kv::PackSlot(bad);
+  auto g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->version, v);
+  EXPECT_EQ(counters_.single_key_index.load(), 1u);
+  EXPECT_EQ(stats().get_reads, 3u);  // two buckets and the one readable candidate
+  EXPECT_EQ(stats().get_retries, 0u);
+
+  bad.fingerprint = kv::FingerprintOf(kv::KeyHash("only-bad"));
+  server_.Bucket("only-bad", 0)[0] = kv::PackSlot(bad);
+  const ClientStats before = stats();
+  g = engine_->Get("only-bad");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("4 attempts"), std::string::npos) << g.status().message();
+  EXPECT_NE(g.status().message().find("outside the heap"), std::string::npos)
+      << g.status().message();
+  // max_get_attempts bucket batches, and no READ of the forbidden slot.
+  EXPECT_EQ(stats().get_round_trips, before.get_round_trips + 4);
+  EXPECT_EQ(stats().get_reads, before.get_reads + 8);
+  EXPECT_EQ(counters_.single_key_index.load(), 1u);
+}
+
+// The index path's lease rules hold on this path too (the rules are the engine's own): a
+// retired item, and NotFound, only under a lease READ before the slots were.
+TEST_F(GetEngineTest, TheIndexPathTakesARetiredItemOrNotFoundOnlyUnderAnEarlierLease) {
+  options_.location_cache_entries = 0;
+  options_.ownership_lease = 10s;
+  StartCluster();
+  SetOwnership(true);
+  Put("k", "old");
+  int races = 1;
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset) && races > 0) {
+      --races;
+      Put("k", "new");  // retires the item this READ copied: copy it again, DEAD
+      std::memcpy(op.local, reinterpret_cast<const void*>(op.remote_addr), op.length);
+    }
+    return transport::ReadStatus::kOk;
+  };
+  // No lease before the first attempt: its retired "old" is not taken.
+  auto g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(stats().get_retries, 1u);
+  EXPECT_EQ(stats().retired_accepts, 0u);
+  EXPECT_EQ(counters_.single_key_index.load(), 0u);
+  // Under a lease READ earlier: the retired item is the answer, on this path.
+  races = 1;
+  g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "new");
+  EXPECT_EQ(stats().retired_accepts, 1u);
+  EXPECT_EQ(counters_.single_key_index.load(), 1u);
+  server_.on_read = nullptr;
+
+  // NotFound: the shard arrives after the buckets were READ (a fresh client: no lease yet).
+  StartCluster();
+  SetOwnership(false);
+  int bucket_reads = 0;
+  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
+    if (IsBucketRead(offset) && ++bucket_reads == 2) {
+      Put("moved", "in");  // both bucket images are copied: neither shows it
+      SetOwnership(true);
+    }
+    return transport::ReadStatus::kOk;
+  };
+  const uint64_t index_before = counters_.single_key_index.load();
+  g = engine_->Get("moved");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(g->value, "in");
+  EXPECT_EQ(counters_.single_key_index.load(), index_before);
+  server_.on_read = nullptr;
+  EXPECT_EQ(engine_->Get("absent").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(counters_.single_key_index.load(), index_before + 1);
 }
 
 TEST_F(GetEngineTest, ShardNotServedIsWrongOwner) {
