@@ -350,18 +350,19 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
   }
   const Clock::time_point start = Clock::now();  // op_timeout runs from here, on either path
   bool stale = false;
+  std::optional<Result<GetResult>> out;
+  KeyJob job;  // what the engine resolves if neither fast path decides
+  job.key = key;
+  job.out = &out;
   Link* reroute = nullptr;  // a fast path found the key's owner unreachable or not the owner
-  std::optional<Result<GetResult>> out = TryCachedGet(key, start, &stale, &reroute);
+  out = TryCachedGet(key, start, &stale, job, &reroute);
   if (out.has_value()) {
     if (!out->ok()) Add(counters_->errors);  // the fast path ends with a value or an error
     return std::move(*out);
   }
-  KeyJob job;
-  job.key = key;
-  job.out = &out;
   job.contended = stale;  // its cached item was stale: the location found is kept as contended
   if (reroute == nullptr) {
-    out = TryIndexGet(job, &reroute);
+    out = TryIndexGet(job, start, &reroute);
     if (out.has_value()) {
       if (!out->ok() && !out->status().Is(StatusCode::kNotFound)) Add(counters_->errors);
       return std::move(*out);
@@ -391,7 +392,7 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
 // torn, another key's) is a cache miss: the entry is forgotten and *stale set.
 std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
                                                          Clock::time_point start, bool* stale,
-                                                         Link** reroute) {
+                                                         KeyJob& engine_job, Link** reroute) {
   if (options_.cache_checks_slot) return std::nullopt;
   const uint64_t hash = kv::KeyHash(key);
   const bool cluster = router_->cluster();
@@ -408,10 +409,9 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   if (link->cache.entries() == 0) return std::nullopt;
   // The session first: a reconnect to a new incarnation of the server clears the cache.
   Result<std::shared_ptr<Session>> opened = links_->SessionOf(*link);
-  if (!opened.ok()) {  // what the engine would end with (it would not try again)
-    if (cluster && Unreachable(*rt, opened.status())) {  // re-routed
-      *reroute = link;
-      return std::nullopt;
+  if (!opened.ok()) {  // what the engine would end with
+    if (cluster && Unreachable(*rt, opened.status())) {
+      return Reroute(*link, opened.status(), false, start, engine_job, reroute);
     }
     return Result<GetResult>(opened.status());
   }
@@ -442,11 +442,8 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   const Clock::time_point completed = cluster ? Clock::now() : Clock::time_point{};
   Status s = CheckReads(session, x, std::move(waited));
   if (!s.ok()) {
-    if (cluster && Unreachable(*rt, s)) {  // RunJobs re-routes it
-      *reroute = link;
-      return std::nullopt;
-    }
     Add(counters_->gets);
+    if (cluster && Unreachable(*rt, s)) return Reroute(*link, s, false, start, engine_job, reroute);
     return Result<GetResult>(std::move(s));
   }
   if (probe) session.UpdateLease(t0, own);
@@ -468,8 +465,8 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
       case Session::LeaseVerdict::kOk:
         break;
       case Session::LeaseVerdict::kNotOwned:
-        *reroute = link;  // re-routed with a refreshed map
-        return std::nullopt;
+        Add(counters_->gets);
+        return Reroute(*link, WrongOwner(*link, shard, key), true, start, engine_job, reroute);
       case Session::LeaseVerdict::kExpired:
         return std::nullopt;  // READ again under a fresh lease: the engine
     }
@@ -477,6 +474,31 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   Add(counters_->gets);
   Add(counters_->cache_hits);
   return Result<GetResult>(GetResult{std::string(value), version});
+}
+
+// A fast path of Get found `link` unreachable (`s`) or not serving the key's shard
+// (`wrong_owner`, `s` its kWrongOwner): RunJobs' rule for a job of the engine. With time left
+// before op_timeout (20 ms to spare when unreachable), nullopt, and the engine re-routes the key
+// first thing (*reroute; a kWrongOwner is kept as the job's redirect, the reason its retry is
+// given if it then times out); else the error ends the GET.
+std::optional<Result<GetResult>> GetEngine::Reroute(Link& link, Status s, bool wrong_owner,
+                                                    Clock::time_point start, KeyJob& engine_job,
+                                                    Link** reroute) {
+  const Clock::time_point deadline = start + options_.op_timeout;
+  const Clock::time_point now = Clock::now();
+  if (wrong_owner ? now < deadline : now + std::chrono::milliseconds(20) < deadline) {
+    *reroute = &link;
+    if (wrong_owner) engine_job.redirect = std::move(s);
+    return std::nullopt;
+  }
+  return Result<GetResult>(std::move(s));
+}
+
+Status GetEngine::WrongOwner(const Link& link, uint32_t shard, std::string_view key) const {
+  return Status::WrongOwner(links_->Name(link) + " does not serve shard " + std::to_string(shard) +
+                            " of " + DescribeKey(key) +
+                            " (the shard moved, or is moving: a move serves no GET of it from "
+                            "its step 1 to its step 3)");
 }
 
 // The single-key index path (docs/design.md "The single-key index path"): one attempt of the
@@ -491,7 +513,8 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
 // location (the engine's cache pass, or a contended key's batch), no scratch, a candidate the
 // layout forbids or more than one batch of them, a failure the engine re-routes, a shard the
 // server does not serve, and any attempt the rules would retry.
-std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Link** reroute) {
+std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Clock::time_point start,
+                                                        Link** reroute) {
   std::optional<Result<GetResult>> out;
   KeyJob job;
   const std::string_view key = engine_job.key;
@@ -512,10 +535,9 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Link
     return std::nullopt;
   }
   Result<std::shared_ptr<Session>> opened = links_->SessionOf(*job.link);
-  if (!opened.ok()) {  // what the engine would end with (it would not try again)
-    if (cluster && Unreachable(*rt, opened.status())) {  // re-routed
-      *reroute = job.link;
-      return std::nullopt;
+  if (!opened.ok()) {  // what the engine would end with
+    if (cluster && Unreachable(*rt, opened.status())) {
+      return Reroute(*job.link, opened.status(), false, start, engine_job, reroute);
     }
     return Result<GetResult>(opened.status());
   }
@@ -526,11 +548,9 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Link
   if (x->bucket_capacity < kv::kChoices) return std::nullopt;
   // A failed batch: the engine's error, or (re-routed) the engine.
   auto failed = [&](Status s) -> std::optional<Result<GetResult>> {
-    if (cluster && Unreachable(*rt, s)) {
-      *reroute = job.link;
-      return std::nullopt;
-    }
     Add(counters_->gets);
+    if (cluster && Unreachable(*rt, s))
+      return Reroute(*job.link, s, false, start, engine_job, reroute);
     return Result<GetResult>(std::move(s));
   };
   // An attempt made and not finished: the engine's next one is the GET's second.
@@ -544,8 +564,8 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Link
   // engine's first back-off), or re-route, is the engine's.
   auto decided = [&]() -> std::optional<Result<GetResult>> {
     if (job.wrong_owner) {
-      *reroute = job.link;
-      return std::nullopt;
+      Add(counters_->gets);
+      return Reroute(*job.link, out->status(), true, start, engine_job, reroute);
     }
     if (!job.done) {
       std::this_thread::yield();
@@ -608,8 +628,9 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Link
       --job.unresolved;
       continue;
     }
-    // More than one batch of candidates: the engine's, with this attempt counted.
-    if (len > x->item_capacity - bytes || x->batch.size() == max_ops) return hand_over();
+    // More than one batch of candidates: the engine's, as if this attempt had not been made
+    // (it judged nothing).
+    if (len > x->item_capacity - bytes || x->batch.size() == max_ops) return std::nullopt;
     AddRead(session, *x, x->items + bytes, *off, len,
             ReadTag{0, static_cast<uint8_t>(c), static_cast<uint32_t>(bytes)}.Pack());
     bytes += len;
@@ -798,7 +819,10 @@ GetTask GetEngine::Resolve(OwnerRun& run) {
     GetTask cache = CachePass(run);
     RDKV_CO_RETURN_IF_ERROR(co_await cache);
   }
-  for (int round = 0;; ++round) {
+  // A single key's attempt made by TryIndexGet counts as the first round.
+  int first_round = 0;
+  for (const KeyJob& job : run.jobs) first_round = std::max(first_round, job.attempts);
+  for (int round = first_round;; ++round) {
     bool any_retry = false;
     bool any_work = false;
     for (size_t i = 0; i < run.jobs.size();) {
@@ -955,10 +979,7 @@ bool GetEngine::LeaseAllows(const Session& session, KeyJob& job, Clock::time_poi
     case Session::LeaseVerdict::kNotOwned:
       // Done here, re-routed by RunJobs.
       job.wrong_owner = true;
-      Finish(job, Status::WrongOwner(links_->Name(*job.link) + " does not serve shard " +
-                                     std::to_string(job.shard) + " of " + DescribeKey(job.key) +
-                                     " (the shard moved, or is moving: a move serves no GET of "
-                                     "it from its step 1 to its step 3)"));
+      Finish(job, WrongOwner(*job.link, job.shard, job.key));
       return false;
     case Session::LeaseVerdict::kExpired:
       job.problem = Problem::kLease;  // read again with a fresh lease

@@ -144,14 +144,22 @@ class GetEngine {
   // Get's fast path for a key with a cached location (get_engine.cc says what it decides).
   // `start`: when Get began (its op_timeout and the lease's posting time run from there).
   // *reroute: set when nullopt means "re-route the key" (its owner unreachable, or not the
-  // owner), for RunJobs.
+  // owner), for RunJobs; `engine_job` (key and out set) may be given its redirect.
   std::optional<Result<GetResult>> TryCachedGet(std::string_view key,
                                                 std::chrono::steady_clock::time_point start,
-                                                bool* stale, Link** reroute);
+                                                bool* stale, KeyJob& engine_job, Link** reroute);
   // Get's path for a key without a cached location (get_engine.cc says what it decides): one
   // attempt of the index path, straight-line. `engine_job`: the job Get gives the engine when
   // this returns nullopt (key, out and contended set; this may count an attempt in it).
-  std::optional<Result<GetResult>> TryIndexGet(KeyJob& engine_job, Link** reroute);
+  std::optional<Result<GetResult>> TryIndexGet(KeyJob& engine_job,
+                                               std::chrono::steady_clock::time_point start,
+                                               Link** reroute);
+  // The fast paths' end when the key must be re-routed (get_engine.cc).
+  std::optional<Result<GetResult>> Reroute(Link& link, Status s, bool wrong_owner,
+                                           std::chrono::steady_clock::time_point start,
+                                           KeyJob& engine_job, Link** reroute);
+  // The kWrongOwner of a GET of `key` from `link`, which does not serve `shard`.
+  Status WrongOwner(const Link& link, uint32_t shard, std::string_view key) const;
   // One candidate item READ through the index, judged (JudgeCandidates and TryIndexGet):
   // `slot_word` is the slot that led to it (candidate `candidate` of the job's two bucket
   // images), `completed` when its READ completed. Too late (read_deadline after job.t0), not

@@ -509,6 +509,67 @@ TEST_F(GetEngineTest, TheIndexPathSkipsASlotOutsideTheHeapAndCountsItsAttempts) 
   EXPECT_EQ(counters_.single_key_index.load(), 1u);
 }
 
+// Candidates that need more than one batch are the engine's, and the bucket READs that found
+// them do not count as an attempt (they judged nothing): max_get_attempts = 1 still allows the
+// engine's one attempt.
+TEST_F(GetEngineTest, CandidatesForMoreThanOneBatchAreTheEnginesWithoutAnAttemptCounted) {
+  options_.location_cache_entries = 0;
+  options_.max_batch_reads = kMinBatchReads;  // 3 READs a batch
+  options_.max_get_attempts = 1;
+  Start();
+  Put("k", "value");
+  uint64_t word = 0;
+  uint64_t* bucket = nullptr;
+  for (size_t c = 0; c < kv::kChoices && bucket == nullptr; ++c) {
+    for (size_t i = 0; i < kv::kSlotsPerBucket; ++i) {
+      if (server_.Bucket("k", c)[i] != 0) {
+        bucket = server_.Bucket("k", c);
+        word = bucket[i];
+        break;
+      }
+    }
+  }
+  ASSERT_NE(bucket, nullptr);
+  for (size_t i = 60; i < 64; ++i) bucket[i] = word;  // 5 candidates in all, each the item
+  auto g = engine_->Get("k");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(counters_.single_key_index.load(), 0u);  // the engine's batches of 3, then 2
+
+  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
+    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
+    return transport::ReadStatus::kOk;
+  };
+  g = engine_->Get("k");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("failed 1 attempts"), std::string::npos)
+      << g.status().message();
+  server_.on_read = nullptr;
+}
+
+// A shard the server does not serve: the path hands the key to the engine to re-route (here
+// there is no other owner, so it ends with the kWrongOwner once op_timeout has run out).
+TEST_F(GetEngineTest, TheIndexPathHandsAShardNotServedToTheEngineToReRoute) {
+  options_.location_cache_entries = 0;
+  options_.op_timeout = 100ms;
+  options_.ownership_lease = 4ms;
+  StartCluster();
+  SetOwnership(true);
+  Put("k", "value");
+  ASSERT_TRUE(engine_->Get("k").ok());
+  SetOwnership(false);
+  std::this_thread::sleep_for(10ms);  // that lease has expired: the next batch READs ownership
+  const auto t0 = std::chrono::steady_clock::now();
+  auto g = engine_->Get("k");
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kWrongOwner) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("does not serve shard 0"), std::string::npos)
+      << g.status().message();
+  EXPECT_GE(took, 100ms) << "ended before op_timeout: not re-routed";
+  EXPECT_EQ(counters_.single_key_index.load(), 1u);  // only the first GET
+}
+
 // The index path's lease rules hold on this path too (the rules are the engine's own): a
 // retired item, and NotFound, only under a lease READ before the slots were.
 TEST_F(GetEngineTest, TheIndexPathTakesARetiredItemOrNotFoundOnlyUnderAnEarlierLease) {
