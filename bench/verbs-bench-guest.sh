@@ -36,22 +36,19 @@ done
 target="$RDKV_RXE_ADDR:$(cat "$work/port")"
 
 # A 64-byte value with kv_bench's keys makes a 128-byte item: a cached GET is one 128-byte READ.
+# kv_gets KV_BENCH NAME ROUND: GETs through the location cache, then through the index alone.
+kv_gets() {
+  taskset -c "$CLIENT_CPU" "$1" --server="$target" --transport=verbs \
+    --value_size=64 --keys=2000 --ops=3000 --seconds=1 --threads=2 --multiget_keys=0 \
+    --json="$OUT/$2-cache-$3.json" 2>"$OUT/$2-cache-$3.log"
+  taskset -c "$CLIENT_CPU" "$1" --server="$target" --transport=verbs \
+    --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
+    --location_cache=false --json="$OUT/$2-index-$3.json" 2>"$OUT/$2-index-$3.log"
+}
 for ((r = 1; r <= ROUNDS; ++r)); do
   tests/rxe/perftest.sh -s 128 --bw-iters 2000 "${pins[@]}" --json "$OUT/perftest-128-$r.json"
-  taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
-    --value_size=64 --keys=2000 --ops=3000 --seconds=1 --threads=2 --multiget_keys=0 \
-    --json="$OUT/kv-cache-$r.json" 2>"$OUT/kv-cache-$r.log"
-  taskset -c "$CLIENT_CPU" "$B/bench/kv_bench" --server="$target" --transport=verbs \
-    --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
-    --location_cache=false --json="$OUT/kv-index-$r.json" 2>"$OUT/kv-index-$r.log"
-  if [[ -n $BASELINE ]]; then
-    taskset -c "$CLIENT_CPU" "$BASELINE" --server="$target" --transport=verbs \
-      --value_size=64 --keys=2000 --ops=3000 --seconds=1 --threads=2 --multiget_keys=0 \
-      --json="$OUT/base-cache-$r.json" 2>"$OUT/base-cache-$r.log"
-    taskset -c "$CLIENT_CPU" "$BASELINE" --server="$target" --transport=verbs \
-      --value_size=64 --keys=2000 --ops=2000 --seconds=1 --threads=2 --multiget_keys=0 \
-      --location_cache=false --json="$OUT/base-index-$r.json" 2>"$OUT/base-index-$r.log"
-  fi
+  kv_gets "$B/bench/kv_bench" kv "$r"
+  [[ -z $BASELINE ]] || kv_gets "$BASELINE" base "$r"
   # The same READs through the transport alone (a 128-byte READ; the index path's 2 x 512 B then
   # 128 B): what the fabric charges for a GET's bytes, so the KV code's own share shows.
   taskset -c "$CLIENT_CPU" "$B/bench/transport_bench" --transport=verbs --host="$RDKV_RXE_ADDR" \

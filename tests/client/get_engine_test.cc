@@ -83,6 +83,21 @@ class GetEngineTest : public ::testing::Test {
   }
 
   ClientStats stats() const { return counters_.Snapshot(); }
+
+  // Every READ of a GET of `key` fails (connection lost): the GET ends with that error after
+  // one round trip, counted once as a GET and once as an error, as the engine would.
+  void ExpectALostReadEndsTheGet(std::string_view key) {
+    const ClientStats before = stats();
+    server_.on_read = [&](transport::ReadOp&, uint64_t) {
+      return transport::ReadStatus::kConnectionLost;
+    };
+    auto lost = engine_->Get(key);
+    EXPECT_TRUE(lost.status().Is(StatusCode::kConnectionLost)) << lost.status().ToString();
+    EXPECT_EQ(stats().gets, before.gets + 1);
+    EXPECT_EQ(stats().errors, before.errors + 1);
+    EXPECT_EQ(stats().get_round_trips, before.get_round_trips + 1);
+    server_.on_read = nullptr;
+  }
   bool IsItemRead(uint64_t offset) const { return offset >= server_.header().heap_offset; }
   // A READ of an index bucket (not the region header READ at connect, nor an ownership READ).
   bool IsBucketRead(uint64_t offset) const {
@@ -327,16 +342,7 @@ TEST_F(GetEngineTest, TheCachedPathIsOneReadAndCountsLikeTheEngine) {
   uint64_t hits = stats().cache_hits;
   ASSERT_TRUE(engine_->Get("other").ok());
   ASSERT_EQ(stats().cache_hits, hits + 1) << "not the cached path";
-  const ClientStats before = stats();
-  server_.on_read = [&](transport::ReadOp&, uint64_t) {
-    return transport::ReadStatus::kConnectionLost;
-  };
-  auto lost = engine_->Get("other");
-  EXPECT_TRUE(lost.status().Is(StatusCode::kConnectionLost)) << lost.status().ToString();
-  EXPECT_EQ(stats().gets, before.gets + 1);
-  EXPECT_EQ(stats().errors, before.errors + 1);
-  EXPECT_EQ(stats().get_round_trips, before.get_round_trips + 1);
-  server_.on_read = nullptr;
+  ExpectALostReadEndsTheGet("other");
 }
 
 TEST_F(GetEngineTest, TheCachedPathWaitsForAValidOwnershipLease) {
@@ -429,16 +435,7 @@ TEST_F(GetEngineTest, TheIndexPathAnswersAColdGetOnItsOwnInTwoRoundTrips) {
   EXPECT_EQ(stats().errors, 0u);
 
   // A failed READ ends the GET with its error, counted once, as the engine would.
-  const ClientStats before = stats();
-  server_.on_read = [&](transport::ReadOp&, uint64_t) {
-    return transport::ReadStatus::kConnectionLost;
-  };
-  auto lost = engine_->Get("k");
-  EXPECT_TRUE(lost.status().Is(StatusCode::kConnectionLost)) << lost.status().ToString();
-  EXPECT_EQ(stats().gets, before.gets + 1);
-  EXPECT_EQ(stats().errors, before.errors + 1);
-  EXPECT_EQ(stats().get_round_trips, before.get_round_trips + 1);
-  server_.on_read = nullptr;
+  ExpectALostReadEndsTheGet("k");
 }
 
 // An attempt the rules retry is handed to the engine as the GET's first: max_get_attempts
