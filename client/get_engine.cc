@@ -507,12 +507,12 @@ Status GetEngine::WrongOwner(const Link& link, uint32_t shard, std::string_view 
 // refresh), then every candidate in one batch, each judged by the engine's own rules
 // (JudgeCandidate, NotFound, EndAttempt on a KeyJob of its own). What those rules finish is
 // the answer: a value, NotFound, or the error a failed READ (or no session) ends the GET with.
-// Everything else returns nullopt having decided nothing, and Get runs the engine (an attempt
-// the rules would retry is the engine job's first: its attempts, slow attempts and problem are
-// left in `engine_job`, so max_get_attempts counts the GET's attempts on both paths): a cached
-// location (the engine's cache pass, or a contended key's batch), no scratch, a candidate the
-// layout forbids or more than one batch of them, a failure the engine re-routes, a shard the
-// server does not serve, and any attempt the rules would retry.
+// Everything else returns nullopt, and Get runs the engine: a cached location (the engine's
+// cache pass, or a contended key's batch), no scratch, candidates for more than one batch (no
+// attempt counted: none was judged), and any attempt the rules would retry (it is the engine
+// job's first: its attempts, slow attempts and problem are left in `engine_job`, so
+// max_get_attempts counts the GET's attempts on both paths). A key to re-route (its server
+// unreachable, or not serving the shard) is Reroute's.
 std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Clock::time_point start,
                                                         Link** reroute) {
   std::optional<Result<GetResult>> out;
@@ -549,8 +549,9 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Cloc
   // A failed batch: the engine's error, or (re-routed) the engine.
   auto failed = [&](Status s) -> std::optional<Result<GetResult>> {
     Add(counters_->gets);
-    if (cluster && Unreachable(*rt, s))
+    if (cluster && Unreachable(*rt, s)) {
       return Reroute(*job.link, s, false, start, engine_job, reroute);
+    }
     return Result<GetResult>(std::move(s));
   };
   // An attempt made and not finished: the engine's next one is the GET's second.
