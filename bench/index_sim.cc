@@ -1,7 +1,8 @@
 // A simulation of index v2's placement rule (docs/design.md "Region layout"), fast enough for
 // tables far larger than this host's memory holds as a real region: n buckets of S slots, each
-// key with two distinct random candidate buckets, an insert into the emptier (the first on a
-// tie), refused when both are full. Only counts are kept.
+// key with two distinct random candidate buckets (by default; INDEX_SIM_CHOICES below), an
+// insert into the emptier (the first on a tie), refused when both are full. Only counts are
+// kept.
 //
 //   index_sim BUCKETS SLOTS_PER_BUCKET [FILL CHURN_ROUNDS [SEED]]
 // Without FILL: fills until the first refusal and prints the slot use there. With FILL (0..1)

@@ -2,10 +2,22 @@
 # READ and GET latency over real verbs (Soft-RoCE in the rdkv VM), as ratios to perftest on the
 # same device in the same boot. Also runs the tcp figures on the host for comparison.
 #   bench/run-verbs-bench.sh [BUILD_DIR]      (default build/default; builds what it needs)
-# BASELINE_KV_BENCH=FILE (a kv_bench binary of another commit, inside the repo tree so the VM
-# sees it) also runs that kv_bench in every round, right after this build's, and prints its
-# GET ratios beside: a before/after of the client in one boot.
+# BASELINE_KV_BENCH=FILE (a kv_bench binary of another commit; not under /tmp or /run, which the
+# VM does not share) also runs that kv_bench in every round, right after this build's, and
+# prints its GET ratios beside: a before/after of the client in one boot.
 set -euo pipefail
+BASELINE=${BASELINE_KV_BENCH:-}
+if [[ -n $BASELINE ]]; then  # resolved from the caller's directory
+  BASELINE=$(realpath -e "$BASELINE" 2>/dev/null) || {
+    echo "BASELINE_KV_BENCH=$BASELINE_KV_BENCH does not exist" >&2
+    exit 2
+  }
+  [[ -x $BASELINE ]] || { echo "BASELINE_KV_BENCH=$BASELINE is not an executable" >&2; exit 2; }
+  [[ $BASELINE != /tmp/* && $BASELINE != /run/* ]] || {
+    echo "BASELINE_KV_BENCH must not lie under /tmp or /run (the VM does not see them)" >&2
+    exit 2
+  }
+fi
 cd "$(dirname "$0")/.."
 B=${1:-build/default}
 if [[ $B == build/default ]]; then
@@ -15,12 +27,6 @@ fi
 OUT=$PWD/build/bench-verbs
 ROUNDS=${ROUNDS:-5}
 rm -rf "$OUT" && mkdir -p "$OUT"
-BASELINE=${BASELINE_KV_BENCH:-}
-if [[ -n $BASELINE ]]; then
-  [[ -x $BASELINE ]] || { echo "BASELINE_KV_BENCH=$BASELINE is not an executable" >&2; exit 2; }
-  BASELINE=$(realpath --relative-to=. "$BASELINE")
-  [[ $BASELINE != ../* ]] || { echo "BASELINE_KV_BENCH must lie inside $PWD" >&2; exit 2; }
-fi
 tests/rxe/vm.sh --timeout 2400 --out "$OUT" -- bench/verbs-bench-guest.sh "$B" "$OUT" "$ROUNDS" \
   "$BASELINE"
 

@@ -31,9 +31,10 @@ DEFINE_int32(connects, 0,
              "print connects_per_s and the median connect time");
 
 DEFINE_bool(index_pattern, false,
-            "Also time the READs of a GET's index path alone, as the transport serves them: two "
-            "512-byte READs in one batch (the key's two buckets), then one 128-byte READ (the "
-            "item); prints index_pattern p50_us");
+            "Also time the READs of a GET's index path alone, as the transport serves them: "
+            "--index_buckets READs of --index_bucket_bytes in one batch (by default the key's "
+            "two 512-byte buckets), then one 128-byte READ (the item); prints index_pattern "
+            "p50_us");
 DEFINE_int32(index_bucket_bytes, 512,
              "Bytes of each bucket READ in --index_pattern (the layout's bucket is 512; other "
              "sizes show what a smaller bucket would cost the fabric)");

@@ -12,8 +12,8 @@
 # ratio is taken within a round and the host script reports their median. Every tool's log
 # (and kvserver's) is kept in OUT_DIR.
 set -euo pipefail
-B=${1:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]}
-OUT=${2:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS]}
+B=${1:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS] [BASELINE_KV_BENCH]}
+OUT=${2:?usage: verbs-bench-guest.sh BUILD_DIR OUT_DIR [ROUNDS] [BASELINE_KV_BENCH]}
 ROUNDS=${3:-5}
 BASELINE=${4:-}  # another commit's kv_bench, run after this build's in every round
 : "${RDKV_RXE_ADDR:?runs inside tests/rxe/vm.sh}"

@@ -14,8 +14,9 @@ struct Counters {
   std::atomic<uint64_t> gets{0}, get_reads{0}, get_round_trips{0}, get_retries{0}, cache_hits{0},
       torn_reads{0}, writes{0}, errors{0}, cache_misses{0}, slow_reads{0}, reconnects{0},
       retired_accepts{0};
-  // GETs that GetEngine::TryIndexGet answered (tests tell its answers from the engine's by it;
-  // not in ClientStats: it is how, not what).
+  // GETs that GetEngine::TryIndexGet's rules finished (a value, NotFound, or an error those
+  // rules set; not a failed READ's error nor a re-route's): tests tell its answers from the
+  // engine's by it. Not in ClientStats: it is how, not what.
   std::atomic<uint64_t> single_key_index{0};
 
   // The totals as the public struct.

@@ -385,11 +385,12 @@ Result<GetResult> GetEngine::Get(std::string_view key) {
 // (docs/design.md "The single-key cached path"): one READ of the cached item (with the
 // ownership READ beside it when the lease wants a refresh), judged exactly as the cache pass
 // judges it. A LIVE item of the key under a valid lease is the answer; no session or a failed
-// READ is the error the engine would have ended the GET with. Everything else returns nullopt
-// having decided nothing, and Get runs the engine: no entry, a contended key,
-// cache_checks_slot, no scratch, a failure the engine re-routes (no session or a failed READ
-// in a coordinated cluster), or a lease that does not allow the item. A stale item (not LIVE,
-// torn, another key's) is a cache miss: the entry is forgotten and *stale set.
+// READ is the error the engine would have ended the GET with. A key to re-route (no session
+// or a failed READ in a coordinated cluster, a server not serving the shard) is Reroute's.
+// Everything else returns nullopt having decided nothing, and Get goes on (TryIndexGet, then
+// the engine): no entry, a contended key, cache_checks_slot, no scratch, or an expired lease.
+// A stale item (not LIVE, torn, another key's) is a cache miss: the entry is forgotten and
+// *stale set.
 std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
                                                          Clock::time_point start, bool* stale,
                                                          KeyJob& engine_job, Link** reroute) {

@@ -162,9 +162,11 @@ class GetEngine {
   Status WrongOwner(const Link& link, uint32_t shard, std::string_view key) const;
   // One candidate item READ through the index, judged (JudgeCandidates and TryIndexGet):
   // `slot_word` is the slot that led to it (candidate `candidate` of the job's two bucket
-  // images), `completed` when its READ completed. Too late (read_deadline after job.t0), not
-  // the key's current value, or not allowed by the lease: the job is marked for a retry (or
-  // ends with kWrongOwner); accepted: the job is done, and its location cached if it is LIVE.
+  // images), `completed` when its READ completed. Too late (read_deadline after job.t0), an
+  // item that may not be the key's current value (torn, PENDING, retired without an earlier
+  // lease), or not allowed by the lease: the job is marked for a retry (or ends with
+  // kWrongOwner). Another key's intact item marks nothing. Accepted: the job is done, and its
+  // location cached if the item is LIVE and fits a cache batch (`cache_item_limit`).
   void JudgeCandidate(const Session& session, KeyJob& job, const uint8_t* item, uint32_t length,
                       uint64_t slot_word, size_t candidate, size_t cache_item_limit,
                       std::chrono::steady_clock::time_point completed);
