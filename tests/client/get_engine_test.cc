@@ -84,6 +84,45 @@ class GetEngineTest : public ::testing::Test {
 
   ClientStats stats() const { return counters_.Snapshot(); }
 
+  // The next `count` item READs (every one when negative) return a torn item: a byte of the
+  // value of "k" flipped, so its checksum fails.
+  void TearItemReads(int count) {
+    auto left = std::make_shared<int>(count);
+    server_.on_read = [this, left](transport::ReadOp& op, uint64_t offset) {
+      if (IsItemRead(offset) && *left != 0) {
+        if (*left > 0) --*left;
+        op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
+      }
+      return transport::ReadStatus::kOk;
+    };
+  }
+
+  // While *races > 0, each item READ races a rewrite of "k" to "new": the rewrite retires the
+  // item the READ copied, and the READ copies it again, so it shows the item DEAD.
+  void RewriteKDuringItemReads(int* races) {
+    server_.on_read = [this, races](transport::ReadOp& op, uint64_t offset) {
+      if (IsItemRead(offset) && *races > 0) {
+        --*races;
+        Put("k", "new");
+        std::memcpy(op.local, reinterpret_cast<const void*>(op.remote_addr), op.length);
+      }
+      return transport::ReadStatus::kOk;
+    };
+  }
+
+  // The shard arrives (`key` written, the ownership bit set) right after the next GET's two
+  // bucket images were copied: neither shows the key.
+  void MoveInAfterTheBuckets(std::string key, std::string value) {
+    auto bucket_reads = std::make_shared<int>(0);
+    server_.on_read = [this, bucket_reads, key, value](transport::ReadOp&, uint64_t offset) {
+      if (IsBucketRead(offset) && ++*bucket_reads == 2) {
+        Put(key, value);
+        SetOwnership(true);
+      }
+      return transport::ReadStatus::kOk;
+    };
+  }
+
   // Every READ of a GET of `key` fails (connection lost): the GET ends with that error after
   // one round trip, counted once as a GET and once as an error, as the engine would.
   void ExpectALostReadEndsTheGet(std::string_view key) {
@@ -183,14 +222,7 @@ TEST_F(GetEngineTest, TornReadIsRetriedThenReported) {
   Start();
   Put("k", "value");
   // Two torn item READs, then intact ones: the GET retries and returns the value.
-  int torn_left = 2;
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset) && torn_left > 0) {
-      --torn_left;
-      op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;  // the value of "k": the checksum fails
-    }
-    return transport::ReadStatus::kOk;
-  };
+  TearItemReads(2);
   options_.location_cache_entries = 0;  // every GET through the index
   Start();
   auto g = Resolve("k");
@@ -200,10 +232,7 @@ TEST_F(GetEngineTest, TornReadIsRetriedThenReported) {
   EXPECT_EQ(stats().get_retries, 2u);
 
   // Always torn: after max_get_attempts the GET fails with kCorruption, never a value.
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
-    return transport::ReadStatus::kOk;
-  };
+  TearItemReads(-1);
   g = Resolve("k");
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
@@ -253,14 +282,7 @@ TEST_F(GetEngineTest, ARetiredItemNeedsALeaseFromBeforeItsSlotRead) {
   SetOwnership(true);
   Put("k", "old");
   int races = 1;
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset) && races > 0) {
-      --races;
-      Put("k", "new");  // retires the item this READ copied: copy it again, DEAD
-      std::memcpy(op.local, reinterpret_cast<const void*>(op.remote_addr), op.length);
-    }
-    return transport::ReadStatus::kOk;
-  };
+  RewriteKDuringItemReads(&races);
   // No lease before the first attempt: its retired "old" is not taken; the second attempt,
   // under the lease the first one READ, finds "new".
   auto g = Resolve("k");
@@ -286,14 +308,7 @@ TEST_F(GetEngineTest, NotFoundNeedsALeaseFromBeforeItsSlotRead) {
   options_.ownership_lease = 10s;
   StartCluster();
   SetOwnership(false);
-  int bucket_reads = 0;
-  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
-    if (IsBucketRead(offset) && ++bucket_reads == 2) {
-      Put("k", "moved-in");  // both bucket images are copied: neither shows it
-      SetOwnership(true);
-    }
-    return transport::ReadStatus::kOk;
-  };
+  MoveInAfterTheBuckets("k", "moved-in");
   auto g = Resolve("k");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, "moved-in");
@@ -444,14 +459,7 @@ TEST_F(GetEngineTest, AnAttemptTheIndexPathRetriesCountsTowardsMaxGetAttempts) {
   options_.location_cache_entries = 0;
   Start();
   Put("k", "value");
-  int torn_left = 2;
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset) && torn_left > 0) {
-      --torn_left;
-      op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;  // the value of "k": the checksum fails
-    }
-    return transport::ReadStatus::kOk;
-  };
+  TearItemReads(2);
   auto g = engine_->Get("k");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(g->value, "value");
@@ -460,10 +468,7 @@ TEST_F(GetEngineTest, AnAttemptTheIndexPathRetriesCountsTowardsMaxGetAttempts) {
   EXPECT_EQ(stats().gets, 1u);
   EXPECT_EQ(counters_.single_key_index.load(), 0u);  // the engine's third attempt answered
 
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
-    return transport::ReadStatus::kOk;
-  };
+  TearItemReads(-1);
   g = engine_->Get("k");
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
@@ -532,10 +537,7 @@ TEST_F(GetEngineTest, CandidatesForMoreThanOneBatchAreTheEnginesWithoutAnAttempt
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ(counters_.single_key_index.load(), 0u);  // the engine's batches of 3, then 2
 
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset)) op.local[sizeof(kv::ItemHeader) + 1] ^= 0xff;
-    return transport::ReadStatus::kOk;
-  };
+  TearItemReads(-1);
   g = engine_->Get("k");
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kCorruption) << g.status().ToString();
@@ -576,14 +578,7 @@ TEST_F(GetEngineTest, TheIndexPathTakesARetiredItemOrNotFoundOnlyUnderAnEarlierL
   SetOwnership(true);
   Put("k", "old");
   int races = 1;
-  server_.on_read = [&](transport::ReadOp& op, uint64_t offset) {
-    if (IsItemRead(offset) && races > 0) {
-      --races;
-      Put("k", "new");  // retires the item this READ copied: copy it again, DEAD
-      std::memcpy(op.local, reinterpret_cast<const void*>(op.remote_addr), op.length);
-    }
-    return transport::ReadStatus::kOk;
-  };
+  RewriteKDuringItemReads(&races);
   // No lease before the first attempt: its retired "old" is not taken.
   auto g = engine_->Get("k");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
@@ -603,14 +598,7 @@ TEST_F(GetEngineTest, TheIndexPathTakesARetiredItemOrNotFoundOnlyUnderAnEarlierL
   // NotFound: the shard arrives after the buckets were READ (a fresh client: no lease yet).
   StartCluster();
   SetOwnership(false);
-  int bucket_reads = 0;
-  server_.on_read = [&](transport::ReadOp&, uint64_t offset) {
-    if (IsBucketRead(offset) && ++bucket_reads == 2) {
-      Put("moved", "in");  // both bucket images are copied: neither shows it
-      SetOwnership(true);
-    }
-    return transport::ReadStatus::kOk;
-  };
+  MoveInAfterTheBuckets("moved", "in");
   const uint64_t index_before = counters_.single_key_index.load();
   g = engine_->Get("moved");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
