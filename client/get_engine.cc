@@ -136,6 +136,55 @@ size_t NextCandidate(const KeyJob& job, size_t from) {
   return kMaxCandidates;
 }
 
+// Where `job`'s key lies in the index of `h`: its two candidate buckets and its fingerprint
+// (job.hash set). PrepareRun and TryIndexGet.
+void PlaceInIndex(KeyJob& job, const kv::RegionHeader& h) {
+  const kv::Buckets b = kv::BucketsOf(job.hash, kv::SecondHash(job.key), h.bucket_count);
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    job.bucket_offset[c] = h.index_offset + b.b[c] * kv::kBucketBytes;
+  }
+  job.fingerprint = kv::FingerprintOf(job.hash);
+}
+
+// Starts judging an index attempt of `job` whose two bucket images lie at `images`: its
+// candidates are the slots with its fingerprint, none judged yet. IndexChunk and TryIndexGet.
+void FindCandidates(KeyJob& job, const uint8_t* images) {
+  job.retry = false;
+  job.slow = false;
+  job.ncand = 0;
+  for (size_t c = 0; c < kv::kChoices; ++c) {
+    job.candidates[c] = kv::MatchFingerprints(images + c * kv::kBucketBytes, job.fingerprint);
+    job.ncand += static_cast<uint8_t>(std::popcount(job.candidates[c]));
+  }
+  job.unresolved = job.ncand;
+}
+
+// Where the item of `slot_word` (a candidate of `job`) lies in `h`'s region, and *len its
+// bytes; nullopt when it is no readable item of at most `item_capacity` bytes: the server broke
+// the layout contract, never trusted (the candidate is resolved, the attempt marked for a
+// retry). IndexChunk and TryIndexGet.
+std::optional<uint64_t> CandidateItem(KeyJob& job, const kv::RegionHeader& h, uint64_t slot_word,
+                                      size_t item_capacity, uint32_t* len) {
+  const kv::SlotFields f = kv::UnpackSlot(slot_word);
+  *len = uint32_t{f.units} * kv::kUnit;
+  const std::optional<uint64_t> off = kv::SlotItemOffset(h, f);
+  if (!off.has_value() || *len > item_capacity) {
+    job.problem = Problem::kBadSlot;
+    job.retry = true;
+    --job.unresolved;
+    return std::nullopt;
+  }
+  return off;
+}
+
+// RunJobs' rule for re-routing a key whose owner failed (`wrong_owner`: does not serve its
+// shard; else unreachable): only while the call's `deadline` is ahead, with 20 ms to spare for
+// an unreachable owner (a new owner must still be found and READ).
+bool TimeToReroute(bool wrong_owner, Clock::time_point deadline) {
+  const Clock::time_point now = Clock::now();
+  return wrong_owner ? now < deadline : now + std::chrono::milliseconds(20) < deadline;
+}
+
 // True when a slot of the bucket image points at `loc` under `fingerprint`.
 bool BucketHolds(const uint8_t* bucket, uint16_t fingerprint, CachedLocation loc) {
   for (uint64_t m = kv::MatchFingerprints(bucket, fingerprint); m != 0; m &= m - 1) {
@@ -399,14 +448,7 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   const bool cluster = router_->cluster();
   std::shared_ptr<const Routing> rt;
   uint32_t shard = 0;
-  Link* link = nullptr;
-  if (cluster) {
-    rt = router_->routing();
-    shard = kv::ShardOf(hash, rt->map->shards);
-    link = rt->owners[shard];
-  } else {
-    link = &links_->seed();
-  }
+  Link* link = OwnerOf(hash, &rt, &shard);
   if (link->cache.entries() == 0) return std::nullopt;
   // The session first: a reconnect to a new incarnation of the server clears the cache.
   Result<std::shared_ptr<Session>> opened = links_->SessionOf(*link);
@@ -477,6 +519,13 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
   return Result<GetResult>(GetResult{std::string(value), version});
 }
 
+Link* GetEngine::OwnerOf(uint64_t hash, std::shared_ptr<const Routing>* rt, uint32_t* shard) {
+  if (!router_->cluster()) return &links_->seed();
+  *rt = router_->routing();
+  *shard = kv::ShardOf(hash, (*rt)->map->shards);
+  return (*rt)->owners[*shard];
+}
+
 // A fast path of Get found `link` unreachable (`s`) or not serving the key's shard
 // (`wrong_owner`, `s` its kWrongOwner): RunJobs' rule for a job of the engine. With time left
 // before op_timeout (20 ms to spare when unreachable), nullopt, and the engine re-routes the key
@@ -485,9 +534,7 @@ std::optional<Result<GetResult>> GetEngine::TryCachedGet(std::string_view key,
 std::optional<Result<GetResult>> GetEngine::Reroute(Link& link, Status s, bool wrong_owner,
                                                     Clock::time_point start, KeyJob& engine_job,
                                                     Link** reroute) {
-  const Clock::time_point deadline = start + options_.op_timeout;
-  const Clock::time_point now = Clock::now();
-  if (wrong_owner ? now < deadline : now + std::chrono::milliseconds(20) < deadline) {
+  if (TimeToReroute(wrong_owner, start + options_.op_timeout)) {
     *reroute = &link;
     if (wrong_owner) engine_job.redirect = std::move(s);
     return std::nullopt;
@@ -525,13 +572,7 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Cloc
   job.hash = kv::KeyHash(key);
   const bool cluster = router_->cluster();
   std::shared_ptr<const Routing> rt;
-  if (cluster) {
-    rt = router_->routing();
-    job.shard = kv::ShardOf(job.hash, rt->map->shards);
-    job.link = rt->owners[job.shard];
-  } else {
-    job.link = &links_->seed();
-  }
+  job.link = OwnerOf(job.hash, &rt, &job.shard);
   if (job.link->cache.entries() > 0 && job.link->cache.Lookup(job.hash).has_value()) {
     return std::nullopt;
   }
@@ -580,15 +621,14 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Cloc
 
   // The buckets (IndexChunk's first batch, for one key).
   const kv::RegionHeader& h = session.header();
-  const kv::Buckets b = kv::BucketsOf(job.hash, kv::SecondHash(key), h.bucket_count);
-  job.fingerprint = kv::FingerprintOf(job.hash);
+  PlaceInIndex(job, h);
   x->batch.clear();
   x->tags.clear();
   job.t0 = Clock::now();
   job.attempts = 1;
   for (size_t c = 0; c < kv::kChoices; ++c) {
-    AddRead(session, *x, x->buckets + c * kv::kBucketBytes,
-            h.index_offset + b.b[c] * kv::kBucketBytes, kv::kBucketBytes, c);
+    AddRead(session, *x, x->buckets + c * kv::kBucketBytes, job.bucket_offset[c], kv::kBucketBytes,
+            c);
   }
   const bool probe = cluster && session.ClaimLeaseRefresh(job.t0, lease_ / 2);
   uint8_t* own = x->items + OwnershipOffset(*x);
@@ -604,10 +644,7 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Cloc
   if (Status s = CheckReads(session, x, std::move(waited)); !s.ok()) return failed(std::move(s));
   if (probe) session.UpdateLease(job.t0, own);
   bool any_retry = false;
-  for (size_t c = 0; c < kv::kChoices; ++c) {
-    job.candidates[c] = kv::MatchFingerprints(x->buckets + c * kv::kBucketBytes, job.fingerprint);
-    job.ncand += static_cast<uint8_t>(std::popcount(job.candidates[c]));
-  }
+  FindCandidates(job, x->buckets);
   if (job.ncand == 0) {
     NotFound(session, job, buckets_done, &any_retry);
     return decided();
@@ -618,18 +655,11 @@ std::optional<Result<GetResult>> GetEngine::TryIndexGet(KeyJob& engine_job, Cloc
   x->tags.clear();
   const size_t max_ops = std::min(x->op_capacity, batch_limit_);
   size_t bytes = 0;
-  job.unresolved = job.ncand;
   for (size_t c = NextCandidate(job, 0); c < kMaxCandidates; c = NextCandidate(job, c + 1)) {
-    const kv::SlotFields f = kv::UnpackSlot(SlotWord(x->buckets, c));
-    const uint32_t len = uint32_t{f.units} * kv::kUnit;
-    const auto off = kv::SlotItemOffset(h, f);
-    if (!off.has_value() || len > x->item_capacity) {
-      // Not a readable item: the server broke the layout contract (IndexChunk's rule).
-      job.problem = Problem::kBadSlot;
-      job.retry = true;
-      --job.unresolved;
-      continue;
-    }
+    uint32_t len = 0;
+    const std::optional<uint64_t> off =
+        CandidateItem(job, h, SlotWord(x->buckets, c), x->item_capacity, &len);
+    if (!off.has_value()) continue;
     // More than one batch of candidates: the engine's, as if this attempt had not been made
     // (it judged nothing).
     if (len > x->item_capacity - bytes || x->batch.size() == max_ops) return std::nullopt;
@@ -735,13 +765,12 @@ Status GetEngine::RunJobs(std::span<KeyJob> jobs, Clock::time_point start, Link*
       // The owner cannot be reached (dead or cut off) in a cluster a failover coordinator
       // manages: a failover is under way, so its jobs are re-routed with a refreshed map until
       // op_timeout, like a redirect (without a coordinator they fail at once, naming it).
-      const bool unreachable =
-          Unreachable(rt, s) && Clock::now() + std::chrono::milliseconds(20) < deadline;
+      const bool unreachable = Unreachable(rt, s) && TimeToReroute(false, deadline);
       for (size_t n = 0; n < idx.size(); ++n) {
         KeyJob& job = sub[n];
         const bool reroute = unreachable && !job.done && !s.ok();
         if (!job.done && !s.ok() && !reroute) Finish(job, s);
-        if (reroute || (job.wrong_owner && Clock::now() < deadline)) {
+        if (reroute || (job.wrong_owner && TimeToReroute(true, deadline))) {
           // Not done: re-routed with the refreshed map.
           if (job.wrong_owner && job.out->has_value() && !(*job.out)->ok()) {
             job.redirect = (*job.out)->status();
@@ -803,11 +832,7 @@ void GetEngine::PrepareRun(OwnerRun& run, Link& link, std::span<KeyJob> jobs,
   const kv::RegionHeader& h = run.session->header();
   for (KeyJob& job : jobs) {
     job.hash = kv::KeyHash(job.key);
-    const kv::Buckets b = kv::BucketsOf(job.hash, kv::SecondHash(job.key), h.bucket_count);
-    for (size_t c = 0; c < kv::kChoices; ++c) {
-      job.bucket_offset[c] = h.index_offset + b.b[c] * kv::kBucketBytes;
-    }
-    job.fingerprint = kv::FingerprintOf(job.hash);
+    PlaceInIndex(job, h);
     job.deadline = start + options_.op_timeout;
   }
   Add(counters_->gets, jobs.size());
@@ -1261,15 +1286,7 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
   for (size_t k = 0; k < nreads; k += kv::kChoices) {
     KeyJob& job = jobs[ReadTag::Unpack(x->tags[k]).job];
     if (job.done) continue;  // its cached item was accepted above
-    const uint8_t* images = x->buckets + job.images;
-    job.retry = false;
-    job.slow = false;
-    job.ncand = 0;
-    for (size_t c = 0; c < kv::kChoices; ++c) {
-      job.candidates[c] = kv::MatchFingerprints(images + c * kv::kBucketBytes, job.fingerprint);
-      job.ncand += static_cast<uint8_t>(std::popcount(job.candidates[c]));
-    }
-    job.unresolved = job.ncand;
+    FindCandidates(job, x->buckets + job.images);
     // No slot of either bucket held the key's fingerprint when it was read: absent at some
     // moment of the GET (docs/design.md, "index path, NotFound").
     if (job.ncand == 0) NotFound(session, job, buckets_done, any_retry);
@@ -1285,16 +1302,10 @@ GetTask GetEngine::IndexChunk(OwnerRun& run, size_t i, size_t* end, bool* any_wo
     if (job.done || job.t0 != t0 || job.unresolved == 0) continue;
     const uint8_t* images = x->buckets + job.images;
     for (size_t c = NextCandidate(job, 0); c < kMaxCandidates; c = NextCandidate(job, c + 1)) {
-      const kv::SlotFields f = kv::UnpackSlot(SlotWord(images, c));
-      uint32_t len = uint32_t{f.units} * kv::kUnit;
-      auto off = kv::SlotItemOffset(h, f);
-      if (!off.has_value() || len > x->item_capacity) {
-        // Not a readable item: the server broke the layout contract. Never trust it.
-        job.problem = Problem::kBadSlot;
-        job.retry = true;
-        --job.unresolved;
-        continue;
-      }
+      uint32_t len = 0;
+      const std::optional<uint64_t> off =
+          CandidateItem(job, h, SlotWord(images, c), x->item_capacity, &len);
+      if (!off.has_value()) continue;
       if (x->batch.size() == max_item_ops || bytes + len > x->item_capacity) {
         GetTask judge = JudgeCandidates(run, any_retry);
         RDKV_CO_RETURN_IF_ERROR(co_await judge);

@@ -154,6 +154,9 @@ class GetEngine {
   std::optional<Result<GetResult>> TryIndexGet(KeyJob& engine_job,
                                                std::chrono::steady_clock::time_point start,
                                                Link** reroute);
+  // The server a fast path reads a key of `hash` from: the seed, or in a cluster the owner of
+  // its shard under the current routing (*rt and *shard set).
+  Link* OwnerOf(uint64_t hash, std::shared_ptr<const Routing>* rt, uint32_t* shard);
   // The fast paths' end when the key must be re-routed (get_engine.cc).
   std::optional<Result<GetResult>> Reroute(Link& link, Status s, bool wrong_owner,
                                            std::chrono::steady_clock::time_point start,
