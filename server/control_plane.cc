@@ -386,9 +386,46 @@ void ControlPlane::ApplyLoop() {
   }
 }
 
+bool ControlPlane::ResumeAfterFence() {
+  Result<EtcdMap> m = LoadMap(*client_, options_.cluster_name);
+  if (!m.ok()) {
+    if (Clock::now() >= next_resume_log_) {
+      LOG(WARNING) << "control plane: still fenced: reading the map from etcd: "
+                   << m.status().ToString();
+      next_resume_log_ = Clock::now() + std::chrono::seconds(5);
+    }
+    return false;
+  }
+  if (m->map.epoch > cluster_->map()->epoch) {
+    Status s = cluster_->Install(m->map);
+    if (!s.ok() && cluster_->map()->epoch < m->map.epoch) {
+      // Serving the old map's shards again could serve a shard promoted elsewhere.
+      if (Clock::now() >= next_resume_log_) {
+        LOG(WARNING) << "control plane: still fenced: installing map epoch " << m->map.epoch
+                     << " failed: " << s.ToString();
+        next_resume_log_ = Clock::now() + std::chrono::seconds(5);
+      }
+      return false;
+    }
+  }
+  // The install may have waited (its gain gate) past the new lease's own deadline: then
+  // stay fenced; the fence check fences and the loop registers again.
+  if (!LeaseHeld()) return false;
+  if (!awaiting_admission_.load(std::memory_order_acquire)) cluster_->Unfence();
+  // The epochs go out on the publisher thread: this one holds a lease again and must not
+  // wait for etcd.
+  RequestPublish(cluster_->map()->epoch, cluster_->map()->epoch);
+  CheckAdmission();
+  return true;
+}
+
 void ControlPlane::FenceLoop() {
   Clock::time_point next_attempt{};
   Clock::time_point next_admission_log = Clock::now() + std::chrono::seconds(5);
+  // Fenced by this loop and registered again, but not yet back on the map: the new lease is
+  // held, so the pass below that checks it must also go on resuming, or the server would stay
+  // fenced for good after one failed map read.
+  bool resuming = false;
   while (!stopping_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::shared_ptr<etcd::LeaseKeeper> lease;
@@ -405,6 +442,12 @@ void ControlPlane::FenceLoop() {
             "server cut off); it registers again once etcd answers");
         MutexLock lock(&reg_mu_);
         lease_.reset();  // not revoked: it expires at etcd by itself
+        continue;
+      }
+      if (resuming) {
+        if (Clock::now() < next_attempt) continue;
+        next_attempt = Clock::now() + std::chrono::milliseconds(500);
+        resuming = !ResumeAfterFence();
         continue;
       }
       if (awaiting_admission_.load(std::memory_order_acquire)) {
@@ -426,25 +469,7 @@ void ControlPlane::FenceLoop() {
     next_attempt = Clock::now() + std::chrono::milliseconds(500);
     Status r = Register();
     if (!r.ok()) continue;
-    Result<EtcdMap> m = LoadMap(*client_, options_.cluster_name);
-    if (!m.ok()) continue;
-    if (m->map.epoch > cluster_->map()->epoch) {
-      Status s = cluster_->Install(m->map);
-      if (!s.ok() && cluster_->map()->epoch < m->map.epoch) {
-        // Serving the old map's shards again could serve a shard promoted elsewhere.
-        LOG(WARNING) << "control plane: still fenced: installing map epoch " << m->map.epoch
-                     << " failed: " << s.ToString();
-        continue;
-      }
-    }
-    // The install may have waited (its gain gate) past the new lease's own deadline: then
-    // stay fenced; the next pass fences and registers again.
-    if (!LeaseHeld()) continue;
-    if (!awaiting_admission_.load(std::memory_order_acquire)) cluster_->Unfence();
-    // The epochs go out on the publisher thread: this one holds a lease again and must not
-    // wait for etcd.
-    RequestPublish(cluster_->map()->epoch, cluster_->map()->epoch);
-    CheckAdmission();
+    resuming = !ResumeAfterFence();
   }
 }
 

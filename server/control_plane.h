@@ -113,6 +113,10 @@ class ControlPlane {
   void OnMapEvent(const Result<etcd::WatchEvent>& e) EXCLUDES(apply_mu_);
   void ApplyLoop() EXCLUDES(apply_mu_);
   void FenceLoop() EXCLUDES(reg_mu_);
+  // After a fence and a new registration: reads the map, installs it if newer and unfences
+  // (unless awaiting admission). False when any step failed: the caller tries again while it
+  // holds the new lease (the server stays fenced meanwhile, and says why).
+  bool ResumeAfterFence() EXCLUDES(reg_mu_);
   Status StartWatch(int64_t from_revision);
   bool Admitted(const cluster::ClusterMap& map) const;
   // This server's registration value (the one format both Register and PublishEpochs write;
@@ -127,6 +131,8 @@ class ControlPlane {
   const std::unique_ptr<etcd::EtcdClient> client_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> awaiting_admission_{false};
+  std::chrono::steady_clock::time_point
+      next_resume_log_{};  // fence thread: ResumeAfterFence's warnings, 1 per 5 s
 
   // One registration write at a time (Register, PublishEpochs): a slow write of older epochs
   // or of a dropped lease cannot land after a newer one from this process. Held across the

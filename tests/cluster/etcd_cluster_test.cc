@@ -320,6 +320,51 @@ TEST_F(EtcdClusterTest, EtcdDownFencesThenServesAgain) {
   }
 }
 
+// A server fenced by a lost lease that registers again but cannot read the map (here etcd holds
+// a map that does not parse) stays fenced, and unfences once the map reads again. Before, one
+// failed read after the new registration left it fenced for good: it held its new lease, and
+// only a server without one tried again.
+TEST_F(EtcdClusterTest, AServerThatCannotReadTheMapAfterAFenceUnfencesOnceItCan) {
+  StartWithEtcd(1);
+  auto c = NewClient(0);
+  ASSERT_TRUE(c->Put("before", "x").ok());
+  const std::string key = cluster::MapKey(kCluster);
+  auto good = client_->Get(key);
+  ASSERT_TRUE(good.ok() && good->kv) << good.status().ToString();
+  ASSERT_TRUE(client_->Put(key, "not a map").ok());  // the servers' watches log it and go on
+  ASSERT_TRUE(etcd_->Stop(0));
+  auto wait_all = [&](bool fenced, std::chrono::seconds limit) {
+    const Clock::time_point until = Clock::now() + limit;
+    for (int id = 0; id < 3; ++id) {
+      while (servers_[id]->stats().fenced != fenced && Clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      if (servers_[id]->stats().fenced != fenced) return false;
+    }
+    return true;
+  };
+  ASSERT_TRUE(wait_all(true, std::chrono::seconds(5))) << "the servers did not fence";
+  ASSERT_TRUE(etcd_->Start(0));
+  // They register again (new leases), but the map does not parse: fenced still.
+  const Clock::time_point restarted = Clock::now();
+  for (uint32_t id = 0; id < 3; ++id) {
+    while (!Registration(id).is_object() && Clock::now() - restarted < std::chrono::seconds(10)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(Registration(id).is_object()) << "server " << id << " did not register again";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  for (int id = 0; id < 3; ++id) EXPECT_TRUE(servers_[id]->stats().fenced) << "server " << id;
+  // The map back: every server unfences (it retries every 500 ms) and serves.
+  ASSERT_TRUE(client_->Put(key, good->kv->value).ok());
+  EXPECT_TRUE(wait_all(false, std::chrono::seconds(10))) << "a server stayed fenced";
+  auto put = c->Put("after", "y");
+  EXPECT_TRUE(put.ok()) << put.status().ToString();
+  auto got = c->Get("before");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->value, "x");
+}
+
 // A server whose etcd writes hang (its registration publication keeps failing and being
 // retried) and then loses etcd altogether must still fence by its lease's deadline: the thread
 // that fences never waits for etcd while it holds a lease. Before, it retried the publication
