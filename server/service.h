@@ -282,6 +282,11 @@ class Service {
   // durable (Persist).
   bool AnswerApplied(const kv::Request& r, Exchange ex, uint64_t version,
                      const std::optional<kv::ItemLocation>& where);
+  // A write refused for good (its precondition, or no room: IsDefiniteRefusal) under its
+  // locks: records the refusal as the request id's answer, as AnswerApplied records a success,
+  // so that an earlier attempt of the id still on its way here cannot apply after this answer.
+  void RecordRefusal(const kv::Request& r, const Status& refusal, uint64_t version);
+  static bool IsDefiniteRefusal(StatusCode code);
   // Copies the request and runs HandleWriteNow on the replicator's writer pool; returns false
   // (the answer comes from there).
   bool OffloadWrite(const kv::Request& r, Exchange ex) EXCLUDES(offload_mu_);

@@ -252,6 +252,11 @@ std::optional<bool> Service::AnswerRetry(const kv::Request& r, Exchange ex) {
   std::optional<RetryTable::Answer> first = retry_table_.Find(r.client_id, r.request_seq);
   if (!first) return std::nullopt;
   counters_.retries_answered.fetch_add(1, std::memory_order_relaxed);
+  if (first->code != StatusCode::kOk) {
+    // A refusal (RecordRefusal): nothing was written, so nothing to wait for.
+    return AnswerNow(ex, Status(first->code, "refused when this request id was first seen"),
+                     first->version);
+  }
   if (persister_ != nullptr && persister_->durability() == Durability::kSync) {
     // The first attempt is recorded when it is applied, and may still wait for its WAL sync
     // (its own answer goes out only then): a retry that overtook it must not be acknowledged
@@ -277,6 +282,17 @@ bool Service::AnswerApplied(const kv::Request& r, Exchange ex, uint64_t version,
   return Persist(r, version, where, ex);
 }
 
+bool Service::IsDefiniteRefusal(StatusCode code) {
+  return code == StatusCode::kAlreadyExists || code == StatusCode::kNotFound ||
+         code == StatusCode::kVersionMismatch || code == StatusCode::kOutOfSpace;
+}
+
+void Service::RecordRefusal(const kv::Request& r, const Status& refusal, uint64_t version) {
+  if (r.client_id == 0 || !IsDefiniteRefusal(refusal.code())) return;
+  retry_table_.Record(store_->ShardOfKey(r.key), r.client_id, r.request_seq,
+                      {refusal.code(), version});
+}
+
 bool Service::WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::ClusterMap* map,
                               uint32_t shard) {
   if (std::optional<bool> retried = AnswerRetry(r, ex)) return *retried;
@@ -284,7 +300,10 @@ bool Service::WriteUnderLocks(const kv::Request& r, Exchange ex, const cluster::
   std::optional<kv::ItemLocation> where;
   Status applied = map != nullptr ? ApplyReplicated(r, *map, shard, &version, &where)
                                   : ApplyToStore(r, &version, &where);
-  if (!applied.ok()) return AnswerNow(ex, applied, version);
+  if (!applied.ok()) {
+    RecordRefusal(r, applied, version);
+    return AnswerNow(ex, applied, version);
+  }
   return AnswerApplied(r, ex, version, where);
 }
 
@@ -526,6 +545,7 @@ std::optional<bool> Service::StartReplicatedWrite(const kv::Request& r, Exchange
   // 2. The precondition and the limits.
   uint64_t version = 0;
   if (Status checked = CheckReplicatedWrite(r, shard, &version); !checked.ok()) {
+    RecordRefusal(r, checked, version);
     return AnswerNow(ex, checked, version);
   }
   auto w = std::make_unique<ReplicatedWrite>(r);

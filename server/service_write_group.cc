@@ -241,7 +241,9 @@ void Service::StartWriteGroup(size_t stripe, TransferableHold hold,
     w->deliver = std::move(deliver);
     w->shard = shard;
     if (!checked.ok()) {
-      // Answered in order at the finish, with the group's other writes.
+      // Answered in order at the finish, with the group's other writes; recorded now, under
+      // the stripe, like the refusals of single writes.
+      RecordRefusal(r, checked, version);
       w->refusal = std::move(checked);
       w->refusal_version = version;
       g->writes.push_back(std::move(w));

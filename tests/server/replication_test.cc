@@ -387,6 +387,39 @@ TEST_F(ReplicationTest, RetriedWriteAppliesOnceAndCasRetrySucceeds) {
   EXPECT_EQ(got->version, cas.version);
 }
 
+// A write refused for its precondition keeps that answer: an attempt of the same id that comes
+// later (its first attempt, queued behind the retry that was refused, as when a connection
+// died with writes in flight) gets the refusal and does not apply. Before, only applied writes
+// were recorded, and the late INSERT applied after the key was deleted: a write whose call said
+// "already exists" took effect after all. Unreplicated (R = 1) and replicated (R = 2) shards.
+TEST_F(ReplicationTest, ARefusedWriteIsNeverAppliedByALaterAttemptOfItsId) {
+  for (uint32_t r : {1u, 2u}) {
+    SCOPED_TRACE("R = " + std::to_string(r));
+    for (auto& s : servers_) s.reset();
+    StartReplicated(r);
+    const std::string key = KeyIn(0, 5);
+    ASSERT_TRUE(RawWrite(0, kv::Op::kPut, key, "b", 0, 90, 1).status.ok());
+    kv::Response refused = RawWrite(0, kv::Op::kInsert, key, "a", 0, 91, 7);
+    ASSERT_TRUE(refused.status.Is(StatusCode::kAlreadyExists)) << refused.status.ToString();
+    ASSERT_TRUE(RawWrite(0, kv::Op::kDelete, key, "", 0, 90, 2).status.ok());
+    kv::Response late = RawWrite(0, kv::Op::kInsert, key, "a", 0, 91, 7);
+    EXPECT_TRUE(late.status.Is(StatusCode::kAlreadyExists)) << late.status.ToString();
+    auto client = NewClient(0);
+    auto gone = client->Get(key);
+    EXPECT_TRUE(gone.status().Is(StatusCode::kNotFound))
+        << "a refused INSERT was applied by a later attempt of its id";
+    // A DELETE refused with NotFound, then the key written by another client.
+    kv::Response del = RawWrite(0, kv::Op::kDelete, key, "", 0, 91, 8);
+    ASSERT_TRUE(del.status.Is(StatusCode::kNotFound)) << del.status.ToString();
+    ASSERT_TRUE(RawWrite(0, kv::Op::kPut, key, "c", 0, 90, 3).status.ok());
+    kv::Response late_del = RawWrite(0, kv::Op::kDelete, key, "", 0, 91, 8);
+    EXPECT_TRUE(late_del.status.Is(StatusCode::kNotFound)) << late_del.status.ToString();
+    auto kept = client->Get(key);
+    ASSERT_TRUE(kept.ok()) << "a refused DELETE was applied by a later attempt of its id";
+    EXPECT_EQ(kept->value, "c");
+  }
+}
+
 TEST_F(ReplicationTest, BackupRefusesForwardsOfOtherEpochsAndNonBackups) {
   StartReplicated(2);
   const std::string key = KeyIn(0, 5);  // backup: server 1; server 2 holds no replica
