@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Connection scaling of one kvserver on tcp (issue 14): one server holds CONNECTIONS client
+# Connection scaling of one kvserver on tcp or verbs (issue 14): one server holds CONNECTIONS client
 # connections; the handshake rate (connections/s) under a storm of simultaneous connects; the
 # server's memory per connection (RSS delta / connections); GET throughput at CONNECTIONS
 # connections vs BASE (target: at least 0.8) and the server's CPU per GET in both. Driven by
@@ -9,6 +9,8 @@
 #
 #   bench/connection-scaling.sh                      2000 connections vs 16
 #   CONNECTIONS=300 SECONDS_PER_PHASE=1 bench/connection-scaling.sh
+#   TRANSPORT=verbs bench/connection-scaling.sh      the same over Soft-RoCE in the rdkv VM
+#                                                    (tests/rxe/vm.sh; about 5 minutes)
 #
 # Environment (all optional):
 #   CONNECTIONS        client connections (default 2000)
@@ -25,6 +27,10 @@
 #   JSON               also write conn_bench's figures there
 #   REFERENCE          memcached (default; skipped with a line saying so when it is not
 #                      installed: deploy/install-deps.sh --bench) or none
+#   TRANSPORT          tcp (default) or verbs: then the script runs itself inside the VM
+#                      (RDKV_VM_MEM MiB of guest memory, default 8192), the server on vCPU 0
+#                      and conn_bench on vCPU 1 as in bench/verbs-bench-guest.sh, with no
+#                      memcached reference (the VM has none); STORM_THREADS defaults to 16
 #
 # Raises the open-file limit to what CONNECTIONS needs (both processes hold one socket per
 # connection; the client also one thread each) and starts the server with
@@ -35,7 +41,16 @@ cd "$(dirname "$0")/.."
 PROG=connection-scaling.sh
 CONNECTIONS=${CONNECTIONS:-2000}
 BASE=${BASE:-16}
-STORM_THREADS=${STORM_THREADS:-48}
+TRANSPORT=${TRANSPORT:-tcp}
+[[ $TRANSPORT == tcp || $TRANSPORT == verbs ]] || {
+  echo "$PROG: TRANSPORT must be tcp or verbs, not '$TRANSPORT'" >&2
+  exit 2
+}
+if [[ $TRANSPORT == verbs ]]; then
+  STORM_THREADS=${STORM_THREADS:-16}
+else
+  STORM_THREADS=${STORM_THREADS:-48}
+fi
 THREADS=${THREADS:-4}
 SECONDS_PER_PHASE=${SECONDS_PER_PHASE:-2}
 KEYS=${KEYS:-1000}
@@ -57,7 +72,39 @@ for t in server/kvserver bench/conn_bench; do
   [[ -x $BUILD/$t ]] || die "$BUILD/$t not found: cmake --build $BUILD --target kvserver conn_bench"
 done
 
+if [[ $TRANSPORT == verbs && -z ${RDKV_RXE_ADDR:-} ]]; then
+  # On the host: boot the Soft-RoCE VM and run this script in it (built already, no memcached).
+  echo "host load before the VM: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
+  out_dir=()
+  if [[ -n $JSON ]]; then  # the guest sees the host read-only, apart from its --out directory
+    JSON=$(realpath -m "$JSON")
+    mkdir -p "$(dirname "$JSON")"
+    out_dir=(--out "$(dirname "$JSON")")
+  fi
+  # 2,000 clients in one process register about 1.5 GiB (768 KiB each) and map as much again:
+  # the VM's default 4 GiB runs out of memory.
+  export RDKV_VM_MEM=${RDKV_VM_MEM:-8192}
+  exec tests/rxe/vm.sh --timeout "${RDKV_VM_TIMEOUT:-2400}" "${out_dir[@]}" -- env NO_BUILD=1 REFERENCE=none \
+    TRANSPORT=verbs CONNECTIONS="$CONNECTIONS" BASE="$BASE" STORM_THREADS="$STORM_THREADS" \
+    THREADS="$THREADS" SECONDS_PER_PHASE="$SECONDS_PER_PHASE" KEYS="$KEYS" BUILD="$BUILD" \
+    SERVER_ARGS="$SERVER_ARGS" JSON="$JSON" bench/connection-scaling.sh
+fi
+# Where the server listens and which CPU each side gets: on verbs (inside the VM) the server on
+# vCPU 0 and the driver on vCPU 1, as two machines would be.
+host=127.0.0.1
+server_cpu=()
+client_cpu=()
+if [[ $TRANSPORT == verbs ]]; then
+  host=$RDKV_RXE_ADDR
+  server_cpu=(taskset -c 0)
+  client_cpu=(taskset -c 1)
+  REFERENCE=none
+fi
+
 need=$((CONNECTIONS + 1024))
+# verbs: each client (its own fabric) holds a device context, an rdma_cm channel, a completion
+# channel and its wake-up descriptors.
+[[ $TRANSPORT == verbs ]] && need=$((8 * CONNECTIONS + 1024))
 if (($(ulimit -n) < need)); then
   ulimit -n "$need" 2>/dev/null || die "cannot raise the open-file limit to $need (hard limit $(ulimit -Hn))"
 fi
@@ -80,9 +127,9 @@ trap 'exit 130' INT TERM
 
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
 # shellcheck disable=SC2086  # SERVER_ARGS is a list of flags
-"$BUILD/server/kvserver" --transport=tcp --host=127.0.0.1 --port=0 --port_file="$state/port" \
-  --memory=64MiB --huge_pages=false --max_connections=$((CONNECTIONS + 64)) $SERVER_ARGS \
-  >"$state/server.log" 2>&1 &
+"${server_cpu[@]}" "$BUILD/server/kvserver" --transport="$TRANSPORT" --host="$host" --port=0 \
+  --port_file="$state/port" --memory=64MiB --huge_pages=false \
+  --max_connections=$((CONNECTIONS + 64)) $SERVER_ARGS >"$state/server.log" 2>&1 &
 server_pid=$!
 for ((i = 0; i < 100; i++)); do
   [[ -s $state/port ]] && break
@@ -94,8 +141,8 @@ port=$(cat "$state/port")
 
 json_arg=()
 [[ -n $JSON ]] && json_arg=(--json="$JSON")
-out=$("$BUILD/bench/conn_bench" --server="127.0.0.1:$port" --server_pid="$server_pid" \
-  --connections="$CONNECTIONS" --base_connections="$BASE" --storm_threads="$STORM_THREADS" \
+out=$("${client_cpu[@]}" "$BUILD/bench/conn_bench" --server="$host:$port" \
+  --server_pid="$server_pid" --transport="$TRANSPORT" --connections="$CONNECTIONS" --base_connections="$BASE" --storm_threads="$STORM_THREADS" \
   --threads="$THREADS" --seconds="$SECONDS_PER_PHASE" --keys="$KEYS" "${json_arg[@]}") || {
   rc=$?
   echo "$out"

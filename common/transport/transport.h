@@ -334,6 +334,10 @@ struct ListenOptions {
   size_t max_message_size = kv::MaxMessageBytes(kv::kDefaultMaxValueBytes);
   // Authenticated sessions at once; more are REFUSED (kUnavailable) after their handshake.
   uint32_t max_connections = 256;
+  // verbs: at most this many sessions share one CQ and SRQ (0: as many as the device's CQ
+  // holds, the default and what a server should use). Test hook: a small value spreads a few
+  // connections over several CQs.
+  uint32_t verbs_sessions_per_cq = 0;
   // Admission (tcp; docs/security.md): sockets that have not finished the handshake are
   // limited apart from sessions, in all and per source address. At either limit the oldest
   // handshaking socket is closed to make room (so silent sockets cannot lock clients out), and

@@ -148,6 +148,63 @@ TEST_F(VerbsAuth, AReplayedHandshakeIsRefusedAndTheServerKeepsServing) {
   EXPECT_EQ(listener_->stats().connections_accepted, 2u);
 }
 
+// A client that ignores flow control (sends without credits, returns none of the server's) is
+// cut off by the server, and its neighbours, whose receives share the server's buffers, are
+// served throughout.
+TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
+  ASSERT_TRUE(Listen(Echo()).ok());
+  auto honest = Connect();
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  VerbsHandshakeTap tap;
+  tap.flood = true;
+  auto flooder = ConnectVerbsForTest(client_fabric_.get(), Options(kToken), &tap);
+  ASSERT_TRUE(flooder.ok()) << flooder.status().ToString();
+  // Three requests of 128 fragments each, sent as fast as send slots free up (the waits in
+  // FinishCall poll the flooder's completions, which frees them).
+  std::thread flood([&] {
+    const std::vector<uint8_t> big(1 << 20, 7);
+    std::vector<std::vector<uint8_t>> responses(3);
+    std::vector<PendingCall> calls(3);
+    std::vector<bool> started(3, false);
+    for (int i = 0; i < 3; ++i) {
+      started[i] = (*flooder)->StartCall(big, &responses[i], 20s, &calls[i]).ok();
+    }
+    for (int i = 0; i < 3; ++i) {
+      if (started[i]) (*flooder)->FinishCall(&calls[i]).IgnoreError();
+    }
+  });
+  // Meanwhile and after, the honest client's calls are answered.
+  std::atomic<bool> stop{false};
+  std::atomic<int> answered{0}, failed{0};
+  std::thread neighbour([&] {
+    std::vector<uint8_t> req(3000, 1), resp;
+    while (!stop.load()) {
+      Status s = (*honest)->Call(req, &resp, 20s);
+      if (s.ok() && resp == req) {
+        answered.fetch_add(1);
+      } else {
+        failed.fetch_add(1);
+        ADD_FAILURE() << "the honest client: " << s.ToString();
+        return;
+      }
+    }
+  });
+  const auto until = Clock::now() + 30s;
+  while (listener_->stats().protocol_errors == 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GE(listener_->stats().protocol_errors, 1u) << "the flooder was not cut off";
+  while ((*flooder)->alive() && Clock::now() < until) std::this_thread::sleep_for(20ms);
+  EXPECT_FALSE((*flooder)->alive());
+  flood.join();
+  const int before = answered.load();
+  std::this_thread::sleep_for(300ms);
+  stop.store(true);
+  neighbour.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_GT(answered.load(), before) << "the honest client was not served after the flood";
+}
+
 TEST_F(VerbsAuth, AForgedProofIsRefused) {
   ASSERT_TRUE(Listen(Echo()).ok());
   VerbsHandshakeTap forged;

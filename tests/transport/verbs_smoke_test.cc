@@ -432,6 +432,77 @@ TEST_F(VerbsSmoke, ConnectionLimitAndSlotsComeBackAfterDisconnect) {
   }
 }
 
+// More sessions than one CQ holds go to several receive groups (a CQ and an SRQ each): every
+// session serves calls of several fragments and READs, concurrently across the groups, and a
+// group's places come back after its sessions leave.
+TEST_F(VerbsSmoke, SessionsSpreadOverSeveralCqsAllServe) {
+  constexpr int kConns = 7;
+  ASSERT_TRUE(Listen(Echo(), kConns, 0, /*workers=*/2, /*sessions_per_cq=*/2).ok());
+  auto round = [&](std::vector<std::unique_ptr<Connection>>& conns) {
+    std::atomic<int> failures{0};
+    std::vector<std::thread> ts;
+    for (int i = 0; i < kConns; ++i) {
+      ts.emplace_back([&, i] {
+        // 20 KB: three fragments, so the reposts of one worker batch span several groups; 30
+        // calls: each group's buffers go round its SRQ (64 for two sessions) more than once.
+        std::vector<uint8_t> request(20000 + i, static_cast<uint8_t>(i)), response;
+        for (int k = 0; k < 30; ++k) {
+          Status s = conns[i]->Call(request, &response, 60s);
+          if (!s.ok() || response != request) {
+            failures.fetch_add(1);
+            ADD_FAILURE() << "connection " << i << ": " << s.ToString();
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (int i = 0; i < kConns; ++i) {  // one at a time: ReadAndCheck shares one local buffer
+      ::testing::AssertionResult read = ReadAndCheck(conns[i].get(), 4096 * i + 8, 128);
+      if (!read) {
+        failures.fetch_add(1);
+        ADD_FAILURE() << "connection " << i << ": " << read.message();
+      }
+    }
+    return failures.load();
+  };
+  std::vector<std::unique_ptr<Connection>> conns;
+  for (int i = 0; i < kConns; ++i) {
+    auto c = Connect();
+    ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.status().ToString();
+    conns.push_back(std::move(c).value());
+  }
+  EXPECT_EQ(round(conns), 0);
+  auto extra = Connect();
+  ASSERT_FALSE(extra.ok());
+  EXPECT_TRUE(extra.status().Is(StatusCode::kUnavailable)) << extra.status().ToString();
+  conns.clear();  // every group empties; their sessions are torn down
+  for (int i = 0; i < kConns; ++i) {
+    Result<std::unique_ptr<Connection>> c = Status::Unavailable("not tried");
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      c = Connect();
+      if (c.ok()) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    ASSERT_TRUE(c.ok()) << "reconnect " << i << ": " << c.status().ToString();
+    conns.push_back(std::move(c).value());
+  }
+  EXPECT_EQ(round(conns), 0);
+}
+
+// A listener takes as many connections as the device's CQs allow in up to 64 groups, and says
+// what it would need beyond that.
+TEST_F(VerbsSmoke, MaxConnectionsBeyondOneCqStartsAndBeyondAllCqsIsRefused) {
+  ASSERT_TRUE(Listen(Echo(), /*max_connections=*/4000).ok());  // rxe: about 667 per CQ
+  auto c = Connect();
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(ReadAndCheck(c->get(), 100, 100));
+  c->reset();
+  listener_.reset();
+  Status s = Listen(Echo(), /*max_connections=*/100000000);
+  EXPECT_TRUE(s.Is(StatusCode::kInvalidArgument)) << s.ToString();
+  EXPECT_NE(s.message().find("CQs"), std::string::npos) << s.ToString();
+}
+
 TEST_F(VerbsSmoke, ResponseLargerThanTheClientAcceptsFailsFast) {
   ASSERT_TRUE(Listen([](std::span<const uint8_t> p, ReplyHandle r) {
                 std::vector<uint8_t> big(p.size() * 2, 1);

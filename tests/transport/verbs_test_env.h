@@ -88,7 +88,7 @@ class VerbsEnv : public ::testing::Test {
   }
 
   Status Listen(RequestHandler handler, uint32_t max_connections = 256, uint16_t port = 0,
-                int workers = 2) {
+                int workers = 2, uint32_t sessions_per_cq = 0) {
     ListenOptions lo;
     lo.host = host_;
     lo.port = port;
@@ -97,6 +97,7 @@ class VerbsEnv : public ::testing::Test {
     lo.handler = std::move(handler);
     lo.worker_threads = workers;
     lo.max_connections = max_connections;
+    lo.verbs_sessions_per_cq = sessions_per_cq;
     auto l = server_fabric_->Listen(std::move(lo));
     if (!l.ok()) return l.status();
     listener_ = std::move(l).value();

@@ -673,6 +673,7 @@ Status ClientConnection::Establish() {
   setup.send_pool = &send_pool_;
   setup.peer_credits = accept.credits;
   setup.granted_credits = kClientRecvCredits;
+  setup.flood = tap_ != nullptr && tap_->flood;
   chan_.Init(setup);
   alive_.store(true, std::memory_order_release);
 
@@ -844,18 +845,40 @@ Status VerbsListener::Start() {
     return Status::InvalidArgument("max_message_size must be in [1, 4 GiB)");
   }
   if (options_.worker_threads < 1) options_.worker_threads = 1;
+  // Receive groups (RecvGroup): as few as the device's CQ and SRQ sizes allow, each sized for
+  // an equal share of max_connections. Per session a CQ holds its receive credits, its send
+  // slots and one bind per window; 64 entries of slack per CQ.
   const ibv_device_attr& da = fabric_->device_attr();
-  const uint64_t srq_wr = uint64_t{options_.max_connections} * kServerRecvCredits;
-  const uint64_t cqe = uint64_t{options_.max_connections} *
-                           (kServerRecvCredits + kServerSendSlots + options_.regions.size()) +
-                       64;
-  if (srq_wr > static_cast<uint64_t>(da.max_srq_wr) || cqe > static_cast<uint64_t>(da.max_cqe)) {
-    return Status::InvalidArgument("max_connections " + std::to_string(options_.max_connections) +
-                                   " needs an SRQ of " + std::to_string(srq_wr) + " and a CQ of " +
-                                   std::to_string(cqe) + " entries; " + fabric_->device_name() +
-                                   " allows " + std::to_string(da.max_srq_wr) + " and " +
-                                   std::to_string(da.max_cqe));
+  const uint64_t per_session = kServerRecvCredits + kServerSendSlots + options_.regions.size();
+  const uint64_t fit_cq =
+      da.max_cqe > 64 ? (static_cast<uint64_t>(da.max_cqe) - 64) / per_session : 0;
+  const uint64_t fit_srq = static_cast<uint64_t>(std::max(da.max_srq_wr, 0)) / kServerRecvCredits;
+  const uint64_t fit = std::min(fit_cq, fit_srq);
+  const uint64_t groups = fit == 0 ? 0 : (options_.max_connections + fit - 1) / fit;
+  if (groups == 0 || groups > kMaxRecvGroups) {
+    return Status::InvalidArgument(
+        "max_connections " + std::to_string(options_.max_connections) + " needs " +
+        (fit == 0 ? std::string("more than one CQ can hold")
+                  : std::to_string(groups) + " CQs of " + std::to_string(fit) + " sessions") +
+        " on " + fabric_->device_name() + " (CQs of " + std::to_string(da.max_cqe) +
+        " entries, SRQs of " + std::to_string(da.max_srq_wr) + "; at most " +
+        std::to_string(kMaxRecvGroups) + " CQs per listener)");
   }
+  group_count_ = static_cast<uint32_t>(groups);
+  sessions_per_group_ = static_cast<uint32_t>((options_.max_connections + groups - 1) / groups);
+  if (options_.verbs_sessions_per_cq > 0 && options_.verbs_sessions_per_cq < sessions_per_group_) {
+    // Test hook: smaller groups than the device needs, so that tests reach several groups.
+    sessions_per_group_ = options_.verbs_sessions_per_cq;
+    group_count_ = (options_.max_connections + sessions_per_group_ - 1) / sessions_per_group_;
+    if (group_count_ > kMaxRecvGroups) {
+      return Status::InvalidArgument(
+          "verbs_sessions_per_cq " + std::to_string(options_.verbs_sessions_per_cq) +
+          " makes more than " + std::to_string(kMaxRecvGroups) + " CQs for max_connections " +
+          std::to_string(options_.max_connections));
+    }
+  }
+  const uint64_t srq_wr = uint64_t{sessions_per_group_} * kServerRecvCredits;
+  const uint64_t cqe = uint64_t{sessions_per_group_} * per_session + 64;
   secrets_ = {options_.auth_token, options_.admin_token, options_.loopback_admin};
   // Per-connection windows need every advertised region to be one this fabric registered (for
   // MW binding); a region from elsewhere could not be read through a window at all.
@@ -891,13 +914,20 @@ Status VerbsListener::Start() {
 
   ibv_pd* pd = fabric_->pd();
   RDKV_ASSIGN_OR_RETURN(comp_channel_, CompletionChannel::Create(fabric_->context()));
-  RDKV_ASSIGN_OR_RETURN(
-      cq_, CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe), comp_channel_.get()));
-  RDKV_ASSIGN_OR_RETURN(srq_, SharedReceiveQueue::Create(pd, static_cast<uint32_t>(srq_wr)));
-  RegisterAsyncSink(srq_.get(), this);
-  RegisterAsyncSink(cq_.get(), this);
-  srq_blocks_ = std::make_unique<ChunkPool[]>(options_.max_connections);
-  RDKV_RETURN_IF_ERROR(GrowSrq());  // receive buffers for the first connection
+  groups_ = std::make_unique<RecvGroup[]>(group_count_);
+  for (uint32_t g = 0; g < group_count_; ++g) {
+    RDKV_ASSIGN_OR_RETURN(
+        groups_[g].cq,
+        CompletionQueue::Create(fabric_->context(), static_cast<int>(cqe), comp_channel_.get()));
+    RDKV_ASSIGN_OR_RETURN(groups_[g].srq,
+                          SharedReceiveQueue::Create(pd, static_cast<uint32_t>(srq_wr)));
+    RegisterAsyncSink(groups_[g].srq.get(), this);
+    RegisterAsyncSink(groups_[g].cq.get(), this);
+  }
+  const size_t block_slots = size_t{group_count_} * sessions_per_group_;
+  srq_blocks_ = std::make_unique<ChunkPool[]>(block_slots);
+  srq_block_group_ = std::make_unique<uint32_t[]>(block_slots);
+  RDKV_RETURN_IF_ERROR(GrowSrq(0));  // receive buffers for the first connection
   RDKV_RETURN_IF_ERROR(worker_wake_.Open());
   RDKV_RETURN_IF_ERROR(cm_wake_.Open());
 
@@ -913,8 +943,8 @@ Status VerbsListener::Start() {
   cm_thread_ = std::thread(&VerbsListener::CmThreadMain, this);
   LOG(INFO) << "verbs listener on " << FormatHostPort(options_.host, port_) << " ("
             << fabric_->Describe() << ", " << options_.worker_threads << " worker(s), up to "
-            << options_.max_connections << " connections, " << options_.regions.size()
-            << " region(s), "
+            << options_.max_connections << " connections on " << group_count_ << " CQ(s) of "
+            << sessions_per_group_ << ", " << options_.regions.size() << " region(s), "
             << (use_windows_ ? "a type-2 memory window per connection"
                              : "no memory windows: every client gets the regions' own rkeys")
             << ")";
@@ -942,11 +972,13 @@ VerbsListener::~VerbsListener() {
   for (auto& [id, s] : by_id_) s->MarkDead();
   while (!by_id_.empty()) Teardown(by_id_.begin()->second);
   listen_id_.reset();
-  UnregisterAsyncSink(srq_.get());
-  UnregisterAsyncSink(cq_.get());
-  srq_.reset();
+  for (uint32_t g = 0; g < group_count_; ++g) {
+    UnregisterAsyncSink(groups_[g].srq.get());
+    UnregisterAsyncSink(groups_[g].cq.get());
+    groups_[g].srq.reset();
+  }
   srq_blocks_.reset();
-  cq_.reset();
+  groups_.reset();  // the CQs
   comp_channel_.reset();
   channel_.reset();
 }
@@ -961,6 +993,7 @@ ListenerStats VerbsListener::stats() const {
   s.handshakes_evicted = handshakes_evicted_.load(std::memory_order_relaxed);
   s.handshakes_timed_out = handshakes_timed_out_.load(std::memory_order_relaxed);
   s.idle_closed = idle_closed_.load(std::memory_order_relaxed);
+  s.slow_readers_cut = slow_readers_cut_.load(std::memory_order_relaxed);
   return s;  // reads_served/refused: the NIC serves READs; the server never sees them
 }
 
@@ -990,11 +1023,15 @@ void VerbsListener::OnAsyncEvent(ibv_event_type type) {
   }
 }
 
-Status VerbsListener::GrowSrq() {
+Status VerbsListener::GrowSrq(uint32_t g) {
+  RecvGroup& group = groups_[g];
   const uint32_t b = srq_blocks_used_.load(std::memory_order_acquire);
-  if (b >= options_.max_connections) return Status::Internal("SRQ buffer pool is full");
+  if (b >= group_count_ * sessions_per_group_ || group.blocks >= sessions_per_group_) {
+    return Status::Internal("SRQ buffer pool is full");
+  }
   RDKV_ASSIGN_OR_RETURN(srq_blocks_[b], ChunkPool::Create(fabric_->pd(), kServerRecvCredits,
                                                           kChunkSize, IBV_ACCESS_LOCAL_WRITE));
+  srq_block_group_[b] = g;
   srq_blocks_used_.store(b + 1, std::memory_order_release);  // before workers can see its WRs
   std::vector<ibv_recv_wr> wrs(kServerRecvCredits);
   std::vector<ibv_sge> sges(kServerRecvCredits);
@@ -1008,13 +1045,14 @@ Status VerbsListener::GrowSrq() {
     wrs[i].next = i + 1 < kServerRecvCredits ? &wrs[i + 1] : nullptr;
   }
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_srq_recv(srq_.get(), wrs.data(), &bad); rc != 0) {
+  if (int rc = ibv_post_srq_recv(group.srq.get(), wrs.data(), &bad); rc != 0) {
     return CallError("ibv_post_srq_recv", rc);
   }
-  // Alarm (async event) when fewer than 1/8 of the buffers are posted.
+  ++group.blocks;
+  // Alarm (async event) when fewer than 1/8 of the group's buffers are posted.
   ibv_srq_attr attr{};
-  attr.srq_limit = std::max<uint32_t>(1, (b + 1) * kServerRecvCredits / 8);
-  if (int rc = ibv_modify_srq(srq_.get(), &attr, IBV_SRQ_LIMIT); rc != 0) {
+  attr.srq_limit = std::max<uint32_t>(1, group.blocks * kServerRecvCredits / 8);
+  if (int rc = ibv_modify_srq(group.srq.get(), &attr, IBV_SRQ_LIMIT); rc != 0) {
     VLOG(1) << CallError("ibv_modify_srq(IBV_SRQ_LIMIT)", rc).ToString()
             << " (no SRQ low-water alarm)";
   }
@@ -1129,8 +1167,19 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
     LOG(ERROR) << where << ": " << nonce.status().ToString();
     return refuse(RejectReason::kServerError, "server cannot make a nonce");
   }
-  while (srq_blocks_used_.load() < live_sessions_ + 1) {
-    if (Status s = GrowSrq(); !s.ok()) {
+  // The least loaded group takes the session (one has room: live_sessions_ < max_connections
+  // <= groups x sessions per group), and its SRQ keeps a block of buffers per session + 1.
+  uint32_t gi = 0;
+  for (uint32_t g = 1; g < group_count_; ++g) {
+    if (groups_[g].sessions < groups_[gi].sessions) gi = g;
+  }
+  RecvGroup& group = groups_[gi];
+  if (group.sessions >= sessions_per_group_) {  // cannot happen (see above); its CQ could overrun
+    LOG(ERROR) << where << ": every receive group is full at " << live_sessions_ << " sessions";
+    return refuse(RejectReason::kServerError, "server has no room for another connection");
+  }
+  while (group.blocks < group.sessions + 1) {
+    if (Status s = GrowSrq(gi); !s.ok()) {
       LOG(ERROR) << where << ": growing the SRQ: " << s.ToString();
       return refuse(RejectReason::kServerError, "server out of receive buffers");
     }
@@ -1170,9 +1219,9 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   }
   ibv_qp_init_attr attr{};
   attr.qp_context = session.get();
-  attr.send_cq = cq_.get();
-  attr.recv_cq = cq_.get();
-  attr.srq = srq_.get();
+  attr.send_cq = group.cq.get();
+  attr.recv_cq = group.cq.get();
+  attr.srq = group.srq.get();
   // The SEND slots plus one bind per window.
   attr.cap.max_send_wr = kServerSendSlots + static_cast<uint32_t>(session->windows_.size());
   attr.cap.max_send_sge = 1;
@@ -1185,6 +1234,7 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   }
   session->qp_ = std::move(qp).value();
   session->qp_num_ = session->qp_.get()->qp_num;
+  session->group_ = gi;
   session->cm_id_ = std::move(child);
 
   AcceptData accept;
@@ -1208,6 +1258,8 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   setup.send_pool = &session->send_pool_;
   setup.peer_credits = req.credits;
   setup.granted_credits = kServerRecvCredits;
+  // As tcp's output limit: answers a client does not take wait in memory up to this much.
+  setup.max_waiting_bytes = std::max<size_t>(size_t{4} << 20, 2 * options_.max_message_size);
   session->chan_.Init(setup);
   RegisterAsyncSink(session->qp_.get(), session.get());
   {
@@ -1215,6 +1267,7 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
     by_qpn_[session->qp_num_] = session;
   }
   by_id_[raw_id] = session;
+  ++group.sessions;
   ++live_sessions_;
   open_sessions_.store(live_sessions_, std::memory_order_relaxed);
 
@@ -1281,6 +1334,7 @@ void VerbsListener::Teardown(
     // a wrong proof was counted when it was refused.
     refused_.fetch_add(1, std::memory_order_relaxed);
   }
+  --groups_[s->group_].sessions;
   --live_sessions_;
   open_sessions_.store(live_sessions_, std::memory_order_relaxed);
 }
@@ -1297,7 +1351,6 @@ bool VerbsListener::HandshakeOverdue(const ServerSessionImpl& s, Clock::time_poi
 
 void VerbsListener::ReapSessions() {
   const Clock::time_point now = Clock::now();
-  const uint64_t epoch = cq_empty_epoch_.load(std::memory_order_acquire);
   std::vector<std::shared_ptr<ServerSessionImpl>> done;
   uint64_t timed_out = 0;
   for (auto& [id, s] : by_id_) {
@@ -1321,22 +1374,35 @@ void VerbsListener::ReapSessions() {
         ++idle_unlogged_;
         s->MarkDead();
       }
+      // Answers that have waited for the client's credits for output_stall_timeout: a client
+      // that does not take its answers (they are kept in memory meanwhile) is cut off.
+      const int64_t waiting = s->chan_.waiting_since_ns();
+      if (!s->dead() && waiting != 0 && options_.output_stall_timeout.count() > 0 &&
+          now.time_since_epoch() - std::chrono::nanoseconds(waiting) >=
+              options_.output_stall_timeout) {
+        slow_readers_cut_.fetch_add(1, std::memory_order_relaxed);
+        LOG(WARNING) << "verbs listener port " << port_ << ": closing " << s->peer_
+                     << ": its answers waited " << options_.output_stall_timeout.count()
+                     << " ms for credits (a client that does not take them)";
+        s->MarkDead();
+      }
     }
     if (!s->dead()) continue;
     if (!s->dying_) {
       s->dying_ = true;
       s->dead_since_ = now;
-      s->dead_epoch_ = epoch;
+      s->dead_epoch_ = groups_[s->group_].empty_epoch.load(std::memory_order_acquire);
       continue;
     }
     // Destroy the QP only once the workers have seen every completion it can produce: no send
-    // in flight, the shared CQ found empty twice since, and the SRQ done with it (the device's
+    // in flight, its group's CQ found empty twice since, and the SRQ done with it (the device's
     // LAST_WQE_REACHED event, or a grace period where the device sends none). A session whose
     // completions nobody polls (paused workers) goes after 10 s regardless; its late
     // completions then find no session and are dropped.
     const auto dead_for = now - s->dead_since_;
     const bool drained =
-        s->chan_.sends_in_flight() == 0 && epoch >= s->dead_epoch_ + 2 &&
+        s->chan_.sends_in_flight() == 0 &&
+        groups_[s->group_].empty_epoch.load(std::memory_order_acquire) >= s->dead_epoch_ + 2 &&
         (s->last_wqe_reached_.load() || dead_for >= std::chrono::milliseconds(200));
     if (drained || dead_for >= std::chrono::seconds(10)) {
       done.push_back(s);

@@ -95,6 +95,13 @@ void MsgChannel::Init(const Setup& s) {
   for (uint32_t i = pool_->chunks(); i-- > 0;) free_slots_.push_back(i);
   credits_ = s.peer_credits;
   owed_ = 0;
+  granted_total_.store(s.granted_credits, std::memory_order_release);
+  pending_.clear();
+  waiting_bytes_ = 0;
+  max_waiting_bytes_ = s.max_waiting_bytes;
+  flood_ = s.flood;
+  received_total_ = 0;
+  waiting_since_ns_.store(0, std::memory_order_release);
   credit_threshold_ = std::max<uint32_t>(2, s.granted_credits / 4);
   closed_ = false;
 }
@@ -106,7 +113,7 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
   uint8_t* buf = pool_->chunk(slot);
   FragmentHeader h;
   h.type = type;
-  h.credits = owed_;
+  h.credits = flood_ ? 0 : owed_;
   h.id = id;
   h.total = total;
   h.offset = offset;
@@ -123,14 +130,18 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
+  // The peer may use these credits once the fragment arrives: count them granted first.
+  granted_total_.fetch_add(h.credits, std::memory_order_acq_rel);
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_, &wr, &bad) != 0) {  // positive errno; the QP is unusable
     free_slots_.push_back(slot);
     closed_ = true;
     pending_.clear();
+    waiting_bytes_ = 0;
+    waiting_since_ns_.store(0, std::memory_order_release);
     return false;
   }
-  owed_ = 0;
+  if (!flood_) owed_ = 0;
   --credits_;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   return true;
@@ -145,8 +156,10 @@ bool MsgChannel::FlushLocked() {
       return false;
     }
     p.next += len;
+    waiting_bytes_ -= len;
     if (p.next >= p.total) pending_.pop_front();
   }
+  if (pending_.empty()) waiting_since_ns_.store(0, std::memory_order_release);
   // Credits owed and nothing carried them: a credit-only fragment (may use the reserve credit).
   if (owed_ >= credit_threshold_ && credits_ >= 1 && !free_slots_.empty()) {
     if (!PostLocked(MsgType::kCredit, 0, 0, 0, nullptr, 0)) return false;
@@ -179,7 +192,24 @@ Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payl
   p.total = total;
   p.base = offset;
   p.next = offset;
+  if (max_waiting_bytes_ > 0 && waiting_bytes_ + (total - offset) > max_waiting_bytes_) {
+    // The peer takes no answers (no credits come back) while they pile up: cut it off.
+    closed_ = true;
+    pending_.clear();
+    waiting_bytes_ = 0;
+    waiting_since_ns_.store(0, std::memory_order_release);
+    *fatal = true;
+    return Status::ConnectionLost("the peer took no answers: " +
+                                  std::to_string(max_waiting_bytes_) + " bytes wait for credits");
+  }
   p.rest.assign(payload.begin() + offset, payload.end());
+  waiting_bytes_ += total - offset;
+  if (pending_.empty()) {
+    waiting_since_ns_.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+            .count(),
+        std::memory_order_release);
+  }
   pending_.push_back(std::move(p));
   return Status::Ok();
 }
@@ -214,6 +244,8 @@ void MsgChannel::Close() {
   MutexLock lk(&mu_);
   closed_ = true;
   pending_.clear();
+  waiting_bytes_ = 0;
+  waiting_since_ns_.store(0, std::memory_order_release);
 }
 
 // =================================================================================================
@@ -857,7 +889,12 @@ void VerbsListener::QueueRepost(Scratch* scratch, uint32_t index,
   uint32_t lkey = 0;
   uint8_t* chunk = SrqChunk(index, &lkey);
   if (chunk == nullptr) return;
-  if (scratch->n == kWorkerBatch) FlushReposts(scratch);
+  const uint32_t group = GroupOfChunk(index);
+  // One chain goes to one SRQ: a buffer of another group flushes what is queued first.
+  if (scratch->n == kWorkerBatch || (scratch->n > 0 && scratch->group != group)) {
+    FlushReposts(scratch);
+  }
+  scratch->group = group;
   const int i = scratch->n++;
   scratch->sges[i].addr = reinterpret_cast<uintptr_t>(chunk);
   scratch->sges[i].length = kChunkSize;
@@ -874,7 +911,7 @@ void VerbsListener::FlushReposts(Scratch* scratch) {
   if (n == 0) return;
   for (int i = 0; i + 1 < n; ++i) scratch->wrs[i].next = &scratch->wrs[i + 1];
   ibv_recv_wr* bad = nullptr;
-  if (ibv_post_srq_recv(srq_.get(), scratch->wrs, &bad) != 0) {
+  if (ibv_post_srq_recv(groups_[scratch->group].srq.get(), scratch->wrs, &bad) != 0) {
     srq_post_failed_.store(true, std::memory_order_release);  // the cm thread reports it
   } else {
     // Buffers are back in the SRQ: now (not before) the credits may return to their senders.
@@ -933,6 +970,10 @@ void VerbsListener::ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nr
   FragmentHeader h;
   const char* why = nullptr;
   if (!DecodeFragmentHeader(buf, wc.byte_len, options_.max_message_size, &h, &why)) {
+    SessionProtocolError(s.get());
+    return QueueRepost(scratch, index, nullptr);
+  }
+  if (!s->chan_.CountReceive()) {  // sent beyond its credits: it ignores flow control
     SessionProtocolError(s.get());
     return QueueRepost(scratch, index, nullptr);
   }
@@ -1076,6 +1117,26 @@ void VerbsListener::WaitForCq(int timeout_ms) {
   if (pfd[1].revents != 0) worker_wake_.Drain();
 }
 
+int VerbsListener::PollGroups(ibv_wc* wc) {
+  // Round robin from the group after the last one polled: a busy group cannot keep the
+  // poller from the others. With one group (most listeners) this is one ibv_poll_cq.
+  for (uint32_t k = 0; k < group_count_; ++k) {
+    RecvGroup& g = groups_[next_poll_group_];
+    next_poll_group_ = next_poll_group_ + 1 == group_count_ ? 0 : next_poll_group_ + 1;
+    const int n = ibv_poll_cq(g.cq.get(), kWorkerBatch, wc);
+    if (n != 0) return n;
+    g.empty_epoch.fetch_add(1, std::memory_order_acq_rel);
+  }
+  return 0;
+}
+
+bool VerbsListener::ArmGroups() {
+  for (uint32_t g = 0; g < group_count_; ++g) {
+    if (ibv_req_notify_cq(groups_[g].cq.get(), 0) != 0) return false;
+  }
+  return true;
+}
+
 size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
   int idle = 0;                  // empty polls since the CQ was last found non-empty
   Clock::time_point idle_since;  // when that was
@@ -1086,9 +1147,8 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
       return 0;
     }
     ibv_wc wc[kWorkerBatch];
-    int n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);
+    int n = PollGroups(wc);
     if (n == 0) {
-      cq_empty_epoch_.fetch_add(1, std::memory_order_acq_rel);
       if (idle++ == 0) {
         idle_since = Clock::now();
         const auto twice =
@@ -1100,12 +1160,12 @@ size_t VerbsListener::PollForRequests(Ready* ready, Scratch* scratch) {
         CpuRelax();
         continue;
       }
-      if (ibv_req_notify_cq(cq_.get(), 0) != 0) {
+      if (!ArmGroups()) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
         idle = 1;
         continue;
       }
-      n = ibv_poll_cq(cq_.get(), kWorkerBatch, wc);  // what came before the CQ was armed
+      n = PollGroups(wc);  // what came before the CQs were armed
       if (n == 0) {
         WaitForCq(100);
         idle = 1;  // still idle since idle_since: the gap goes on (and the count stays small)

@@ -57,6 +57,9 @@ struct VerbsHandshakeTap {
   // Stop after rdma_cm's accept, before sending the proof, and return the half-open connection
   // (regions() empty): what a client without the secret holds.
   bool stop_before_proof = false;
+  // After the handshake, send whenever a send slot is free, ignoring the server's credits, and
+  // return none of the server's: a client that ignores flow control.
+  bool flood = false;
 };
 // Connect with the tap; `fabric` must be a verbs Fabric (else kInvalidArgument).
 Result<std::unique_ptr<Connection>> ConnectVerbsForTest(Fabric* fabric,

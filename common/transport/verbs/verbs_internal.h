@@ -85,6 +85,12 @@ class MsgChannel {
     const ChunkPool* send_pool = nullptr;  // its chunks are the send slots
     uint32_t peer_credits = 0;             // receives the peer posted for us
     uint32_t granted_credits = 0;          // receives we posted for the peer
+    // Messages waiting for credits or send slots beyond this many bytes close the channel
+    // (Send reports it fatal): a peer that takes no answers cannot grow our memory. 0: no cap.
+    size_t max_waiting_bytes = 0;
+    // Test hook (VerbsHandshakeTap::flood): send whenever a send slot is free, ignoring the
+    // peer's credits, and return none of ours: a client that ignores flow control.
+    bool flood = false;
   };
   void Init(const Setup& setup);
 
@@ -102,6 +108,16 @@ class MsgChannel {
   // No more posts; drops queued messages. Idempotent.
   void Close();
   uint32_t sends_in_flight() const { return in_flight_.load(std::memory_order_acquire); }
+  // Receiving side (one thread at a time per channel): counts one fragment received from the
+  // peer. False when the peer has now sent more fragments than it was ever granted credits
+  // (the receives we posted for it): a peer that ignores flow control, which would take
+  // receive buffers shared with other connections.
+  bool CountReceive() {
+    return ++received_total_ <= granted_total_.load(std::memory_order_acquire);
+  }
+  // Since when (steady clock, ns) messages have waited for credits or send slots without the
+  // queue emptying; 0 while nothing waits.
+  int64_t waiting_since_ns() const { return waiting_since_ns_.load(std::memory_order_acquire); }
 
  private:
   struct Pending {
@@ -112,7 +128,9 @@ class MsgChannel {
     uint32_t next;  // message offset of the next fragment to send
     std::vector<uint8_t> rest;
   };
-  bool CanSendData() const REQUIRES(mu_) { return !free_slots_.empty() && credits_ >= 2; }
+  bool CanSendData() const REQUIRES(mu_) {
+    return !free_slots_.empty() && (credits_ >= 2 || flood_);
+  }
   bool FlushLocked() REQUIRES(mu_);
   bool PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset, const uint8_t* data,
                   uint32_t length) REQUIRES(mu_);
@@ -126,7 +144,15 @@ class MsgChannel {
   uint32_t credit_threshold_ GUARDED_BY(mu_) = 2;
   bool closed_ GUARDED_BY(mu_) = true;
   std::deque<Pending> pending_ GUARDED_BY(mu_);
+  size_t waiting_bytes_ GUARDED_BY(mu_) = 0;  // pending_'s unsent bytes
+  size_t max_waiting_bytes_ GUARDED_BY(mu_) = 0;
+  bool flood_ GUARDED_BY(mu_) = false;
   std::atomic<uint32_t> in_flight_{0};
+  // Credits granted to the peer in all: the receives first posted, then every credit returned
+  // in a fragment we posted. Raised before the post that carries them goes out.
+  std::atomic<uint64_t> granted_total_{0};
+  uint64_t received_total_ = 0;  // CountReceive's (the receiving thread's)
+  std::atomic<int64_t> waiting_since_ns_{0};
 };
 
 class VerbsFabric;
@@ -336,6 +362,7 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
   std::vector<ibv_mr*> window_mrs_;  // the MR each window is bound onto (owned by the regions)
   CmQueuePair qp_;
   uint32_t qp_num_ = 0;
+  uint32_t group_ = 0;  // the listener's receive group of its QP (set before it is published)
   MsgChannel chan_;
   std::atomic<bool> dead_{false};
   std::atomic<bool> last_wqe_reached_{false};
@@ -392,14 +419,33 @@ class VerbsListener final : public Listener, public AsyncEventSink {
     ibv_sge sges[kWorkerBatch];
     std::shared_ptr<ServerSessionImpl> credit_to[kWorkerBatch];  // null: no credit (dropped)
     int n = 0;
+    uint32_t group = 0;  // the group whose SRQ the queued buffers go back to
   };
+  // A receive group: the CQ of its sessions' sends and receives, and the SRQ their receives
+  // take buffers from. A CQ must hold every completion its sessions can have outstanding (an
+  // overrun kills every QP on it), and a device's CQ has at most max_cqe entries (rxe: 32767),
+  // so one CQ holds at most about max_cqe / 49 sessions; a listener allowed more spreads them
+  // over several groups, each sized for its share (docs/transport-verbs.md "Queue sizes").
+  // One completion channel serves every group's CQ; the one polling worker polls them in turn.
+  struct RecvGroup {
+    CompletionQueue cq;
+    SharedReceiveQueue srq;
+    uint32_t blocks = 0;    // cm thread: SRQ buffer blocks posted to this group
+    uint32_t sessions = 0;  // cm thread: live sessions whose QP uses this group
+    // Polls that found this group's CQ empty (ReapSessions: a dead session's completions are
+    // all taken once its group's CQ has been found empty twice since it died).
+    std::atomic<uint64_t> empty_epoch{0};
+  };
+  // At most this many groups (with rxe's CQs, about 42,000 connections).
+  static constexpr uint32_t kMaxRecvGroups = 64;
 
   // Control path (cm thread).
   void CmThreadMain();
   void HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_param& param,
                             std::span<const uint8_t> private_data);
   void Reject(CmId id, RejectReason reason, const std::string& text);
-  Status GrowSrq();
+  // One more block of receive buffers for group `g`'s SRQ (cm thread).
+  Status GrowSrq(uint32_t g);
   void ReapSessions();
   // Whether an unproven session has run out of time (cm thread).
   bool HandshakeOverdue(const ServerSessionImpl& s, Clock::time_point now) const;
@@ -414,6 +460,15 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   void ProcessCompletion(const ibv_wc& wc, Ready* ready, size_t* nready, Scratch* scratch);
   std::shared_ptr<ServerSessionImpl> FindSession(uint32_t qp_num);
   uint8_t* SrqChunk(uint32_t index, uint32_t* lkey) const;
+  // The group whose SRQ holds receive buffer `index` (a block's group never changes).
+  uint32_t GroupOfChunk(uint32_t index) const {
+    return srq_block_group_[index / kServerRecvCredits];
+  }
+  // One ibv_poll_cq of the next group's CQ in turn that has completions: their number (negative:
+  // that CQ is broken), or 0 when every group's CQ was empty.
+  int PollGroups(ibv_wc* wc);
+  // Arms every group's CQ for an event on the completion channel; false when one failed.
+  bool ArmGroups();
   void QueueRepost(Scratch* scratch, uint32_t index, std::shared_ptr<ServerSessionImpl> credit_to);
   void FlushReposts(Scratch* scratch);
   void SessionProtocolError(ServerSessionImpl* s);
@@ -437,9 +492,14 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   EventChannel channel_;
   CmId listen_id_;
   CompletionChannel comp_channel_;
-  CompletionQueue cq_;
-  SharedReceiveQueue srq_;
-  std::unique_ptr<ChunkPool[]> srq_blocks_;  // max_connections slots; grows one per peak session
+  std::unique_ptr<RecvGroup[]> groups_;
+  uint32_t group_count_ = 0;
+  uint32_t sessions_per_group_ = 0;  // each group's CQ and SRQ are sized for this many sessions
+  // Receive buffer blocks of every group (group_count_ x sessions_per_group_ slots); a group
+  // gets one more when its live sessions reach its blocks. srq_block_group_[b]: block b's
+  // group, written before srq_blocks_used_ counts the block.
+  std::unique_ptr<ChunkPool[]> srq_blocks_;
+  std::unique_ptr<uint32_t[]> srq_block_group_;
   std::atomic<uint32_t> srq_blocks_used_{0};
 
   // Sessions: by QP number for the workers, by cm id for the cm thread.
@@ -450,8 +510,9 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   uint32_t live_sessions_ = 0;                                                 // cm thread
   std::atomic<uint32_t> open_sessions_{0};  // live_sessions_ for stats(), from any thread
   std::atomic<uint64_t> handshakes_evicted_{0}, handshakes_timed_out_{0}, idle_closed_{0};
-  uint64_t idle_unlogged_ = 0;         // cm thread: closed since the last log
-  Clock::time_point last_idle_log_{};  // cm thread
+  std::atomic<uint64_t> slow_readers_cut_{0};  // answers waited output_stall_timeout for credits
+  uint64_t idle_unlogged_ = 0;                 // cm thread: closed since the last log
+  Clock::time_point last_idle_log_{};          // cm thread
   uint64_t next_session_id_ = 1;
 
   // Workers: one polls (and blocks on the completion channel) at a time; the others wait for
@@ -465,7 +526,8 @@ class VerbsListener final : public Listener, public AsyncEventSink {
   std::atomic<bool> paused_flag_{false};
   std::atomic<bool> stop_flag_{false};
   EventFd worker_wake_;
-  std::atomic<uint64_t> cq_empty_epoch_{0};
+  // The group the active poller polls next (PollGroups; only the one poller touches it).
+  uint32_t next_poll_group_ = 0;
   // The recent average idle gap (nanoseconds) from an empty CQ to the next request; only
   // the one active poller reads and writes it (PollForRequests), hence relaxed.
   std::atomic<int64_t> idle_gap_avg_ns_{0};
@@ -511,8 +573,7 @@ class VerbsFabric final : public Fabric {
   Result<std::unique_ptr<MemoryRegion>> AllocateRegion(size_t size, RegionAccess access) override;
   Result<std::unique_ptr<Listener>> Listen(ListenOptions options) override;
   Result<std::unique_ptr<Connection>> Connect(const ConnectOptions& options) override;
-  Status CheckListenPort(const std::string& what, const std::string& host,
-                         uint16_t port) override;
+  Status CheckListenPort(const std::string& what, const std::string& host, uint16_t port) override;
 
   ibv_context* context() const { return ctx_; }
   ibv_pd* pd() const { return pd_.get(); }
