@@ -45,6 +45,12 @@ FailoverPlan PlanFailover(const cluster::ClusterMap& map_in,
 
   // Who is unavailable, who is to be admitted.
   std::set<uint32_t> unavailable;
+  // Restarted with durable data: every acknowledged write is on its disk, but not what lived
+  // only in its memory: the request ids of its writes (a retry would apply again), and a
+  // replicated write it published (a GET may have returned it) before its own WAL sync, which
+  // its backups hold. So it leaves every replica set where another in-sync replica remains,
+  // and keeps only the shards it alone holds.
+  std::set<uint32_t> durable_restarts;
   for (cluster::ServerEntry& e : next.servers) {
     auto reg = registrations.find(e.id);
     if (reg == registrations.end()) {
@@ -68,11 +74,15 @@ FailoverPlan PlanFailover(const cluster::ClusterMap& map_in,
                              ") without durable data: it may have lost acknowledged writes, so it "
                              "leaves every replica set it can be spared from");
     } else if (e.incarnation != 0) {
+      const bool role = HasRole(next, e.id);
+      if (role) durable_restarts.insert(e.id);
       plan.reasons.push_back(
           Name(e.id) + " restarted (incarnation " + std::to_string(e.incarnation) + " -> " +
           std::to_string(r.incarnation) + ")" +
-          (HasRole(next, e.id) ? " with durable data (durability=sync): it keeps its roles"
-                               : "; it holds no replica (it rejoins through catch-up copies)"));
+          (role ? " with durable data (durability=sync): it leaves the replica sets that keep "
+                  "another in-sync replica (its request ids, and writes it published before "
+                  "its own sync, were only in its memory) and keeps the shards it alone holds"
+                : "; it holds no replica (it rejoins through catch-up copies)"));
     }
     e.incarnation = r.incarnation;
     plan.admitted.push_back(e.id);
@@ -84,7 +94,14 @@ FailoverPlan PlanFailover(const cluster::ClusterMap& map_in,
     std::vector<uint32_t> replicas = next.ReplicasOf(s);
     std::vector<uint32_t> kept;
     for (uint32_t id : replicas) {
-      if (!unavailable.count(id)) kept.push_back(id);
+      if (!unavailable.count(id) && !durable_restarts.count(id)) kept.push_back(id);
+    }
+    if (kept.empty()) {
+      // Only restarted servers hold the shard: the durable ones keep it (their disks hold its
+      // acknowledged writes).
+      for (uint32_t id : replicas) {
+        if (durable_restarts.count(id)) kept.push_back(id);
+      }
     }
     std::vector<uint32_t>& joining = next.joining[s];
     const size_t joining_before = joining.size();

@@ -6,8 +6,11 @@
 // either it has no registration (its etcd lease expired: it has fenced itself) or it registered
 // again as another process (it restarted) without durable data. For every shard an unavailable
 // server leaves the in-sync set and the joining list; when it was the primary, the first
-// remaining in-sync backup becomes the primary. A shard whose every in-sync replica is
-// unavailable keeps its primary (nothing else holds its acknowledged writes) and says so
+// remaining in-sync backup becomes the primary. A server that restarted with durable data
+// leaves the in-sync sets where another in-sync replica remains (what it held only in memory,
+// request ids and writes published before its own sync, is gone) and keeps the rest. A shard whose
+// every in-sync replica is unavailable keeps its primary (nothing else holds its acknowledged
+// writes) and says so
 // (`stranded`); that alone is no change: a plan applied to its own result changes nothing.
 // Every registered incarnation is admitted (written into its server entry), and the map is
 // marked `coordinated`.

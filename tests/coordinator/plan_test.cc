@@ -79,7 +79,11 @@ TEST(PlanFailover, ARestartWithoutDurableDataIsDemotedAndAdmitted) {
   EXPECT_EQ(p.next.OwnerOf(3), 1u);
 }
 
-TEST(PlanFailover, ARestartWithDurableDataKeepsItsRoles) {
+// A restart with durable data keeps every acknowledged write, but not its request ids or a
+// replicated write it published before its own sync (both only in memory, both on its backups):
+// it leaves the replica sets where another in-sync replica remains, as a restart without
+// durable data does, and is admitted. It is not reported failed.
+TEST(PlanFailover, ARestartWithDurableDataLeavesTheShardsOthersAlsoHold) {
   const cluster::ClusterMap m = Admitted3();
   std::map<uint32_t, Registration> regs = Regs({0, 1, 2});
   regs[0].incarnation = 555;
@@ -87,7 +91,28 @@ TEST(PlanFailover, ARestartWithDurableDataKeepsItsRoles) {
   FailoverPlan p = PlanFailover(m, regs);
   ASSERT_TRUE(p.changed);
   EXPECT_TRUE(p.failed.empty());
+  EXPECT_EQ(p.admitted, std::vector<uint32_t>{0});
   EXPECT_EQ(p.next.FindServer(0)->incarnation, 555u);
+  for (uint32_t s = 0; s < 6; ++s) {
+    for (uint32_t id : p.next.ReplicasOf(s)) EXPECT_NE(id, 0u) << "shard " << s;
+  }
+  EXPECT_EQ(p.next.OwnerOf(0), 1u);
+  EXPECT_FALSE(p.promoted.empty());
+  EXPECT_TRUE(p.stranded.empty());
+}
+
+// ... and keeps the shards nothing else holds (unreplicated ones): its disk has their writes.
+TEST(PlanFailover, ARestartWithDurableDataKeepsTheShardsItAloneHolds) {
+  cluster::ClusterMap m = Admitted3();
+  m.AssignBackups(1);  // unreplicated
+  m.replication_factor = 0;
+  std::map<uint32_t, Registration> regs = Regs({0, 1, 2});
+  regs[0].incarnation = 555;
+  regs[0].durable = true;
+  FailoverPlan p = PlanFailover(m, regs);
+  ASSERT_TRUE(p.changed);  // the new incarnation is admitted
+  EXPECT_TRUE(p.failed.empty());
+  EXPECT_TRUE(p.stranded.empty());
   for (uint32_t s = 0; s < 6; ++s) EXPECT_EQ(p.next.ReplicasOf(s), m.ReplicasOf(s));
 }
 
