@@ -157,19 +157,26 @@ TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
   ASSERT_TRUE(honest.ok()) << honest.status().ToString();
   VerbsHandshakeTap tap;
   tap.flood = true;
-  auto flooder = ConnectVerbsForTest(client_fabric_.get(), Options(kToken), &tap);
+  ConnectOptions co = Options(kToken);
+  co.max_outstanding_calls = 1024;
+  auto flooder = ConnectVerbsForTest(client_fabric_.get(), co, &tap);
   ASSERT_TRUE(flooder.ok()) << flooder.status().ToString();
-  // Three requests of 128 fragments each, sent as fast as send slots free up (the waits in
-  // FinishCall poll the flooder's completions, which frees them).
+  // 600 small requests, none waiting for another, sent as fast as send slots free up (the
+  // waits in FinishCall poll the flooder's completions, which frees them). The server answers
+  // the first 64 or so and returns credits with them; then the flooder's own credits to the
+  // server are spent (it returns none), no credit can come back, and every request after the
+  // next 32 is beyond what the flooder was ever granted.
   std::thread flood([&] {
-    const std::vector<uint8_t> big(1 << 20, 7);
-    std::vector<std::vector<uint8_t>> responses(3);
-    std::vector<PendingCall> calls(3);
-    std::vector<bool> started(3, false);
-    for (int i = 0; i < 3; ++i) {
-      started[i] = (*flooder)->StartCall(big, &responses[i], 20s, &calls[i]).ok();
+    const std::vector<uint8_t> small(100, 7);
+    constexpr int kCalls = 600;
+    std::vector<std::vector<uint8_t>> responses(kCalls);
+    std::vector<PendingCall> calls(kCalls);
+    std::vector<bool> started(kCalls, false);
+    for (int i = 0; i < kCalls; ++i) {
+      started[i] = (*flooder)->StartCall(small, &responses[i], 20s, &calls[i]).ok();
+      if (!started[i]) break;
     }
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < kCalls; ++i) {
       if (started[i]) (*flooder)->FinishCall(&calls[i]).IgnoreError();
     }
   });
@@ -203,6 +210,69 @@ TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
   neighbour.join();
   EXPECT_EQ(failed.load(), 0);
   EXPECT_GT(answered.load(), before) << "the honest client was not served after the flood";
+}
+
+// A client that takes no answers (returns none of the server's credits) is cut off once an
+// answer has waited output_stall_timeout for its credits, and the server keeps serving others.
+TEST_F(VerbsAuth, AClientThatTakesNoAnswersIsCutOffAfterTheStallTimeout) {
+  ASSERT_TRUE(ListenWithRoles(kToken, "", true, 2000ms, [](ListenOptions& lo) {
+                lo.output_stall_timeout = 1s;
+              }).ok());
+  VerbsHandshakeTap tap;
+  tap.withhold_credits = true;
+  auto stuck = ConnectVerbsForTest(client_fabric_.get(), Options(kToken), &tap);
+  ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
+  // A 1 MiB echo: its answer needs 129 of the client's credits, which never come back after
+  // the first 64.
+  const std::vector<uint8_t> big(1 << 20, 3);
+  std::vector<uint8_t> resp;
+  const auto t0 = Clock::now();
+  Status s = (*stuck)->Call(big, &resp, 20s);
+  EXPECT_FALSE(s.ok()) << "an answer went out without the client's credits";
+  EXPECT_LT(Clock::now() - t0, 10s) << s.ToString();
+  EXPECT_GE(listener_->stats().slow_readers_cut, 1u) << s.ToString();
+  auto other = Connect();
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_TRUE(ReadAndCheck(other->get(), 0, 64));
+}
+
+// Answers waiting for a client's credits are capped in bytes: beyond max(4 MiB, two largest
+// messages) the session is cut off at once, not after the stall timeout.
+TEST_F(VerbsAuth, AnswersWaitingForCreditsAreCappedInBytes) {
+  const std::vector<uint8_t> answer(1 << 20, 5);
+  ListenOptions lo;
+  lo.host = host_;
+  lo.auth_token = kToken;
+  lo.regions = {region_->Describe(3)};
+  lo.output_stall_timeout = 60s;
+  lo.max_message_size = 1 << 21;  // the cap: max(4 MiB, 2 x 2 MiB) = 4 MiB
+  lo.handler = [&answer](std::span<const uint8_t>, ReplyHandle r) {
+    r.session->Reply(r.request_id, answer).IgnoreError();  // 1 MiB whatever was asked
+  };
+  auto l = server_fabric_->Listen(std::move(lo));
+  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  listener_ = std::move(l).value();
+  VerbsHandshakeTap tap;
+  tap.withhold_credits = true;
+  ConnectOptions co = Options(kToken);
+  co.max_message_size = 1 << 21;
+  auto stuck = ConnectVerbsForTest(client_fabric_.get(), co, &tap);
+  ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
+  // Eight small requests, eight answers of 1 MiB: all but the first 64 fragments wait.
+  std::vector<std::vector<uint8_t>> responses(8);
+  std::vector<PendingCall> calls(8);
+  std::vector<bool> started(8, false);
+  const std::vector<uint8_t> small(16, 1);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 8; ++i) {
+    started[i] = (*stuck)->StartCall(small, &responses[i], 30s, &calls[i]).ok();
+  }
+  for (int i = 0; i < 8; ++i) {
+    if (started[i]) (*stuck)->FinishCall(&calls[i]).IgnoreError();
+  }
+  EXPECT_FALSE((*stuck)->alive());
+  EXPECT_LT(Clock::now() - t0, 20s) << "cut off only by a timeout, not by the byte cap";
+  EXPECT_EQ(listener_->stats().slow_readers_cut, 0u);
 }
 
 TEST_F(VerbsAuth, AForgedProofIsRefused) {

@@ -674,6 +674,7 @@ Status ClientConnection::Establish() {
   setup.peer_credits = accept.credits;
   setup.granted_credits = kClientRecvCredits;
   setup.flood = tap_ != nullptr && tap_->flood;
+  setup.withhold_credits = tap_ != nullptr && tap_->withhold_credits;
   chan_.Init(setup);
   alive_.store(true, std::memory_order_release);
 

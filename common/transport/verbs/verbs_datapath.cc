@@ -100,6 +100,7 @@ void MsgChannel::Init(const Setup& s) {
   waiting_bytes_ = 0;
   max_waiting_bytes_ = s.max_waiting_bytes;
   flood_ = s.flood;
+  withhold_ = s.flood || s.withhold_credits;
   received_total_ = 0;
   waiting_since_ns_.store(0, std::memory_order_release);
   credit_threshold_ = std::max<uint32_t>(2, s.granted_credits / 4);
@@ -113,7 +114,7 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
   uint8_t* buf = pool_->chunk(slot);
   FragmentHeader h;
   h.type = type;
-  h.credits = flood_ ? 0 : owed_;
+  h.credits = withhold_ ? 0 : owed_;
   h.id = id;
   h.total = total;
   h.offset = offset;
@@ -141,7 +142,7 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
     waiting_since_ns_.store(0, std::memory_order_release);
     return false;
   }
-  if (!flood_) owed_ = 0;
+  if (!withhold_) owed_ = 0;
   --credits_;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   return true;
@@ -161,7 +162,7 @@ bool MsgChannel::FlushLocked() {
   }
   if (pending_.empty()) waiting_since_ns_.store(0, std::memory_order_release);
   // Credits owed and nothing carried them: a credit-only fragment (may use the reserve credit).
-  if (owed_ >= credit_threshold_ && credits_ >= 1 && !free_slots_.empty()) {
+  if (owed_ >= credit_threshold_ && credits_ >= 1 && !free_slots_.empty() && !withhold_) {
     if (!PostLocked(MsgType::kCredit, 0, 0, 0, nullptr, 0)) return false;
   }
   return true;

@@ -60,6 +60,9 @@ struct VerbsHandshakeTap {
   // After the handshake, send whenever a send slot is free, ignoring the server's credits, and
   // return none of the server's: a client that ignores flow control.
   bool flood = false;
+  // After the handshake, keep to the server's credits but return none of its: a client that
+  // takes no answers.
+  bool withhold_credits = false;
 };
 // Connect with the tap; `fabric` must be a verbs Fabric (else kInvalidArgument).
 Result<std::unique_ptr<Connection>> ConnectVerbsForTest(Fabric* fabric,

@@ -88,9 +88,12 @@ class MsgChannel {
     // Messages waiting for credits or send slots beyond this many bytes close the channel
     // (Send reports it fatal): a peer that takes no answers cannot grow our memory. 0: no cap.
     size_t max_waiting_bytes = 0;
-    // Test hook (VerbsHandshakeTap::flood): send whenever a send slot is free, ignoring the
-    // peer's credits, and return none of ours: a client that ignores flow control.
+    // Test hooks (VerbsHandshakeTap): `flood` sends whenever a send slot is free, ignoring the
+    // peer's credits, and returns none of ours (a client that ignores flow control);
+    // `withhold_credits` keeps to the peer's credits but returns none of ours (a client that
+    // takes no answers).
     bool flood = false;
+    bool withhold_credits = false;
   };
   void Init(const Setup& setup);
 
@@ -147,6 +150,7 @@ class MsgChannel {
   size_t waiting_bytes_ GUARDED_BY(mu_) = 0;  // pending_'s unsent bytes
   size_t max_waiting_bytes_ GUARDED_BY(mu_) = 0;
   bool flood_ GUARDED_BY(mu_) = false;
+  bool withhold_ GUARDED_BY(mu_) = false;  // flood or withhold_credits: no credit returned
   std::atomic<uint32_t> in_flight_{0};
   // Credits granted to the peer in all: the receives first posted, then every credit returned
   // in a fragment we posted. Raised before the post that carries them goes out.
