@@ -199,7 +199,29 @@ TEST(VerbsWire, NoDeviceMeansUnavailable) {
 // ---- on a device
 // ---------------------------------------------------------------------------------
 
-class VerbsSmoke : public VerbsEnv {};
+class VerbsSmoke : public VerbsEnv {
+ protected:
+  // Every connection, on a thread of its own, makes `calls` echo calls of a multi-fragment
+  // request (20 KB, three fragments) at once; returns how many failed (each is reported).
+  int ConcurrentMultiFragmentCalls(std::vector<std::unique_ptr<Connection>>& conns, int calls) {
+    std::atomic<int> failures{0};
+    std::vector<std::thread> ts;
+    for (size_t i = 0; i < conns.size(); ++i) {
+      ts.emplace_back([&, i] {
+        std::vector<uint8_t> request(20000 + i, static_cast<uint8_t>(i)), response;
+        for (int k = 0; k < calls; ++k) {
+          Status s = conns[i]->Call(request, &response, 60s);
+          if (!s.ok() || response != request) {
+            failures.fetch_add(1);
+            ADD_FAILURE() << "connection " << i << ": " << s.ToString();
+          }
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    return failures.load();
+  }
+};
 
 TEST_F(VerbsSmoke, ConnectReadAndCall) {
   EXPECT_EQ(server_fabric_->kind(), TransportKind::kVerbs);
@@ -387,22 +409,7 @@ TEST_F(VerbsSmoke, ManyConnectionsGrowTheSharedReceiveQueue) {
   }
   // Every connection sends a multi-fragment request at once: each uses its own credits, all
   // backed by the one SRQ.
-  std::atomic<int> failures{0};
-  std::vector<std::thread> ts;
-  for (size_t i = 0; i < n; ++i) {
-    ts.emplace_back([&, i] {
-      std::vector<uint8_t> request(20000 + i, static_cast<uint8_t>(i)), response;
-      for (int k = 0; k < 3; ++k) {
-        Status s = conns[i]->Call(request, &response, 60s);
-        if (!s.ok() || response != request) {
-          failures.fetch_add(1);
-          ADD_FAILURE() << "connection " << i << ": " << s.ToString();
-        }
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(ConcurrentMultiFragmentCalls(conns, 3), 0);
   EXPECT_EQ(listener_->stats().connections_accepted, n);
 }
 
@@ -439,31 +446,17 @@ TEST_F(VerbsSmoke, SessionsSpreadOverSeveralCqsAllServe) {
   constexpr int kConns = 7;
   ASSERT_TRUE(Listen(Echo(), kConns, 0, /*workers=*/2, /*sessions_per_cq=*/2).ok());
   auto round = [&](std::vector<std::unique_ptr<Connection>>& conns) {
-    std::atomic<int> failures{0};
-    std::vector<std::thread> ts;
-    for (int i = 0; i < kConns; ++i) {
-      ts.emplace_back([&, i] {
-        // 20 KB: three fragments, so the reposts of one worker batch span several groups; 30
-        // calls: each group's buffers go round its SRQ (64 for two sessions) more than once.
-        std::vector<uint8_t> request(20000 + i, static_cast<uint8_t>(i)), response;
-        for (int k = 0; k < 30; ++k) {
-          Status s = conns[i]->Call(request, &response, 60s);
-          if (!s.ok() || response != request) {
-            failures.fetch_add(1);
-            ADD_FAILURE() << "connection " << i << ": " << s.ToString();
-          }
-        }
-      });
-    }
-    for (auto& t : ts) t.join();
+    // Three fragments per call, so the reposts of one worker batch span several groups; 30
+    // calls: each group's buffers go round its SRQ (64 for two sessions) more than once.
+    int failures = ConcurrentMultiFragmentCalls(conns, 30);
     for (int i = 0; i < kConns; ++i) {  // one at a time: ReadAndCheck shares one local buffer
       ::testing::AssertionResult read = ReadAndCheck(conns[i].get(), 4096 * i + 8, 128);
       if (!read) {
-        failures.fetch_add(1);
+        ++failures;
         ADD_FAILURE() << "connection " << i << ": " << read.message();
       }
     }
-    return failures.load();
+    return failures;
   };
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < kConns; ++i) {
