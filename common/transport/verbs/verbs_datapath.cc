@@ -148,8 +148,18 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
   return true;
 }
 
+namespace {
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 bool MsgChannel::FlushLocked() {
+  const bool waited = !pending_.empty();
+  bool progressed = false;
   while (!pending_.empty() && CanSendData()) {
+    progressed = true;
     Pending& p = pending_.front();
     const uint32_t len =
         static_cast<uint32_t>(std::min<size_t>(kMaxFragmentPayload, p.total - p.next));
@@ -160,7 +170,13 @@ bool MsgChannel::FlushLocked() {
     waiting_bytes_ -= len;
     if (p.next >= p.total) pending_.pop_front();
   }
-  if (pending_.empty()) waiting_since_ns_.store(0, std::memory_order_release);
+  // The stall clock measures time without progress: it restarts whenever a waiting fragment
+  // went out (a client that takes its answers slowly but steadily is not cut off).
+  if (pending_.empty()) {
+    waiting_since_ns_.store(0, std::memory_order_release);
+  } else if (waited && progressed) {
+    waiting_since_ns_.store(SteadyNanos(), std::memory_order_release);
+  }
   // Credits owed and nothing carried them: a credit-only fragment (may use the reserve credit).
   if (owed_ >= credit_threshold_ && credits_ >= 1 && !free_slots_.empty() && !withhold_) {
     if (!PostLocked(MsgType::kCredit, 0, 0, 0, nullptr, 0)) return false;
@@ -205,12 +221,7 @@ Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payl
   }
   p.rest.assign(payload.begin() + offset, payload.end());
   waiting_bytes_ += total - offset;
-  if (pending_.empty()) {
-    waiting_since_ns_.store(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-            .count(),
-        std::memory_order_release);
-  }
+  if (pending_.empty()) waiting_since_ns_.store(SteadyNanos(), std::memory_order_release);
   pending_.push_back(std::move(p));
   return Status::Ok();
 }
