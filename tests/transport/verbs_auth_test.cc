@@ -152,7 +152,11 @@ TEST_F(VerbsAuth, AReplayedHandshakeIsRefusedAndTheServerKeepsServing) {
 // cut off by the server, and its neighbours, whose receives share the server's buffers, are
 // served throughout.
 TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
-  ASSERT_TRUE(Listen(Echo()).ok());
+  // A long stall timeout: the flooder, whose answers also wait for credits it never returns,
+  // must be cut off by the credit count, not by the stall timeout.
+  ASSERT_TRUE(ListenWithRoles(kToken, "", true, 2000ms, [](ListenOptions& lo) {
+                lo.output_stall_timeout = 60s;
+              }).ok());
   auto honest = Connect();
   ASSERT_TRUE(honest.ok()) << honest.status().ToString();
   VerbsHandshakeTap tap;
@@ -166,6 +170,7 @@ TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
   // the first 64 or so and returns credits with them; then the flooder's own credits to the
   // server are spent (it returns none), no credit can come back, and every request after the
   // next 32 is beyond what the flooder was ever granted.
+  std::string flood_end;  // the first error the flooder's calls ended with
   std::thread flood([&] {
     const std::vector<uint8_t> small(100, 7);
     constexpr int kCalls = 600;
@@ -177,7 +182,9 @@ TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
       if (!started[i]) break;
     }
     for (int i = 0; i < kCalls; ++i) {
-      if (started[i]) (*flooder)->FinishCall(&calls[i]).IgnoreError();
+      if (!started[i]) continue;
+      Status s = (*flooder)->FinishCall(&calls[i]);
+      if (!s.ok() && flood_end.empty()) flood_end = s.ToString();
     }
   });
   // Meanwhile and after, the honest client's calls are answered.
@@ -204,6 +211,7 @@ TEST_F(VerbsAuth, AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed) {
   while ((*flooder)->alive() && Clock::now() < until) std::this_thread::sleep_for(20ms);
   EXPECT_FALSE((*flooder)->alive());
   flood.join();
+  std::printf("the flooder's calls ended with: %s\n", flood_end.c_str());  // why it was cut
   const int before = answered.load();
   std::this_thread::sleep_for(300ms);
   stop.store(true);
@@ -236,8 +244,8 @@ TEST_F(VerbsAuth, AClientThatTakesNoAnswersIsCutOffAfterTheStallTimeout) {
   EXPECT_TRUE(ReadAndCheck(other->get(), 0, 64));
 }
 
-// Answers waiting for a client's credits are capped in bytes: beyond max(4 MiB, two largest
-// messages) the session is cut off at once, not after the stall timeout.
+// Answers waiting for a client's credits are capped in bytes: beyond max(64 MiB, four largest
+// messages) the session is cut off at once, not after the stall timeout, and the cut counted.
 TEST_F(VerbsAuth, AnswersWaitingForCreditsAreCappedInBytes) {
   const std::vector<uint8_t> answer(1 << 20, 5);
   ListenOptions lo;
@@ -245,7 +253,7 @@ TEST_F(VerbsAuth, AnswersWaitingForCreditsAreCappedInBytes) {
   lo.auth_token = kToken;
   lo.regions = {region_->Describe(3)};
   lo.output_stall_timeout = 60s;
-  lo.max_message_size = 1 << 21;  // the cap: max(4 MiB, 2 x 2 MiB) = 4 MiB
+  lo.max_message_size = 1 << 21;  // the cap: max(64 MiB, 4 x 2 MiB) = 64 MiB
   lo.handler = [&answer](std::span<const uint8_t>, ReplyHandle r) {
     r.session->Reply(r.request_id, answer).IgnoreError();  // 1 MiB whatever was asked
   };
@@ -256,23 +264,29 @@ TEST_F(VerbsAuth, AnswersWaitingForCreditsAreCappedInBytes) {
   tap.withhold_credits = true;
   ConnectOptions co = Options(kToken);
   co.max_message_size = 1 << 21;
+  co.max_outstanding_calls = 128;
   auto stuck = ConnectVerbsForTest(client_fabric_.get(), co, &tap);
   ASSERT_TRUE(stuck.ok()) << stuck.status().ToString();
-  // Eight small requests, eight answers of 1 MiB: all but the first 64 fragments wait.
-  std::vector<std::vector<uint8_t>> responses(8);
-  std::vector<PendingCall> calls(8);
-  std::vector<bool> started(8, false);
+  // 72 small requests, 72 answers of 1 MiB: all but the first 64 fragments wait.
+  constexpr int kCalls = 72;
+  std::vector<std::vector<uint8_t>> responses(kCalls);
+  std::vector<PendingCall> calls(kCalls);
+  std::vector<bool> started(kCalls, false);
   const std::vector<uint8_t> small(16, 1);
   const auto t0 = Clock::now();
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kCalls; ++i) {
     started[i] = (*stuck)->StartCall(small, &responses[i], 30s, &calls[i]).ok();
   }
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < kCalls; ++i) {
     if (started[i]) (*stuck)->FinishCall(&calls[i]).IgnoreError();
   }
   EXPECT_FALSE((*stuck)->alive());
   EXPECT_LT(Clock::now() - t0, 20s) << "cut off only by a timeout, not by the byte cap";
-  EXPECT_EQ(listener_->stats().slow_readers_cut, 0u);
+  const auto until = Clock::now() + 5s;
+  while (listener_->stats().slow_readers_cut == 0 && Clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(listener_->stats().slow_readers_cut, 1u) << "the cut was not counted";
 }
 
 TEST_F(VerbsAuth, AForgedProofIsRefused) {
@@ -494,6 +508,31 @@ TEST_F(VerbsAuth, UnprovenSessionsAreLimitedPerSourceOldestFirst) {
   auto good = client_fabric_->Connect(Options(kToken));
   ASSERT_TRUE(good.ok()) << good.status().ToString();
   EXPECT_TRUE(ReadAndCheck(good->get(), 0, 64));
+}
+
+// A silent handshake evicted to make room frees its place at once: with every place taken by
+// connects that never prove, a client that proves still gets in (its connect evicts the oldest
+// of its source). Before, the evicted session counted until its QP was torn down, so the
+// connect that evicted it was refused "too many connections", and renewed silent connects kept
+// every client out.
+TEST_F(VerbsAuth, AnEvictedSilentHandshakeMakesRoomAtOnce) {
+  ASSERT_TRUE(ListenWithRoles(kToken, "", true, 20s, [](ListenOptions& lo) {
+                lo.max_connections = 4;
+                lo.max_handshakes_per_source = 4;
+              }).ok());
+  std::vector<std::unique_ptr<Connection>> silent;
+  for (int i = 0; i < 4; ++i) {
+    VerbsHandshakeTap tap;
+    tap.stop_before_proof = true;
+    tap.ignore_server_proof = true;
+    auto c = ConnectVerbsForTest(client_fabric_.get(), Options("no-secret"), &tap);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    silent.push_back(std::move(c).value());
+  }
+  auto good = client_fabric_->Connect(Options(kToken));
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_TRUE(ReadAndCheck(good->get(), 0, 64));
+  EXPECT_GE(listener_->stats().handshakes_evicted, 1u);
 }
 
 TEST_F(VerbsAuth, IdleSessionsAreClosedButAClientThatOnlyReadsStays) {

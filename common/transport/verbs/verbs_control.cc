@@ -27,9 +27,18 @@ namespace {
 // dead after about 2 s of unacknowledged traffic (IBV_WC_RETRY_EXC_ERR).
 constexpr uint8_t kAckTimeout = 16;
 constexpr uint8_t kRetryCount = 7;
-// RNR retries: 0. Credits guarantee a posted receive for every SEND; if that ever fails, the
-// SEND completes with IBV_WC_RNR_RETRY_EXC_ERR at once instead of stalling the connection.
+// RNR retries of the server's SENDs: 0. A client's credits guarantee a posted receive for every
+// SEND of the server; a client that posts none gets IBV_WC_RNR_RETRY_EXC_ERR at once and is cut
+// off instead of stalling its session.
 constexpr uint8_t kRnrRetry = 0;
+// RNR retries of a client's SENDs: 7, without end. The server's receive buffers are shared by
+// the sessions of a receive group (its SRQ), and a client that ignores its credits can empty
+// them until the server cuts it off: its neighbours then wait (RNR NAKs, retried after the
+// responder's timer) instead of losing their connections
+// (VerbsAuth.AClientThatIgnoresItsCreditsIsCutOffAndOthersAreServed saw an honest client lose
+// its connection to RNR in one run of six before this). A server that stays stuck is seen by
+// the caller's timeout.
+constexpr uint8_t kClientRnrRetry = 7;
 
 // The address of `sa` without its port (what per-source limits count by).
 std::string SourceText(const sockaddr* sa) {
@@ -613,6 +622,8 @@ Status ClientConnection::Establish() {
   param.initiator_depth = static_cast<uint8_t>(std::min(da.max_qp_init_rd_atom, 255));
   param.responder_resources = 0;  // nobody READs the client
   param.retry_count = kRetryCount;
+  // rdma_cm carries this in the CM REQ, and the *server's* QP uses it (the server's accept
+  // sets the client's: kClientRnrRetry).
   param.rnr_retry_count = kRnrRetry;
   if (rdma_connect(id_.get(), &param) != 0) {
     return CallError("rdma_connect " + peer_, errno, StatusCode::kUnavailable);
@@ -855,10 +866,14 @@ Status VerbsListener::Start() {
       da.max_cqe > 64 ? (static_cast<uint64_t>(da.max_cqe) - 64) / per_session : 0;
   const uint64_t fit_srq = static_cast<uint64_t>(std::max(da.max_srq_wr, 0)) / kServerRecvCredits;
   const uint64_t fit = std::min(fit_cq, fit_srq);
-  const uint64_t groups = fit == 0 ? 0 : (options_.max_connections + fit - 1) / fit;
+  // Room for sessions being torn down too (an evicted handshake's QP drains before its place is
+  // free): up to max_handshakes of them beyond max_connections.
+  const uint64_t sessions = uint64_t{options_.max_connections} + options_.max_handshakes;
+  const uint64_t groups = fit == 0 ? 0 : (sessions + fit - 1) / fit;
   if (groups == 0 || groups > kMaxRecvGroups) {
     return Status::InvalidArgument(
-        "max_connections " + std::to_string(options_.max_connections) + " needs " +
+        "max_connections " + std::to_string(options_.max_connections) + " (+ max_handshakes " +
+        std::to_string(options_.max_handshakes) + ") needs " +
         (fit == 0 ? std::string("more than one CQ can hold")
                   : std::to_string(groups) + " CQs of " + std::to_string(fit) + " sessions") +
         " on " + fabric_->device_name() + " (CQs of " + std::to_string(da.max_cqe) +
@@ -866,11 +881,12 @@ Status VerbsListener::Start() {
         std::to_string(kMaxRecvGroups) + " CQs per listener)");
   }
   group_count_ = static_cast<uint32_t>(groups);
-  sessions_per_group_ = static_cast<uint32_t>((options_.max_connections + groups - 1) / groups);
+  sessions_per_group_ = static_cast<uint32_t>((sessions + groups - 1) / groups);
   if (options_.verbs_sessions_per_cq > 0 && options_.verbs_sessions_per_cq < sessions_per_group_) {
     // Test hook: smaller groups than the device needs, so that tests reach several groups.
     sessions_per_group_ = options_.verbs_sessions_per_cq;
-    group_count_ = (options_.max_connections + sessions_per_group_ - 1) / sessions_per_group_;
+    group_count_ = static_cast<uint32_t>((options_.max_connections + sessions_per_group_ - 1) /
+                                         sessions_per_group_);
     if (group_count_ > kMaxRecvGroups) {
       return Status::InvalidArgument(
           "verbs_sessions_per_cq " + std::to_string(options_.verbs_sessions_per_cq) +
@@ -973,7 +989,7 @@ VerbsListener::~VerbsListener() {
   for (auto& [id, s] : by_id_) s->MarkDead();
   while (!by_id_.empty()) Teardown(by_id_.begin()->second);
   listen_id_.reset();
-  for (uint32_t g = 0; g < group_count_; ++g) {
+  for (uint32_t g = 0; groups_ != nullptr && g < group_count_; ++g) {  // null: Start failed
     UnregisterAsyncSink(groups_[g].srq.get());
     UnregisterAsyncSink(groups_[g].cq.get());
     groups_[g].srq.reset();
@@ -1135,8 +1151,9 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   const std::string source = SourceText(rdma_get_peer_addr(raw_id));
   ServerSessionImpl* oldest = nullptr;
   ServerSessionImpl* oldest_same = nullptr;
-  uint32_t pending = 0, same = 0;
+  uint32_t pending = 0, same = 0, alive = 0;
   for (auto& [cid, s] : by_id_) {
+    if (!s->dead()) ++alive;
     if (s->dead() || s->auth_state() != ServerSessionImpl::AuthState::kAwaitProof) continue;
     ++pending;
     if (oldest == nullptr || s->created_ < oldest->created_) oldest = s.get();
@@ -1148,6 +1165,7 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   auto evict = [&](ServerSessionImpl* s) {
     if (s->dead()) return;
     s->MarkDead();  // counted as refused at its teardown
+    --alive;
     handshakes_evicted_.fetch_add(1, std::memory_order_relaxed);
   };
   if (oldest != nullptr && pending >= std::max<uint32_t>(1, options_.max_handshakes)) {
@@ -1156,7 +1174,10 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   if (oldest_same != nullptr && same >= std::max<uint32_t>(1, options_.max_handshakes_per_source)) {
     evict(oldest_same);
   }
-  if (live_sessions_ >= options_.max_connections) {
+  // Sessions cut but not yet torn down (their QPs drain first) do not count: an evicted
+  // silent handshake makes room for the connect that evicted it at once. The receive groups
+  // have room for them beyond max_connections (Start), and refuse when they have none.
+  if (alive >= options_.max_connections) {
     return refuse(RejectReason::kTooManyConnections,
                   "too many connections (max " + std::to_string(options_.max_connections) + ")");
   }
@@ -1168,16 +1189,18 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
     LOG(ERROR) << where << ": " << nonce.status().ToString();
     return refuse(RejectReason::kServerError, "server cannot make a nonce");
   }
-  // The least loaded group takes the session (one has room: live_sessions_ < max_connections
-  // <= groups x sessions per group), and its SRQ keeps a block of buffers per session + 1.
+  // The least loaded group takes the session, and its SRQ keeps a block of buffers per session
+  // + 1. One has room unless more than max_handshakes sessions are being torn down.
   uint32_t gi = 0;
   for (uint32_t g = 1; g < group_count_; ++g) {
     if (groups_[g].sessions < groups_[gi].sessions) gi = g;
   }
   RecvGroup& group = groups_[gi];
-  if (group.sessions >= sessions_per_group_) {  // cannot happen (see above); its CQ could overrun
-    LOG(ERROR) << where << ": every receive group is full at " << live_sessions_ << " sessions";
-    return refuse(RejectReason::kServerError, "server has no room for another connection");
+  if (group.sessions >= sessions_per_group_) {  // its CQ could overrun
+    LOG(WARNING) << where << ": every receive group is full (" << live_sessions_
+                 << " sessions, some still being torn down)";
+    return refuse(RejectReason::kTooManyConnections,
+                  "too many connections (sessions still being torn down)");
   }
   while (group.blocks < group.sessions + 1) {
     if (Status s = GrowSrq(gi); !s.ok()) {
@@ -1259,8 +1282,11 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
   setup.send_pool = &session->send_pool_;
   setup.peer_credits = req.credits;
   setup.granted_credits = kServerRecvCredits;
-  // As tcp's output limit: answers a client does not take wait in memory up to this much.
-  setup.max_waiting_bytes = std::max<size_t>(size_t{4} << 20, 2 * options_.max_message_size);
+  // Answers waiting for the client's credits are kept up to this much. Unlike tcp, which stops
+  // reading a session whose output backs up, the server keeps taking requests, so an honest
+  // client with many large answers in flight (a catch-up copy keeps 4 scans of about 1 MiB)
+  // must fit: the stall timeout (ReapSessions) is what cuts a client that takes none.
+  setup.max_waiting_bytes = std::max<size_t>(size_t{64} << 20, 4 * options_.max_message_size);
   session->chan_.Init(setup);
   RegisterAsyncSink(session->qp_.get(), session.get());
   {
@@ -1281,7 +1307,8 @@ void VerbsListener::HandleConnectRequest(rdma_cm_id* raw_id, const rdma_conn_par
       param.responder_resources, std::min(fabric_->device_attr().max_qp_rd_atom, 255)));
   out.initiator_depth = 0;  // the server never READs
   out.retry_count = kRetryCount;
-  out.rnr_retry_count = kRnrRetry;
+  // Carried in the CM REP: the client's QP retries its SENDs on RNR with this (see above).
+  out.rnr_retry_count = kClientRnrRetry;
   if (rdma_accept(raw_id, &out) != 0) {
     LOG(WARNING) << where << ": " << CallError("rdma_accept for " + who, errno).ToString();
     refused_.fetch_add(1, std::memory_order_relaxed);
@@ -1390,6 +1417,12 @@ void VerbsListener::ReapSessions() {
     }
     if (!s->dead()) continue;
     if (!s->dying_) {
+      if (s->cut_for_waiting_.load(std::memory_order_acquire)) {
+        slow_readers_cut_.fetch_add(1, std::memory_order_relaxed);
+        LOG(WARNING) << "verbs listener port " << port_ << ": closed " << s->peer_
+                     << ": its answers waiting for credits passed the byte limit (a client that "
+                        "takes no answers)";
+      }
       s->dying_ = true;
       s->dead_since_ = now;
       s->dead_epoch_ = groups_[s->group_].empty_epoch.load(std::memory_order_acquire);

@@ -216,8 +216,8 @@ Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payl
     waiting_bytes_ = 0;
     waiting_since_ns_.store(0, std::memory_order_release);
     *fatal = true;
-    return Status::ConnectionLost("the peer took no answers: " +
-                                  std::to_string(max_waiting_bytes_) + " bytes wait for credits");
+    return Status::Busy("the peer took no answers: " + std::to_string(max_waiting_bytes_) +
+                        " bytes wait for credits");
   }
   p.rest.assign(payload.begin() + offset, payload.end());
   waiting_bytes_ += total - offset;
@@ -879,7 +879,11 @@ Status ServerSessionImpl::Reply(uint64_t request_id, std::span<const uint8_t> re
     return Status::InvalidArgument("response exceeds the client's max_message_size");
   }
   Status s = chan_.Send(MsgType::kResponse, request_id, response, &fatal);
-  if (fatal) MarkDead();
+  if (fatal) {
+    // kBusy: its answers passed the byte limit (ReapSessions counts and logs the cut).
+    if (s.Is(StatusCode::kBusy)) cut_for_waiting_.store(true, std::memory_order_release);
+    MarkDead();
+  }
   return s;
 }
 

@@ -370,6 +370,7 @@ class ServerSessionImpl final : public ServerSession, public AsyncEventSink {
   MsgChannel chan_;
   std::atomic<bool> dead_{false};
   std::atomic<bool> last_wqe_reached_{false};
+  std::atomic<bool> cut_for_waiting_{false};  // Reply: its waiting answers passed the byte cap
 
   // Reassembly of a multi-fragment request; touched only by the one polling worker.
   bool rx_active_ = false;
