@@ -136,10 +136,7 @@ bool MsgChannel::PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t 
   ibv_send_wr* bad = nullptr;
   if (ibv_post_send(qp_, &wr, &bad) != 0) {  // positive errno; the QP is unusable
     free_slots_.push_back(slot);
-    closed_ = true;
-    pending_.clear();
-    waiting_bytes_ = 0;
-    waiting_since_ns_.store(0, std::memory_order_release);
+    CloseLocked();
     return false;
   }
   if (!withhold_) owed_ = 0;
@@ -211,10 +208,7 @@ Status MsgChannel::Send(MsgType type, uint64_t id, std::span<const uint8_t> payl
   p.next = offset;
   if (max_waiting_bytes_ > 0 && waiting_bytes_ + (total - offset) > max_waiting_bytes_) {
     // The peer takes no answers (no credits come back) while they pile up: cut it off.
-    closed_ = true;
-    pending_.clear();
-    waiting_bytes_ = 0;
-    waiting_since_ns_.store(0, std::memory_order_release);
+    CloseLocked();
     *fatal = true;
     return Status::Busy("the peer took no answers: " + std::to_string(max_waiting_bytes_) +
                         " bytes wait for credits");
@@ -254,6 +248,10 @@ bool MsgChannel::SendKeepAlive() {
 
 void MsgChannel::Close() {
   MutexLock lk(&mu_);
+  CloseLocked();
+}
+
+void MsgChannel::CloseLocked() {
   closed_ = true;
   pending_.clear();
   waiting_bytes_ = 0;

@@ -135,6 +135,8 @@ class MsgChannel {
     return !free_slots_.empty() && (credits_ >= 2 || flood_);
   }
   bool FlushLocked() REQUIRES(mu_);
+  // Closes the channel and drops what waits (Close, a failed post, the waiting-bytes cap).
+  void CloseLocked() REQUIRES(mu_);
   bool PostLocked(MsgType type, uint64_t id, uint32_t total, uint32_t offset, const uint8_t* data,
                   uint32_t length) REQUIRES(mu_);
 
